@@ -1,0 +1,317 @@
+"""model.yaml -> frozen dataclasses, with strict validation.
+
+Every error names the key path (`limits.max_batch_size`), the value, what is allowed,
+and where the YAML came from (file and line when known). Unknown keys are errors that
+list the valid ones. The embedded default (`trtgraph/default.yaml`) is a tiny synthetic
+Llama that captures and runs in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("auto", "cuda", "cpu")
+SAMPLING_MODES = ("greedy", "sampled")
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: str | None = None  # a Hugging Face checkpoint directory
+    synthetic: dict | None = None  # HF config.json fields plus `seed`; random weights
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.synthetic is not None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch_size: int = 64
+    max_seq_len: int = 2048
+    max_num_tokens: int = 8192
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    block_size: int = 16
+    num_blocks: int | str = AUTO  # an integer, or "auto": sized from free memory
+
+
+@dataclass(frozen=True)
+class BucketConfig:
+    batch_sizes: tuple[int, ...] | str = AUTO
+    context_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    chunk_sizes: tuple[int, ...] = (64, 256, 512)
+    draft_lens: tuple[int, ...] = (0,)
+    sampling: tuple[str, ...] = ("greedy", "sampled")
+
+    def generation_batch_sizes(self, max_batch_size: int) -> tuple[int, ...]:
+        """`auto` is 1, 2, 4, 8, then multiples of 8, up to max_batch_size (always included)."""
+        if self.batch_sizes != AUTO:
+            return tuple(self.batch_sizes)
+        sizes = [b for b in (1, 2, 4) if b < max_batch_size]
+        sizes += list(range(8, max_batch_size, 8))
+        return tuple(sorted(set(sizes + [max_batch_size])))
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelSource
+    dtype: str = "bfloat16"
+    device: str = AUTO
+    limits: Limits = field(default_factory=Limits)
+    kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
+    buckets: BucketConfig = field(default_factory=BucketConfig)
+    output: str = "trtgraph-artifacts"
+    source: str = "<dict>"  # where it was read from, for messages
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "Config":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file. Pass an existing YAML file to "
+                              f"--config, or leave --config out to use the embedded default.")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read the config file ({exc}).") from None
+        return cls.from_text(text, source=str(path), base_dir=path.parent)
+
+    @classmethod
+    def from_text(cls, text: str, source: str, base_dir: Path | None = None) -> "Config":
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError(f"{source}:{where}: not valid YAML: {problem}. "
+                              f"Fix the syntax and run again.") from None
+        if data is None:
+            data = {}
+        lines = _key_lines(text)
+        try:
+            return cls.from_dict(data, source=source, base_dir=base_dir)
+        except ConfigError as exc:
+            key_path = getattr(exc, "key_path", None)
+            if key_path and key_path in lines:
+                raise ConfigError(str(exc).replace(f"{source}: ", f"{source} line {lines[key_path]}: ", 1)) from None
+            raise
+
+    @classmethod
+    def default(cls) -> "Config":
+        text = resources.files("trtgraph").joinpath("default.yaml").read_text(encoding="utf-8")
+        return cls.from_text(text, source="<embedded default>")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>", base_dir: Path | None = None) -> "Config":
+        v = _Validator(source)
+        top = v.mapping(data, "", {"model", "dtype", "device", "limits", "kv_cache", "buckets", "output"})
+        model = _parse_model(v, top.get("model"), base_dir)
+        dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
+        device = v.choice(top.get("device", AUTO), "device", DEVICES)
+
+        lim = v.mapping(top.get("limits", {}), "limits", {f.name for f in dataclasses.fields(Limits)})
+        limits = Limits(
+            max_batch_size=v.integer(lim.get("max_batch_size", 64), "limits.max_batch_size", lo=1, hi=4096),
+            max_seq_len=v.integer(lim.get("max_seq_len", 2048), "limits.max_seq_len", lo=2, hi=1 << 20),
+            max_num_tokens=v.integer(lim.get("max_num_tokens", 8192), "limits.max_num_tokens", lo=1, hi=1 << 22),
+        )
+        if limits.max_num_tokens < limits.max_batch_size:
+            v.fail("limits.max_num_tokens", limits.max_num_tokens,
+                   f"at least limits.max_batch_size ({limits.max_batch_size}): a generation step of "
+                   f"the largest batch needs one token per sequence")
+
+        kv = v.mapping(top.get("kv_cache", {}), "kv_cache", {"block_size", "num_blocks"})
+        block_size = v.integer(kv.get("block_size", 16), "kv_cache.block_size", lo=1, hi=4096)
+        if block_size & (block_size - 1):
+            v.fail("kv_cache.block_size", block_size, "a power of two (8, 16, 32, ...)")
+        num_blocks = kv.get("num_blocks", AUTO)
+        if num_blocks != AUTO:
+            num_blocks = v.integer(num_blocks, "kv_cache.num_blocks", lo=2, hi=1 << 24,
+                                   allowed="'auto' or an integer >= 2 (block 0 is the reserved null block)")
+            blocks_per_seq = math.ceil(limits.max_seq_len / block_size)
+            if num_blocks - 1 < blocks_per_seq:
+                v.fail("kv_cache.num_blocks", num_blocks,
+                       f"at least {blocks_per_seq + 1}: one sequence of limits.max_seq_len="
+                       f"{limits.max_seq_len} needs {blocks_per_seq} blocks of {block_size}, plus the null block")
+        kv_cache = KVCacheConfig(block_size=block_size, num_blocks=num_blocks)
+
+        buckets = _parse_buckets(v, top.get("buckets", {}), limits)
+        output = top.get("output", "trtgraph-artifacts")
+        if not isinstance(output, str) or not output.strip():
+            v.fail("output", output, "a directory path (string)")
+        return cls(model=model, dtype=dtype, device=device, limits=limits, kv_cache=kv_cache,
+                   buckets=buckets, output=output, source=source)
+
+    # ---- serialisation (the manifest stores the resolved config) ------------------
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        model = {k: v for k, v in d.pop("model").items() if v is not None}
+        b = d["buckets"]
+        for k in ("context_batch_sizes", "chunk_sizes", "draft_lens", "sampling"):
+            b[k] = list(b[k])
+        if b["batch_sizes"] != AUTO:
+            b["batch_sizes"] = list(b["batch_sizes"])
+        return {"model": model, **d}
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None) -> ModelSource:
+    if raw is None:
+        v.fail("model", None, "a mapping with either `path` (a Hugging Face checkpoint directory) "
+                              "or `synthetic` (config.json fields plus seed)")
+    m = v.mapping(raw, "model", {"path", "synthetic"})
+    if ("path" in m) == ("synthetic" in m):
+        v.fail("model", sorted(m), "exactly one of `path` or `synthetic`")
+    if "path" in m:
+        p = m["path"]
+        if not isinstance(p, str) or not p:
+            v.fail("model.path", p, "a directory path (string)")
+        path = Path(p).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_dir():
+            v.fail("model.path", p, f"an existing checkpoint directory ({path} does not exist); "
+                                    f"download the checkpoint there or fix the path")
+        return ModelSource(path=str(path.resolve()))
+    syn = m["synthetic"]
+    if not isinstance(syn, dict) or not syn:
+        v.fail("model.synthetic", syn, "a mapping of config.json fields (architecture, hidden_size, ...)")
+    for k in syn:
+        if not isinstance(k, str):
+            v.fail("model.synthetic", k, "string keys")
+    seed = syn.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        v.fail("model.synthetic.seed", seed, "a non-negative integer")
+    return ModelSource(synthetic=dict(syn))
+
+
+def _parse_buckets(v: "_Validator", raw: Any, limits: Limits) -> BucketConfig:
+    b = v.mapping(raw, "buckets", {f.name for f in dataclasses.fields(BucketConfig)})
+    batch_sizes = b.get("batch_sizes", AUTO)
+    if batch_sizes != AUTO:
+        batch_sizes = v.int_list(batch_sizes, "buckets.batch_sizes", lo=1, hi=limits.max_batch_size,
+                                 hi_name="limits.max_batch_size")
+    context = v.int_list(b.get("context_batch_sizes", [1, 2, 4]), "buckets.context_batch_sizes",
+                         lo=1, hi=limits.max_batch_size, hi_name="limits.max_batch_size")
+    chunks = v.int_list(b.get("chunk_sizes", [64, 256, 512]), "buckets.chunk_sizes",
+                        lo=1, hi=limits.max_seq_len, hi_name="limits.max_seq_len")
+    drafts = v.int_list(b.get("draft_lens", [0]), "buckets.draft_lens", lo=0, hi=64, hi_name="64")
+    if 0 not in drafts:
+        v.fail("buckets.draft_lens", list(drafts), "a list that includes 0 (plain generation steps)")
+    sampling = b.get("sampling", ["greedy", "sampled"])
+    if not isinstance(sampling, list) or not sampling:
+        v.fail("buckets.sampling", sampling, f"a non-empty list of {list(SAMPLING_MODES)}")
+    for i, s in enumerate(sampling):
+        v.choice(s, f"buckets.sampling[{i}]", SAMPLING_MODES)
+    if len(set(sampling)) != len(sampling):
+        v.fail("buckets.sampling", sampling, "no repeated modes")
+    # Every step must fit in max_num_tokens: the largest prefill step and the largest
+    # generation step (with the largest draft) are both bounded by it.
+    worst_ctx = max(context) * max(chunks)
+    if worst_ctx > limits.max_num_tokens:
+        v.fail("buckets.chunk_sizes", list(chunks),
+               f"max(context_batch_sizes) * max(chunk_sizes) = {worst_ctx} tokens <= limits.max_num_tokens "
+               f"({limits.max_num_tokens}); lower the chunk sizes or raise max_num_tokens")
+    gen_max = max(batch_sizes) if batch_sizes != AUTO else limits.max_batch_size
+    worst_gen = gen_max * (1 + max(drafts))
+    if worst_gen > limits.max_num_tokens:
+        v.fail("buckets.draft_lens", list(drafts),
+               f"largest batch * (1 + largest draft) = {worst_gen} tokens <= limits.max_num_tokens "
+               f"({limits.max_num_tokens})")
+    return BucketConfig(batch_sizes=batch_sizes, context_batch_sizes=context, chunk_sizes=chunks,
+                        draft_lens=drafts, sampling=tuple(sampling))
+
+
+class _Validator:
+    """Small helpers that raise ConfigError naming the key path, value and what is allowed."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: str, value: Any, allowed: str):
+        where = path or "<top level>"
+        exc = ConfigError(f"{self.source}: {where} = {value!r} is not allowed; expected {allowed}.")
+        exc.key_path = path
+        raise exc
+
+    def mapping(self, raw: Any, path: str, allowed: set[str]) -> dict:
+        if not isinstance(raw, dict):
+            self.fail(path, raw, "a mapping")
+        unknown = sorted(str(k) for k in raw if k not in allowed)
+        if unknown:
+            where = f"{path}." if path else ""
+            exc = ConfigError(f"{self.source}: unknown key{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(where + k for k in unknown)}; valid keys"
+                              f"{' under ' + path if path else ''} are: {', '.join(sorted(allowed))}.")
+            exc.key_path = where + unknown[0]
+            raise exc
+        return raw
+
+    def choice(self, raw: Any, path: str, choices: tuple[str, ...]) -> str:
+        if raw not in choices:
+            self.fail(path, raw, "one of " + ", ".join(choices))
+        return raw
+
+    def integer(self, raw: Any, path: str, lo: int, hi: int, allowed: str | None = None) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            self.fail(path, raw, allowed or f"an integer in [{lo}, {hi}]")
+        if not lo <= raw <= hi:
+            self.fail(path, raw, allowed or f"an integer in [{lo}, {hi}]")
+        return raw
+
+    def int_list(self, raw: Any, path: str, lo: int, hi: int, hi_name: str) -> tuple[int, ...]:
+        if not isinstance(raw, list) or not raw:
+            self.fail(path, raw, "a non-empty list of integers")
+        out = []
+        for i, x in enumerate(raw):
+            if isinstance(x, bool) or not isinstance(x, int):
+                self.fail(f"{path}[{i}]", x, "an integer")
+            if x < lo:
+                self.fail(f"{path}[{i}]", x, f"an integer >= {lo}")
+            if x > hi:
+                self.fail(f"{path}[{i}]", x, f"at most {hi_name} ({hi})")
+            out.append(x)
+        if len(set(out)) != len(out):
+            self.fail(path, raw, "no repeated values")
+        return tuple(sorted(out))
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Map dotted key paths to 1-based YAML line numbers, for error messages."""
+    out: dict[str, int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for k, val in node.value:
+                key = f"{prefix}.{k.value}" if prefix else str(k.value)
+                out[key] = k.start_mark.line + 1
+                walk(val, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                out[f"{prefix}[{i}]"] = item.start_mark.line + 1
+                walk(item, f"{prefix}[{i}]")
+
+    if root is not None:
+        walk(root, "")
+    return out

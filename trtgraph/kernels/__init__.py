@@ -1,0 +1,47 @@
+"""Kernel families behind one registry.
+
+Each family has a torch reference (kernels/reference.py); faster implementations share
+its signature and are tested against it. `get_kernels(name)` returns a KernelSet the
+model calls through, so the choice is made once, at build time, never per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import reference
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    name: str
+    rms_norm: Callable
+    add_rms_norm: Callable
+    silu_and_mul: Callable
+    apply_rope: Callable
+    write_kv: Callable
+    paged_attention: Callable
+
+
+_REGISTRY: dict[str, Callable[[], KernelSet]] = {
+    "torch": lambda: KernelSet(
+        name="torch",
+        rms_norm=reference.rms_norm,
+        add_rms_norm=reference.add_rms_norm,
+        silu_and_mul=reference.silu_and_mul,
+        apply_rope=reference.apply_rope,
+        write_kv=reference.write_kv,
+        paged_attention=reference.paged_attention,
+    ),
+}
+
+
+def available() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_kernels(name: str = "torch") -> KernelSet:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown kernel set {name!r}; available: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]()

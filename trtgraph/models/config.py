@@ -1,0 +1,140 @@
+"""ModelConfig: the architecture facts trtgraph needs, read from an HF config.json.
+
+Only what the decoder implements is accepted; anything that would change the math and
+is not implemented (an unknown architecture, a sliding window shorter than the context,
+an unknown rope type, a non-SiLU activation) is refused with WeightLoadError, never run
+wrongly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from ..errors import WeightLoadError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: tuple | None  # sorted (key, value) pairs of the llama3 scaling, or None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before rope
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    def fingerprint(self) -> str:
+        """A stable hash of everything that changes the math."""
+        blob = json.dumps(asdict(self), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @classmethod
+    def from_hf(cls, hf: dict, source: str, max_seq_len: int | None = None) -> "ModelConfig":
+        """Build from a config.json dict. `source` names the file for error messages."""
+
+        def need(key, kind=int):
+            if key not in hf:
+                raise WeightLoadError(f"{source}: config.json has no `{key}`; it is required for "
+                                      f"{arch}. Is this a complete Hugging Face checkpoint?")
+            val = hf[key]
+            if kind is int and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
+                raise WeightLoadError(f"{source}: config.json `{key}` = {val!r}; expected a positive integer.")
+            return val
+
+        archs = hf.get("architectures") or ([hf["architecture"]] if "architecture" in hf else [])
+        if not archs or not isinstance(archs, list):
+            raise WeightLoadError(f"{source}: config.json names no `architectures`; supported are "
+                                  f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise WeightLoadError(f"{source}: architecture {arch!r} is not supported; supported are "
+                                  f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+        hidden = need("hidden_size")
+        heads = need("num_attention_heads")
+        kv_heads = hf.get("num_key_value_heads") or heads
+        head_dim = hf.get("head_dim") or hidden // heads
+        if heads % kv_heads:
+            raise WeightLoadError(f"{source}: num_attention_heads={heads} is not a multiple of "
+                                  f"num_key_value_heads={kv_heads}.")
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise WeightLoadError(f"{source}: hidden_act={act!r} is not supported (only 'silu').")
+        if hf.get("mlp_bias") or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and hf.get("attention_bias")):
+            raise WeightLoadError(f"{source}: mlp_bias/attention_bias on {arch} is not supported.")
+
+        # Transformers 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
+        rope = dict(hf.get("rope_parameters") or {})
+        theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+        scaling = hf.get("rope_scaling") or rope
+        scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
+        rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise WeightLoadError(f"{source}: rope type {rope_type!r} is not supported; supported are "
+                                  f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+        rope_scaling = None
+        if rope_type == "llama3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            missing = [k for k in keys if k not in scaling]
+            if missing:
+                raise WeightLoadError(f"{source}: llama3 rope scaling lacks {', '.join(missing)}.")
+            rope_scaling = tuple(sorted((k, float(scaling[k])) for k in keys))
+
+        max_pos = hf.get("max_position_embeddings", 4096)
+        if max_seq_len is not None and max_seq_len > max_pos:
+            raise WeightLoadError(f"{source}: limits.max_seq_len={max_seq_len} exceeds the model's "
+                                  f"max_position_embeddings={max_pos}; lower limits.max_seq_len.")
+        window = hf.get("sliding_window")
+        uses_window = window is not None and (arch == "MistralForCausalLM" or hf.get("use_sliding_window"))
+        if uses_window and (max_seq_len is None or window < max_seq_len):
+            raise WeightLoadError(f"{source}: sliding_window={window} is shorter than limits.max_seq_len="
+                                  f"{max_seq_len}; sliding-window attention is not implemented, so this "
+                                  f"model would run wrongly. Set limits.max_seq_len <= {window}.")
+
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        return cls(
+            architecture=arch,
+            hidden_size=hidden,
+            intermediate_size=need("intermediate_size"),
+            num_layers=need("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            vocab_size=need("vocab_size"),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )

@@ -1,0 +1,146 @@
+"""One decoder for the Llama family: Llama (incl. llama3 rope scaling), Mistral, Qwen2
+(qkv bias), Qwen3 (q/k RMSNorm). Plain PyTorch, flat packed tokens, paged KV cache.
+
+forward(input_ids [T], positions [T], meta) -> hidden [T, H]
+compute_logits(hidden [R, H]) -> logits [R, V] in fp32
+
+`meta` is an AttentionMetadata (runtime/metadata.py): q_len (a constant of the graph
+key), slot_mapping [T], block_tables [B, MB] and the per-layer KV caches. Every shape
+here is fixed by T and B, so the forward can be recorded into a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..kernels import KernelSet
+from .config import ModelConfig
+
+
+def rope_cos_sin(cfg: ModelConfig, max_positions: int) -> torch.Tensor:
+    """[max_positions, head_dim] fp32: cos of the D/2 frequencies, then sin."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if cfg.rope_scaling is not None:
+        inv_freq = _llama3_scale(inv_freq, cfg.rope_scaling_dict)
+    t = torch.arange(max_positions, dtype=torch.int64).float()
+    freqs = torch.outer(t, inv_freq)  # [P, D/2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1 frequency scaling: long wavelengths divided by `factor`, short ones kept,
+    a smooth blend between (same formula as the reference implementation)."""
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_ctx = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x, positions, cos_sin, kv_cache, meta, ops: KernelSet):
+        cfg = self.cfg
+        T = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.reshape(T, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q = ops.apply_rope(q, cos_sin, positions)
+        k = ops.apply_rope(k, cos_sin, positions)
+        ops.write_kv(kv_cache, k, v, meta.slot_mapping[:T])
+        out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
+        return self.o_proj(out.reshape(T, cfg.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x, ops: KernelSet):
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, residual, positions, cos_sin, kv_cache, meta, ops: KernelSet):
+        n1 = self.input_layernorm
+        if residual is None:
+            residual, h = x, ops.rms_norm(x, n1.weight, n1.eps)
+        else:
+            h, residual = ops.add_rms_norm(x, residual, n1.weight, n1.eps)
+        h = self.self_attn(h, positions, cos_sin, kv_cache, meta, ops)
+        n2 = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(h, residual, n2.weight, n2.eps)
+        return self.mlp(h, ops), residual
+
+
+class CausalLM(nn.Module):
+    """The decoder plus its LM head. Parameter names follow the fused layout the loader fills."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, ops: KernelSet):
+        super().__init__()
+        self.cfg = cfg
+        self.ops = ops
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.max_positions = max_positions
+        self.register_buffer("cos_sin", torch.zeros(max_positions, cfg.head_dim), persistent=False)
+
+    def init_rope(self) -> None:
+        """Fill the rope table (after the module has reached its device)."""
+        self.cos_sin.copy_(rope_cos_sin(self.cfg, self.max_positions))
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)  # [T, H]
+        residual = None
+        for layer, kv_cache in zip(self.layers, meta.kv_caches):
+            h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta, self.ops)
+        h, _ = self.ops.add_rms_norm(h, residual, self.norm.weight, self.norm.eps)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.lm_head_weight).float()  # [R, V]

@@ -1,0 +1,252 @@
+"""Build a CausalLM from a Hugging Face checkpoint directory or a synthetic spec.
+
+Checkpoints: config.json plus `*.safetensors`, single or sharded through
+`model.safetensors.index.json`. HF names are mapped onto the fused layout (q/k/v -> qkv,
+gate/up -> gate_up) at load. Missing, unexpected or mis-shaped tensors raise
+WeightLoadError listing every culprit. Only JSON and safetensors are read: nothing in a
+checkpoint can execute code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..errors import WeightLoadError
+from ..kernels import KernelSet
+from .config import ModelConfig
+from .llama import CausalLM
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Tensors some checkpoints carry that hold nothing we need.
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    config: ModelConfig
+    fingerprint: dict  # for the manifest: what these weights are
+    checkpoint_dir: Path | None
+
+
+def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
+    """`source` is a config.ModelSource."""
+    if source.is_synthetic:
+        return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops)
+    return load_checkpoint(Path(source.path), dtype, device, max_seq_len, ops)
+
+
+def read_hf_config(ckpt: Path) -> dict:
+    cfg_path = ckpt / "config.json"
+    if not cfg_path.is_file():
+        raise WeightLoadError(f"{ckpt}: no config.json. A Hugging Face checkpoint directory holds "
+                              f"config.json and *.safetensors; point model.path at one.")
+    try:
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WeightLoadError(f"{cfg_path}: not valid JSON ({exc}).") from None
+    if not isinstance(data, dict):
+        raise WeightLoadError(f"{cfg_path}: expected a JSON object.")
+    return data
+
+
+def weight_files(ckpt: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, through the shard index when there is one."""
+    index = ckpt / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise WeightLoadError(f"{index}: not a valid shard index ({exc!r}).") from None
+        files = []
+        for name in names:
+            path = (ckpt / name).resolve()
+            if ckpt.resolve() not in path.parents:
+                raise WeightLoadError(f"{index}: shard {name!r} lies outside the checkpoint directory.")
+            if not path.is_file():
+                raise WeightLoadError(f"{index}: shard {name} is listed but missing from {ckpt}.")
+            files.append(path)
+        return files
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in ckpt.glob("*.bin")) + sorted(p.name for p in ckpt.glob("*.pt"))
+        hint = (f" Found {', '.join(pickles)}: pickle files are never loaded (they can run code); "
+                f"convert them to safetensors first.") if pickles else ""
+        raise WeightLoadError(f"{ckpt}: no *.safetensors weights.{hint}")
+    return files
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_fingerprint(ckpt: Path, cfg: ModelConfig, dtype: str, num_params: int) -> dict:
+    files = weight_files(ckpt)
+    return {
+        "source": "checkpoint",
+        "architecture": cfg.architecture,
+        "config_hash": cfg.fingerprint(),
+        "dtype": dtype,
+        "parameter_count": num_params,
+        "weight_files": [{"name": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files],
+    }
+
+
+def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
+    if not ckpt.is_dir():
+        raise WeightLoadError(f"{ckpt}: checkpoint directory does not exist.")
+    cfg = ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=max_seq_len)
+    model = _empty_model(cfg, dtype, device, max_seq_len, ops)
+    _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt)
+    num_params = sum(p.numel() for p in model.parameters())
+    return LoadedModel(model, cfg, checkpoint_fingerprint(ckpt, cfg, dtype, num_params), ckpt)
+
+
+def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> CausalLM:
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_seq_len, ops)
+    model = model.to_empty(device=device).to(DTYPES[dtype])
+    model.cos_sin.data = model.cos_sin.data.float()  # the rope table stays fp32
+    model.init_rope()
+    model.eval().requires_grad_(False)
+    return model
+
+
+def _hf_sources(cfg: ModelConfig) -> dict[str, list[str]]:
+    """Our parameter name -> the HF tensor names concatenated (dim 0) to fill it."""
+    out: dict[str, list[str]] = {"embed_tokens.weight": ["model.embed_tokens.weight"],
+                                 "norm.weight": ["model.norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = ["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        out[ours + "self_attn.qkv_proj.weight"] = [hf + f"self_attn.{p}_proj.weight" for p in "qkv"]
+        if cfg.qkv_bias:
+            out[ours + "self_attn.qkv_proj.bias"] = [hf + f"self_attn.{p}_proj.bias" for p in "qkv"]
+        if cfg.qk_norm:
+            out[ours + "self_attn.q_norm.weight"] = [hf + "self_attn.q_norm.weight"]
+            out[ours + "self_attn.k_norm.weight"] = [hf + "self_attn.k_norm.weight"]
+        out[ours + "self_attn.o_proj.weight"] = [hf + "self_attn.o_proj.weight"]
+        out[ours + "mlp.gate_up_proj.weight"] = [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"]
+        out[ours + "mlp.down_proj.weight"] = [hf + "mlp.down_proj.weight"]
+        out[ours + "input_layernorm.weight"] = [hf + "input_layernorm.weight"]
+        out[ours + "post_attention_layernorm.weight"] = [hf + "post_attention_layernorm.weight"]
+    return out
+
+
+def _open_all(files: list[Path]) -> dict[str, Path]:
+    """HF tensor name -> the file holding it. Corrupt files are named."""
+    where: dict[str, Path] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    where[name] = path
+        except Exception as exc:  # safetensors raises its own error types; all mean "corrupt"
+            raise WeightLoadError(f"{path}: not a readable safetensors file ({exc}). The file may be "
+                                  f"truncated or corrupt; download it again.") from None
+    return where
+
+
+def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path], ckpt: Path) -> None:
+    where = _open_all(files)
+    sources = _hf_sources(cfg)
+    params = dict(model.named_parameters())
+    if cfg.tie_word_embeddings:
+        where.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
+    needed = {n for names in sources.values() for n in names}
+    missing = sorted(n for n in needed if n not in where)
+    unexpected = sorted(n for n in where if n not in needed and not _IGNORED.search(n))
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_list(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_list(unexpected)}")
+    if problems:
+        raise WeightLoadError(f"{ckpt}: weights do not match config.json ({cfg.architecture}, "
+                              f"{cfg.num_layers} layers): " + "; ".join(problems) + ".")
+
+    handles = {}
+    try:
+        bad = []
+        for ours, hf_names in sources.items():
+            parts = []
+            for name in hf_names:
+                path = where[name]
+                if path not in handles:
+                    handles[path] = safe_open(str(path), framework="pt").__enter__()
+                try:
+                    t = handles[path].get_tensor(name)
+                except Exception as exc:
+                    raise WeightLoadError(f"{path}: cannot read tensor {name} ({exc}); the file may be "
+                                          f"truncated or corrupt.") from None
+                if not t.is_floating_point():
+                    bad.append(f"{name} has dtype {t.dtype} (expected a floating-point dtype)")
+                parts.append(t)
+            param = params[ours]
+            rows = sum(p.shape[0] for p in parts)
+            trailing = {tuple(p.shape[1:]) for p in parts}
+            if len(trailing) != 1 or (rows, *next(iter(trailing))) != tuple(param.shape):
+                shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in zip(hf_names, parts))
+                bad.append(f"{shapes} (expected {_expected(param.shape, len(parts), cfg, ours)})")
+                continue
+            offset = 0
+            for p in parts:
+                param.data[offset:offset + p.shape[0]].copy_(p)
+                offset += p.shape[0]
+        if bad:
+            raise WeightLoadError(f"{ckpt}: mis-shaped or mistyped tensors: {_list(bad)}.")
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+
+
+def _expected(shape, nparts, cfg: ModelConfig, ours: str) -> str:
+    if ours.endswith("qkv_proj.weight"):
+        return (f"q ({cfg.q_size}, {cfg.hidden_size}), k and v ({cfg.kv_size}, {cfg.hidden_size})")
+    if ours.endswith("qkv_proj.bias"):
+        return f"q ({cfg.q_size},), k and v ({cfg.kv_size},)"
+    if nparts == 2:
+        return f"each ({shape[0] // 2}, {shape[1]})"
+    return str(tuple(shape))
+
+
+def _list(items: list[str], limit: int = 12) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
+    spec = dict(spec)
+    seed = spec.pop("seed", 0)
+    arch = spec.pop("architecture", None) or (spec.get("architectures") or [None])[0]
+    hf = {**spec, "architectures": [arch]}
+    if "max_position_embeddings" not in hf:
+        hf["max_position_embeddings"] = max(max_seq_len, 4096)
+    cfg = ModelConfig.from_hf(hf, source="model.synthetic", max_seq_len=max_seq_len)
+    model = _empty_model(cfg, dtype, device, max_seq_len, ops)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        if "norm" in name:  # norms near 1, like a trained model's
+            p.data.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32))
+        else:
+            std = 0.02 if "embed" in name else 1.0 / p.shape[-1] ** 0.5
+            if name.endswith("bias"):
+                std = 0.02
+            p.data.copy_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) * std)
+    num_params = sum(p.numel() for p in model.parameters())
+    fp = {"source": "synthetic", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
+          "dtype": dtype, "parameter_count": num_params, "seed": seed, "weight_files": []}
+    return LoadedModel(model, cfg, fp, None)

@@ -1,0 +1,202 @@
+"""The executor: model, paged KV cache, persistent buffers, per-key metadata and the graph
+runner, wired once. `capture` (used by the compiler and at runtime start-up) records a
+key; `prepare` writes one step's inputs (padding included) into the buffers; `execute`
+replays the key's graph, or runs the same step eagerly for A/B checks.
+
+The compiler and the runtime build exactly this object, so what was verified at capture
+is what serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..buckets import GREEDY, BucketPlan, GraphKey
+from ..config import AUTO, Config
+from ..errors import ConfigError
+from ..kernels import get_kernels
+from ..models import DTYPES, LoadedModel, load_model
+from . import sampler
+from .buffers import StepBuffers
+from .graph_runner import CaptureStats, GraphRunner
+from .kv_cache import NULL_BLOCK, allocate_kv_caches, auto_num_blocks, blocks_for_tokens
+from .metadata import AttentionMetadata
+
+
+@dataclass
+class StepRow:
+    """One sequence's part of a step."""
+    token_ids: list[int]  # the real query tokens: q of them, or fewer in a prefill chunk's tail
+    start_pos: int  # position of token_ids[0] in its sequence
+    block_table: list[int]  # blocks covering positions 0 .. start_pos + len(token_ids) - 1
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class StepOutputs:
+    logits: torch.Tensor  # [R, V] fp32 (graph-owned: read before the next step)
+    tokens: torch.Tensor  # [R] int64, on the device
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or (name == AUTO and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("device = 'cuda' but no CUDA device is available here; use "
+                              "`--device cpu` (static backend) or run on a GPU machine.")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    return "cuda" if device.type == "cuda" else "static"
+
+
+@dataclass
+class Executor:
+    config: Config
+    plan: BucketPlan
+    loaded: LoadedModel
+    device: torch.device
+    num_blocks: int
+    kv_caches: list = field(init=False)
+    buffers: StepBuffers = field(init=False)
+    runner: GraphRunner = field(init=False)
+    metadata: dict = field(init=False)
+    num_eager_steps: int = 0
+
+    def __post_init__(self):
+        cfg, lim = self.loaded.config, self.config.limits
+        self.block_size = self.config.kv_cache.block_size
+        self.max_blocks_per_seq = blocks_for_tokens(lim.max_seq_len, self.block_size)
+        self.kv_caches = allocate_kv_caches(cfg, self.num_blocks, self.block_size, DTYPES[self.config.dtype],
+                                            self.device)
+        keys = self.plan.keys
+        self.buffers = StepBuffers(
+            max_tokens=max(k.num_tokens for k in keys),
+            max_seqs=max(k.batch_size for k in keys),
+            max_rows=max(k.num_logit_rows for k in keys),
+            max_blocks_per_seq=self.max_blocks_per_seq,
+            device=self.device,
+        )
+        self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors)
+        self.metadata = {k: AttentionMetadata(
+            q_len=k.q_len, batch_size=k.batch_size,
+            slot_mapping=self.buffers.view("slot_mapping")[:k.num_tokens],
+            block_tables=self.buffers.view("block_tables")[:k.batch_size],
+            kv_caches=self.kv_caches) for k in keys}
+
+    @classmethod
+    def build(cls, config: Config, plan: BucketPlan, device: torch.device | None = None,
+              loaded: LoadedModel | None = None, kernels: str = "torch") -> "Executor":
+        device = device or resolve_device(config.device)
+        if loaded is None:
+            loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, get_kernels(kernels))
+        lim = config.limits
+        num_blocks = config.kv_cache.num_blocks
+        if num_blocks == AUTO:
+            num_blocks = auto_num_blocks(loaded.config, config.kv_cache.block_size, DTYPES[config.dtype], device,
+                                         lim.max_batch_size, lim.max_seq_len)
+        return cls(config=config, plan=plan, loaded=loaded, device=device, num_blocks=num_blocks)
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+    @property
+    def backend(self) -> str:
+        return self.runner.backend
+
+    def persistent_tensors(self) -> dict[str, torch.Tensor]:
+        out = dict(self.buffers.tensors())
+        out.update({f"kv_cache.{i}": t for i, t in enumerate(self.kv_caches)})
+        out["cos_sin"] = self.model.cos_sin
+        return out
+
+    # ---- the step ------------------------------------------------------------------
+    def step_fn(self, key: GraphKey):
+        """The closure a graph records: model forward, logits, sampler, over buffer views."""
+        model, bufs, meta = self.model, self.buffers, self.metadata[key]
+        T, B, R = key.num_tokens, key.batch_size, key.num_logit_rows
+        ids, pos = bufs.view("input_ids")[:T], bufs.view("positions")[:T]
+        rows = bufs.view("logits_indices")[:B]
+        temp, top_p = bufs.view("temperature")[:R], bufs.view("top_p")[:R]
+        top_k, seeds = bufs.view("top_k")[:R], bufs.view("seeds")[:R]
+        out = bufs.sampled[:R]
+
+        def step():
+            hidden = model(ids, pos, meta)  # [T, H]
+            if key.is_prefill:
+                hidden = hidden.index_select(0, rows)  # [B, H]: each sequence's last real token
+            logits = model.compute_logits(hidden)  # [R, V]
+            if key.sampling == GREEDY:
+                tokens = sampler.greedy(logits)
+            else:
+                draw_pos = (pos.index_select(0, rows) if key.is_prefill else pos) + 1
+                tokens = sampler.sample(logits, temp, top_k, top_p, seeds, draw_pos)
+            out.copy_(tokens)
+            return logits, out
+
+        return step
+
+    def warmup(self, key: GraphKey) -> None:
+        """One eager run on padding-only inputs: lazy library state and workspaces reach
+        their size before any capture."""
+        self.prepare(key, [])
+        self.step_fn(key)()
+
+    def capture(self, key: GraphKey) -> CaptureStats:
+        self.prepare(key, [])  # padding-only inputs: the capture run must not touch real blocks
+        return self.runner.capture(key, self.step_fn(key), self.metadata[key])
+
+    def execute(self, key: GraphKey, eager: bool = False) -> StepOutputs:
+        pos = self.buffers.view("positions")[:key.num_tokens]
+        if eager:
+            self.num_eager_steps += 1
+            logits, tokens = self.step_fn(key)()
+        else:
+            logits, tokens = self.runner.replay(key, self.metadata[key], key.num_tokens, pos)
+        return StepOutputs(logits, tokens)
+
+    # ---- input preparation (full path) ------------------------------------------------
+    def prepare(self, key: GraphKey, rows: list[StepRow]) -> None:
+        """Pack `rows` into host staging, write every padding row explicitly, copy once."""
+        q, B, bs = key.q_len, key.batch_size, self.block_size
+        if len(rows) > B:
+            raise ValueError(f"{len(rows)} rows do not fit {key}")
+        b = self.buffers
+        ids, pos, slots = b.host_np("input_ids"), b.host_np("positions"), b.host_np("slot_mapping")
+        last, tables = b.host_np("logits_indices"), b.host_np("block_tables")
+        temp, top_k, top_p, seeds = b.host_np("temperature"), b.host_np("top_k"), b.host_np("top_p"), b.host_np("seeds")
+        T, R = key.num_tokens, key.num_logit_rows
+        # Padding first (every row of the key), then the real rows on top.
+        ids[:T] = 0
+        pos[:T] = 0
+        slots[:T] = np.arange(T) % bs + NULL_BLOCK * bs
+        last[:B] = np.arange(B) * q
+        tables[:B] = NULL_BLOCK
+        temp[:R], top_k[:R], top_p[:R], seeds[:R] = 0.0, 0, 1.0, 0
+        for i, row in enumerate(rows):
+            n = len(row.token_ids)
+            if not 1 <= n <= q:
+                raise ValueError(f"row {i} has {n} query tokens; {key} takes 1..{q}")
+            s = i * q
+            table = np.asarray(row.block_table, dtype=np.int64)
+            tables[i, :len(table)] = table
+            p = row.start_pos + np.arange(n)
+            ids[s:s + n] = row.token_ids
+            pos[s:s + n] = p
+            slots[s:s + n] = table[p // bs] * bs + p % bs
+            if n < q:  # a prefill chunk's tail: repeat the last position, write to the null block
+                pos[s + n:s + q] = p[-1]
+            last[i] = s + n - 1
+            r = slice(i, i + 1) if key.is_prefill else slice(s, s + q)
+            temp[r], top_k[r], top_p[r], seeds[r] = row.temperature, row.top_k, row.top_p, row.seed
+        b.upload()

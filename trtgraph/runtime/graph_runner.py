@@ -1,0 +1,141 @@
+"""The graph runner: one interface, two backends.
+
+- `cuda`: torch.cuda.CUDAGraph, every graph in one shared memory pool.
+- `static` (CPU): "captures" the step closure and replays it by calling it.
+
+Both keep the same strict replay checks, always on: the key was recorded; the metadata
+object is the one captured (`is`, not `==`); the token count equals the key's; the
+positions have the key's shape; no persistent buffer moved since capture. After `lock()`
+capture raises, so nothing can be recorded once serving starts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..buckets import GraphKey
+from ..errors import CaptureError, ReplayMismatchError
+
+BACKENDS = ("cuda", "static")
+
+
+@dataclass
+class CaptureStats:
+    capture_seconds: float
+    pool_bytes: int  # bytes the shared pool grew by for this key
+
+
+@dataclass
+class _Recorded:
+    key: GraphKey
+    meta: object
+    outputs: object
+    replay_fn: Callable[[], None]
+    addresses: dict  # name -> data_ptr at capture
+
+
+class GraphRunner:
+    def __init__(self, backend: str, device: torch.device, persistent: Callable[[], dict]):
+        """`persistent()` returns every tensor a graph reads or writes, by name."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown graph backend {backend!r}; expected one of {BACKENDS}")
+        if backend == "cuda" and device.type != "cuda":
+            raise ValueError("the cuda graph backend needs a CUDA device")
+        self.backend = backend
+        self.device = device
+        self._persistent = persistent
+        self._graphs: dict[GraphKey, _Recorded] = {}
+        self._locked = False
+        self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
+        self.num_captures = 0
+        self.replays: Counter = Counter()
+
+    # ---- capture -------------------------------------------------------------------
+    @property
+    def locked(self) -> bool:
+        return self._locked
+
+    def lock(self) -> None:
+        """From now on only replay: any capture raises."""
+        self._locked = True
+
+    def has(self, key: GraphKey) -> bool:
+        return key in self._graphs
+
+    @property
+    def keys(self) -> list[GraphKey]:
+        return list(self._graphs)
+
+    def capture(self, key: GraphKey, step: Callable[[], object], meta) -> CaptureStats:
+        """Record `step` (which reads and writes only persistent buffers) for `key`."""
+        if self._locked:
+            raise CaptureError(f"capture of {key} after lock(): the runtime only replays. Every graph "
+                               f"must be recorded at start-up, before lock().")
+        if key in self._graphs:
+            raise CaptureError(f"{key} was already captured")
+        start = time.perf_counter()
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_reserved(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = step()
+            torch.cuda.synchronize(self.device)
+            pool_bytes = torch.cuda.memory_reserved(self.device) - before
+            replay_fn = graph.replay
+            self._keepalive = getattr(self, "_keepalive", []) + [graph]
+        else:
+            outputs = step()  # the static backend's "recording" is the closure itself
+            pool_bytes = 0
+
+            def replay_fn(step=step, outputs=outputs):
+                _copy_outputs(step(), outputs)
+        seconds = time.perf_counter() - start
+        self._graphs[key] = _Recorded(key, meta, outputs, replay_fn, self._addresses())
+        self.num_captures += 1
+        return CaptureStats(seconds, pool_bytes)
+
+    # ---- replay --------------------------------------------------------------------
+    def replay(self, key: GraphKey, meta, num_tokens: int, positions: torch.Tensor):
+        """Replay the graph of `key`; returns the outputs recorded at capture (now refreshed)."""
+        rec = self._graphs.get(key)
+        if rec is None:
+            raise ReplayMismatchError(f"replay of {key}: no graph was recorded for it; recorded keys: "
+                                      f"{', '.join(str(k) for k in sorted(self._graphs)) or 'none'}")
+        if meta is not rec.meta:
+            raise ReplayMismatchError(f"replay of {key}: attention metadata is a different object than "
+                                      f"the one captured (expected id {id(rec.meta):#x}, got {id(meta):#x}); "
+                                      f"the graph reads the captured object's tensors, so a new one would "
+                                      f"be silently ignored")
+        if num_tokens != key.num_tokens:
+            raise ReplayMismatchError(f"replay of {key}: expected={key.num_tokens} tokens != got={num_tokens}; "
+                                      f"a shorter input leaves the tail of the static buffers stale")
+        if tuple(positions.shape) != (key.num_tokens,):
+            raise ReplayMismatchError(f"replay of {key}: positions shape expected={(key.num_tokens,)} != "
+                                      f"got={tuple(positions.shape)}; copy_() would broadcast silently")
+        now = self._addresses()
+        if now != rec.addresses:
+            moved = sorted(n for n in set(now) | set(rec.addresses) if now.get(n) != rec.addresses.get(n))
+            raise ReplayMismatchError(f"replay of {key}: persistent buffers moved since capture: "
+                                      f"{', '.join(moved)}; the graph would read freed memory")
+        rec.replay_fn()
+        self.replays[key] += 1
+        return rec.outputs
+
+    def _addresses(self) -> dict:
+        return {name: t.data_ptr() for name, t in self._persistent().items()}
+
+
+def _copy_outputs(new, recorded) -> None:
+    """The static backend writes fresh results into the tensors returned at capture, so
+    callers hold the same output objects for both backends."""
+    if isinstance(new, torch.Tensor):
+        recorded.copy_(new)
+    else:
+        for n, r in zip(new, recorded):
+            _copy_outputs(n, r)
