@@ -50,6 +50,16 @@ class ModelConfig:
     def rope_scaling_dict(self) -> dict | None:
         return dict(self.rope_scaling) if self.rope_scaling else None
 
+    def parameter_count(self) -> int:
+        """Parameters of the decoder, from the shapes alone."""
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        attn += (self.q_size + 2 * self.kv_size) if self.qkv_bias else 0
+        attn += 2 * d if self.qk_norm else 0
+        layer = attn + 3 * h * i + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * layer + h + head
+
     def fingerprint(self) -> str:
         """A stable hash of everything that changes the math."""
         blob = json.dumps(asdict(self), sort_keys=True, default=str).encode()

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..config import ModelSource
 from ..errors import WeightLoadError
 from ..kernels import KernelSet
 from .config import ModelConfig
@@ -41,6 +42,23 @@ def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: 
     if source.is_synthetic:
         return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops)
     return load_checkpoint(Path(source.path), dtype, device, max_seq_len, ops)
+
+
+def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
+    """What the weights are, without loading them: config hash, parameter count, and for a
+    checkpoint each weight file's size and sha256."""
+    if source.is_synthetic:
+        seed, cfg = _synthetic_config(source.synthetic, max_seq_len)
+        return {"source": "synthetic", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
+                "dtype": dtype, "parameter_count": cfg.parameter_count(), "seed": seed, "weight_files": []}
+    ckpt = Path(source.path)
+    if not ckpt.is_dir():
+        raise WeightLoadError(f"{ckpt}: checkpoint directory does not exist.")
+    cfg = ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=max_seq_len)
+    files = weight_files(ckpt)
+    return {"source": "checkpoint", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
+            "dtype": dtype, "parameter_count": cfg.parameter_count(),
+            "weight_files": [{"name": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files]}
 
 
 def read_hf_config(ckpt: Path) -> dict:
@@ -92,26 +110,13 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def checkpoint_fingerprint(ckpt: Path, cfg: ModelConfig, dtype: str, num_params: int) -> dict:
-    files = weight_files(ckpt)
-    return {
-        "source": "checkpoint",
-        "architecture": cfg.architecture,
-        "config_hash": cfg.fingerprint(),
-        "dtype": dtype,
-        "parameter_count": num_params,
-        "weight_files": [{"name": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files],
-    }
-
-
 def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
     if not ckpt.is_dir():
         raise WeightLoadError(f"{ckpt}: checkpoint directory does not exist.")
     cfg = ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=max_seq_len)
     model = _empty_model(cfg, dtype, device, max_seq_len, ops)
     _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt)
-    num_params = sum(p.numel() for p in model.parameters())
-    return LoadedModel(model, cfg, checkpoint_fingerprint(ckpt, cfg, dtype, num_params), ckpt)
+    return LoadedModel(model, cfg, model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len), ckpt)
 
 
 def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> CausalLM:
@@ -228,14 +233,18 @@ def _list(items: list[str], limit: int = 12) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
+def _synthetic_config(spec: dict, max_seq_len: int) -> tuple[int, ModelConfig]:
     spec = dict(spec)
     seed = spec.pop("seed", 0)
     arch = spec.pop("architecture", None) or (spec.get("architectures") or [None])[0]
     hf = {**spec, "architectures": [arch]}
     if "max_position_embeddings" not in hf:
         hf["max_position_embeddings"] = max(max_seq_len, 4096)
-    cfg = ModelConfig.from_hf(hf, source="model.synthetic", max_seq_len=max_seq_len)
+    return seed, ModelConfig.from_hf(hf, source="model.synthetic", max_seq_len=max_seq_len)
+
+
+def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
+    seed, cfg = _synthetic_config(spec, max_seq_len)
     model = _empty_model(cfg, dtype, device, max_seq_len, ops)
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in sorted(model.named_parameters()):
@@ -246,7 +255,6 @@ def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: i
             if name.endswith("bias"):
                 std = 0.02
             p.data.copy_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) * std)
-    num_params = sum(p.numel() for p in model.parameters())
-    fp = {"source": "synthetic", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
-          "dtype": dtype, "parameter_count": num_params, "seed": seed, "weight_files": []}
+    fp = model_fingerprint(ModelSource(synthetic=spec), dtype, max_seq_len)
+    assert fp["parameter_count"] == sum(p.numel() for p in model.parameters())
     return LoadedModel(model, cfg, fp, None)

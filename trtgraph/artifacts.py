@@ -1,0 +1,289 @@
+"""The manifest: what was captured and proven, as versioned JSON.
+
+A CUDA graph cannot outlive its process, so the manifest records *what* was captured
+(keys, token counts, buffer layout, memory, timings, eager parity, model and environment
+fingerprints); the runtime re-records exactly those graphs and checks them against it.
+It is plain JSON, written atomically; nothing loaded from artifacts executes code, and
+every artifact path inside it is relative and stays inside the artifacts directory.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .buckets import BucketPlan, GraphKey, uncovered_shapes
+from .config import SAMPLING_MODES, Config
+from .errors import ConfigError, ManifestError
+
+MANIFEST_NAME = "manifest.json"
+TRITON_CACHE_DIR = "triton-cache"
+
+# Format versions, one line each. Bump on any change a reader must know about.
+FORMAT_VERSION = 1
+FORMAT_CHANGELOG = {
+    1: "first format: environment, model fingerprint, config, limits, kv_cache, buffers, keys "
+       "(capture seconds, pool bytes, replay ms, parity), totals, digest",
+}
+
+
+def trtgraph_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def environment(device: torch.device, backend: str) -> dict:
+    """The versions and device a manifest was made with (and a load is checked against)."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    env = {"python": platform.python_version(), "torch": torch.__version__.split("+")[0],
+           "cuda": torch.version.cuda, "triton": triton_version, "backend": backend,
+           "device_name": "cpu", "capability": None}
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    return env
+
+
+@dataclass
+class KeyRecord:
+    key: GraphKey
+    num_tokens: int
+    capture_seconds: float
+    pool_bytes: int
+    replay_ms: float
+    eager_ms: float
+    max_abs_logit_diff: float
+    tokens_equal: bool
+
+    def to_json(self) -> dict:
+        return {"key": self.key.as_dict(), "num_tokens": self.num_tokens,
+                "capture_seconds": round(self.capture_seconds, 6), "pool_bytes": self.pool_bytes,
+                "replay_ms": round(self.replay_ms, 4), "eager_ms": round(self.eager_ms, 4),
+                "parity": {"max_abs_logit_diff": self.max_abs_logit_diff, "tokens_equal": self.tokens_equal}}
+
+
+@dataclass
+class Manifest:
+    environment: dict
+    model: dict
+    config: dict
+    kv_cache: dict  # block_size, num_blocks (resolved), bytes
+    buffers: list
+    keys: list[KeyRecord]
+    totals: dict
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    trtgraph_version: str = field(default_factory=trtgraph_version)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict:
+        body = {
+            "format_version": self.format_version,
+            "format_changelog": {str(k): v for k, v in FORMAT_CHANGELOG.items()},
+            "trtgraph_version": self.trtgraph_version,
+            "created": self.created,
+            "environment": self.environment,
+            "model": self.model,
+            "config": self.config,
+            "limits": self.config["limits"],
+            "kv_cache": self.kv_cache,
+            "buffers": self.buffers,
+            "keys": [k.to_json() for k in self.keys],
+            "totals": self.totals,
+        }
+        body["digest"] = _digest(body)
+        return body
+
+    def plan(self) -> BucketPlan:
+        return BucketPlan.from_config(self.app_config()).with_keys([k.key for k in self.keys])
+
+    def app_config(self) -> Config:
+        return Config.from_dict(self.config, source="manifest config")
+
+    @property
+    def graph_keys(self) -> list[GraphKey]:
+        return [k.key for k in self.keys]
+
+
+def _digest(body: dict) -> str:
+    blob = json.dumps({k: v for k, v in body.items() if k != "digest"}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
+    """Atomically: write a temporary file in the same directory, fsync, rename."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / MANIFEST_NAME
+    text = json.dumps(manifest.to_json(), indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def manifest_path(path: str | Path) -> Path:
+    """PATH may be the artifacts directory or the manifest file itself."""
+    p = Path(path)
+    return p / MANIFEST_NAME if p.is_dir() else p
+
+
+def artifact_path(artifacts_dir: Path, relative: str) -> Path:
+    """Resolve a path read from a manifest; it must stay inside the artifacts directory."""
+    base = artifacts_dir.resolve()
+    target = (base / relative).resolve()
+    if Path(relative).is_absolute() or (target != base and base not in target.parents):
+        raise ManifestError(f"{artifacts_dir / MANIFEST_NAME}: path {relative!r} leaves the artifacts "
+                            f"directory; refusing to use it. Recapture to get a clean manifest.")
+    return target
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate a manifest. Any problem is a ManifestError naming the field."""
+    mpath = manifest_path(path)
+    recapture = "Recapture with `trtgraph capture --config <your model.yaml>`."
+    if not mpath.is_file():
+        raise ManifestError(f"{mpath}: no manifest here. Run `trtgraph capture` first, or pass the "
+                            f"artifacts directory it wrote.")
+    try:
+        body = json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{mpath}: not valid JSON ({exc}); the file may be truncated. {recapture}") from None
+    if not isinstance(body, dict):
+        raise ManifestError(f"{mpath}: expected a JSON object. {recapture}")
+    version = body.get("format_version")
+    if version != FORMAT_VERSION:
+        known = ", ".join(f"{k} ({v.split(':')[0]})" for k, v in FORMAT_CHANGELOG.items())
+        raise ManifestError(f"{mpath}: format_version {version!r} is not one this trtgraph "
+                            f"{trtgraph_version()} reads (known: {known}). {recapture}")
+    if body.get("digest") != _digest(body):
+        raise ManifestError(f"{mpath}: the manifest was edited after capture (its digest does not match "
+                            f"its content). Its numbers and keys can no longer be trusted. {recapture}")
+    v = _FieldReader(mpath, recapture)
+    for name in ("environment", "model", "config", "kv_cache", "totals"):
+        v.typed(body, name, dict)
+    v.typed(body, "buffers", list)
+    raw_keys = v.typed(body, "keys", list)
+    try:
+        config = Config.from_dict(body["config"], source=f"{mpath} config")
+    except ConfigError as exc:
+        raise ManifestError(f"{mpath}: its config section is invalid: {exc} {recapture}") from None
+    keys = [_key_record(v, i, rk) for i, rk in enumerate(raw_keys)]
+    if len({k.key for k in keys}) != len(keys):
+        raise ManifestError(f"{mpath}: keys lists a graph key twice. {recapture}")
+    manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
+                        kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
+                        created=str(body.get("created")), trtgraph_version=str(body.get("trtgraph_version")),
+                        format_version=version)
+    expected = set(BucketPlan.from_config(config).keys)
+    got = {k.key for k in keys}
+    if got != expected:
+        extra = ", ".join(str(k) for k in sorted(got - expected)) or "none"
+        missing = ", ".join(str(k) for k in sorted(expected - got)) or "none"
+        raise ManifestError(f"{mpath}: keys do not match the manifest's bucket plan (not in the plan: {extra}; "
+                            f"missing: {missing}). {recapture}")
+    misses = uncovered_shapes(manifest.plan())
+    if misses:
+        raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {recapture}")
+    nb = v.int_field(body["kv_cache"], "kv_cache.num_blocks", lo=2)
+    v.int_field(body["kv_cache"], "kv_cache.block_size", lo=1)
+    if nb > (1 << 24):
+        raise ManifestError(f"{mpath}: kv_cache.num_blocks = {nb} is absurd. {recapture}")
+    return manifest
+
+
+class _FieldReader:
+    def __init__(self, path: Path, recapture: str):
+        self.path, self.recapture = path, recapture
+
+    def fail(self, field_name: str, value, expected: str):
+        raise ManifestError(f"{self.path}: {field_name} = {value!r}; expected {expected}. {self.recapture}")
+
+    def typed(self, body: dict, name: str, kind):
+        if not isinstance(body.get(name), kind):
+            self.fail(name, body.get(name), f"a JSON {'object' if kind is dict else 'list'}")
+        return body[name]
+
+    def int_field(self, d: dict, name: str, lo: int = 0, hi: int = 1 << 40) -> int:
+        val = d.get(name.rsplit(".", 1)[-1])
+        if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
+            self.fail(name, val, f"an integer in [{lo}, {hi}]")
+        return val
+
+    def number(self, d: dict, name: str, hi: float = 1e9) -> float:
+        val = d.get(name.rsplit(".", 1)[-1])
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val <= hi:
+            self.fail(name, val, f"a number in [0, {hi:g}]")
+        return float(val)
+
+
+def _key_record(v: _FieldReader, i: int, raw) -> KeyRecord:
+    where = f"keys[{i}]"
+    if not isinstance(raw, dict) or not isinstance(raw.get("key"), dict) or not isinstance(raw.get("parity"), dict):
+        v.fail(where, raw, "an object with key, num_tokens, capture_seconds, pool_bytes, replay_ms, parity")
+    k = raw["key"]
+    bs = v.int_field(k, f"{where}.key.batch_size", lo=1, hi=1 << 16)
+    dl = v.int_field(k, f"{where}.key.draft_len", lo=0, hi=1 << 10)
+    cs = v.int_field(k, f"{where}.key.chunk_size", lo=0, hi=1 << 22)
+    if k.get("sampling") not in SAMPLING_MODES:
+        v.fail(f"{where}.key.sampling", k.get("sampling"), f"one of {', '.join(SAMPLING_MODES)}")
+    key = GraphKey(bs, dl, cs, k["sampling"])
+    n = v.int_field(raw, f"{where}.num_tokens", lo=1, hi=1 << 24)
+    if n != key.num_tokens:
+        v.fail(f"{where}.num_tokens", n, f"{key.num_tokens} for {key}")
+    parity = raw["parity"]
+    if not isinstance(parity.get("tokens_equal"), bool):
+        v.fail(f"{where}.parity.tokens_equal", parity.get("tokens_equal"), "true or false")
+    return KeyRecord(key=key, num_tokens=n,
+                     capture_seconds=v.number(raw, f"{where}.capture_seconds", hi=86400),
+                     pool_bytes=v.int_field(raw, f"{where}.pool_bytes", lo=0, hi=1 << 44),
+                     replay_ms=v.number(raw, f"{where}.replay_ms", hi=1e7),
+                     eager_ms=v.number(raw, f"{where}.eager_ms", hi=1e7),
+                     max_abs_logit_diff=v.number(parity, f"{where}.parity.max_abs_logit_diff", hi=1e30),
+                     tokens_equal=parity["tokens_equal"])
+
+
+def compare_environment(manifest: Manifest, env: dict) -> list[tuple[str, object, object]]:
+    """Fields that differ between the manifest's environment and this one: (field, manifest, here)."""
+    fields = ("backend", "device_name", "capability", "torch", "cuda", "triton")
+    out = [(f"environment.{f}", manifest.environment.get(f), env.get(f)) for f in fields
+           if manifest.environment.get(f) != env.get(f)]
+    if manifest.trtgraph_version != trtgraph_version():
+        out.insert(0, ("trtgraph_version", manifest.trtgraph_version, trtgraph_version()))
+    return out
+
+
+def compare_model(manifest: Manifest, fingerprint: dict) -> list[tuple[str, object, object]]:
+    """Fields that differ between the manifest's model fingerprint and the model found now."""
+    out = []
+    for f in ("source", "architecture", "config_hash", "dtype", "parameter_count", "seed"):
+        if manifest.model.get(f) != fingerprint.get(f):
+            out.append((f"model.{f}", manifest.model.get(f), fingerprint.get(f)))
+    old = {w["name"]: w for w in manifest.model.get("weight_files", []) if isinstance(w, dict)}
+    new = {w["name"]: w for w in fingerprint.get("weight_files", [])}
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a is None or b is None:
+            out.append((f"model.weight_files[{name}]", "present" if a else "absent", "present" if b else "absent"))
+        elif (a.get("bytes"), a.get("sha256")) != (b["bytes"], b["sha256"]):
+            out.append((f"model.weight_files[{name}].sha256", a.get("sha256"), b["sha256"]))
+    return out

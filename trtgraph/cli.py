@@ -1,0 +1,159 @@
+"""The trtgraph command line: parse, print, map errors to exit codes. No logic here.
+
+Exit codes: 0 success; 2 a TrtgraphError (bad input, mismatch, refusal) with a
+one-paragraph message; 1 anything else. TRTGRAPH_RAISE_ERRORS=1 shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import TrtgraphError
+
+MiB = 1 << 20
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file=None):
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TrtgraphError as exc:
+            if os.environ.get("TRTGRAPH_RAISE_ERRORS"):
+                raise
+            raise UserError(str(exc)) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # an internal error: say so briefly, exit 1
+            if os.environ.get("TRTGRAPH_RAISE_ERRORS"):
+                raise
+            click.echo(f"internal error: {type(exc).__name__}: {exc}\n(set TRTGRAPH_RAISE_ERRORS=1 for the "
+                       f"traceback, and please report it)", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="trtgraph")
+def main():
+    """trtgraph: ahead-of-time CUDA graphs for LLM decoding.
+
+    \b
+      trtgraph capture --config model.yaml   warm up, capture every bucket, write a manifest
+      trtgraph inspect trtgraph-artifacts    what was captured, what it cost, does it fit here
+      trtgraph run --prompts prompts.jsonl   replay-only serving of a batch of prompts
+    """
+
+
+def _load_config(path: str | None):
+    from .config import Config
+
+    return Config.from_yaml(path) if path else Config.default()
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="model.yaml (default: the embedded tiny synthetic Llama).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Artifacts directory (default: the config's `output`).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Override the config's device.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest's totals as JSON.")
+def capture(config_path, out_dir, device, as_json):
+    """Warm up, capture every graph key of the bucket plan into one pool, verify each
+    against eager, and write DIR/manifest.json.
+
+    \b
+    Examples:
+      trtgraph capture                                  # embedded default, CPU in seconds
+      trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml
+    """
+    from .compiler.pipeline import capture as run_capture
+
+    config = _load_config(config_path)
+    if device:
+        config = config.replace(device=device)
+    bar = _KeyProgress()
+    try:
+        result = run_capture(config, Path(out_dir) if out_dir else None, progress=bar)
+    finally:
+        bar.close()
+    t = result.manifest.totals
+    if as_json:
+        click.echo(json.dumps({"manifest": str(result.path), **t}, indent=2))
+        return
+    n = t["num_keys"]
+    click.echo(f"captured {n} keys in {t['warmup_seconds'] + t['capture_seconds']:.2f} s "
+               f"(warm-up {t['warmup_seconds']:.2f} s, capture {t['capture_seconds']:.2f} s, "
+               f"{(t['warmup_seconds'] + t['capture_seconds']) / n:.4f} s/key); pool "
+               f"{t['pool_bytes'] / MiB:.1f} MiB; parity ok on every key")
+    click.echo(f"manifest: {result.path}")
+
+
+class _KeyProgress:
+    """A progress bar on stderr over the keys of each stage."""
+
+    def __init__(self):
+        self._bar, self._stage = None, None
+
+    def __call__(self, stage, key, done, total):
+        if stage != self._stage:
+            self.close()
+            self._stage = stage
+            self._bar = click.progressbar(length=total, label=f"{stage:<8}", file=sys.stderr,
+                                          show_pos=True, item_show_func=lambda k: str(k) if k else None)
+            self._bar.__enter__()
+        self._bar.update(1, key)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+@main.command()
+@click.argument("path", type=click.Path(), default="trtgraph-artifacts")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+@click.option("--check", is_flag=True, help="Check this machine, library versions and weights against the manifest; exit 3 on any difference.")
+def inspect(path, as_json, check):
+    """Show what a manifest recorded: model, environment and a table of keys (tokens,
+    capture ms, pool MiB, replay ms, eager ms, parity). PATH is the artifacts directory or
+    the manifest file."""
+    from .artifacts import load_manifest, manifest_path
+    from .report import manifest_text
+    from .runtime.checks import check_manifest
+
+    manifest = load_manifest(path)
+    diffs = check_manifest(manifest) if check else []
+    if as_json:
+        body = manifest.to_json()
+        if check:
+            body["check"] = {"ok": not diffs, "differences": [d.__dict__ for d in diffs]}
+        click.echo(json.dumps(body, indent=2, default=str))
+    else:
+        click.echo(manifest_text(manifest, manifest_path(path)))
+        if check:
+            click.echo("")
+            click.echo("check: this machine matches the manifest" if not diffs else
+                       "check: DIFFERS from the manifest; recapture here with `trtgraph capture --config ...`\n"
+                       + "\n".join(f"  {d}" for d in diffs))
+    if diffs:
+        sys.exit(3)
+
+
+@main.command()
+def run():
+    """Replay-only serving of a prompts file (not implemented yet)."""
+    raise click.ClickException("`trtgraph run` is not implemented yet")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

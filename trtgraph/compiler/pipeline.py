@@ -1,0 +1,135 @@
+"""The capture pipeline: plan -> warm up -> capture -> verify -> measure -> manifest.
+
+1. Plan: every key the config asks for, and a proof that they cover every batch the
+   scheduler may form (or a CaptureError listing the uncovered shapes).
+2. Warm up: one eager run of every key, before any capture, so lazy library state and
+   workspaces reach their final size.
+3. Capture: keys in descending token count, all into one shared pool.
+4. Verify: each key replayed against the eager path on fresh random valid inputs.
+5. Measure: median replay and eager step times.
+6. Manifest: written atomically, only once everything above passed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, write_manifest
+from ..buckets import BucketPlan, GraphKey, uncovered_shapes
+from ..config import Config
+from ..errors import CaptureError
+from ..runtime.executor import Executor, resolve_device
+from ..runtime.kv_cache import kv_bytes_per_block
+from ..models import DTYPES
+from .verify import verify_key, time_step
+
+# progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
+Progress = Callable[[str, GraphKey | None, int, int], None]
+
+
+@dataclass
+class CaptureResult:
+    manifest: Manifest
+    path: Path
+    executor: Executor
+
+
+def use_triton_cache(out_dir: Path) -> None:
+    """Triton compiles and autotunes into the artifacts directory, so a warm start compiles nothing."""
+    cache = out_dir / TRITON_CACHE_DIR
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(cache.resolve())
+
+
+def capture(config: Config, out_dir: Path | None = None, device: torch.device | None = None,
+            progress: Progress | None = None, timing_repeats: int | None = None) -> CaptureResult:
+    out_dir = Path(out_dir or config.output)
+    progress = progress or (lambda *a: None)
+    plan = BucketPlan.from_config(config)
+    misses = uncovered_shapes(plan)
+    if misses:
+        raise CaptureError(f"{config.source}: the bucket plan does not cover {'; '.join(misses)}. "
+                           f"Add those sizes to buckets.batch_sizes / context_batch_sizes, or lower the limits.")
+    use_triton_cache(out_dir)
+    device = device or resolve_device(config.device)
+    ex = Executor.build(config, plan, device)
+    order = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))  # largest first: later keys reuse its pool
+    repeats = timing_repeats or (20 if device.type == "cuda" else 3)
+
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        for i, key in enumerate(order):
+            _guard(key, "warm-up", lambda: ex.warmup(key))
+            progress("warmup", key, i + 1, len(order))
+        _sync(device)
+        warmup_seconds = time.perf_counter() - t0
+
+        stats = {}
+        for i, key in enumerate(order):
+            stats[key] = _guard(key, "capture", lambda: ex.capture(key))
+            progress("capture", key, i + 1, len(order))
+
+        records = []
+        for i, key in enumerate(order):
+            parity = _guard(key, "verification", lambda: verify_key(ex, key, seed=i))
+            if not parity.ok:
+                raise CaptureError(f"{key}: replay differs from eager on the same inputs "
+                                   f"(max |logit diff| = {parity.max_abs_logit_diff:.3g}, tokens equal: "
+                                   f"{parity.tokens_equal}). No manifest was written.")
+            replay_ms = time_step(ex, key, eager=False, repeats=repeats)
+            eager_ms = time_step(ex, key, eager=True, repeats=max(2, repeats // 4))
+            records.append(KeyRecord(key=key, num_tokens=key.num_tokens,
+                                     capture_seconds=stats[key].capture_seconds, pool_bytes=stats[key].pool_bytes,
+                                     replay_ms=replay_ms, eager_ms=eager_ms,
+                                     max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal))
+            progress("verify", key, i + 1, len(order))
+
+    manifest = _manifest(config, ex, records, warmup_seconds)
+    path = write_manifest(out_dir, manifest)
+    return CaptureResult(manifest, path, ex)
+
+
+def _guard(key: GraphKey, stage: str, fn):
+    """Name the key when the device runs out of memory; nothing is written in that case."""
+    try:
+        return fn()
+    except torch.cuda.OutOfMemoryError as exc:
+        raise CaptureError(f"{key}: out of device memory during {stage} ({str(exc).splitlines()[0]}). "
+                           f"No manifest was written. Capture a smaller plan: fewer or smaller "
+                           f"buckets.batch_sizes / chunk_sizes, a lower limits.max_seq_len, or a fixed "
+                           f"kv_cache.num_blocks.") from None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_seconds: float) -> Manifest:
+    pool = sum(r.pool_bytes for r in records)
+    capture_s = sum(r.capture_seconds for r in records)
+    block_bytes = kv_bytes_per_block(ex.loaded.config, ex.block_size, DTYPES[config.dtype])
+    resolved = config.to_dict()
+    resolved["kv_cache"]["num_blocks"] = ex.num_blocks
+    return Manifest(
+        environment=environment(ex.device, ex.backend),
+        model=ex.loaded.fingerprint,
+        config=resolved,
+        kv_cache={"block_size": ex.block_size, "num_blocks": ex.num_blocks, "bytes": block_bytes * ex.num_blocks},
+        buffers=ex.buffers.layout(),
+        keys=sorted(records, key=lambda r: r.key),
+        totals={
+            "num_keys": len(records),
+            "warmup_seconds": round(warmup_seconds, 4),
+            "capture_seconds": round(capture_s, 4),
+            "pool_bytes": pool,
+            "largest_key_pool_bytes": max((r.pool_bytes for r in records), default=0),
+            "all_parity_ok": all(r.tokens_equal for r in records),
+        },
+    )

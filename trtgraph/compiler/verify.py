@@ -1,0 +1,94 @@
+"""Per-key verification and timing: replay against the eager path on fresh random valid
+inputs, and the median replay time."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..buckets import SAMPLED, GraphKey
+from ..runtime.executor import Executor, StepRow
+from ..runtime.kv_cache import blocks_for_tokens
+
+# Replay and eager run the same kernels on the same inputs; any gap beyond this is a bug.
+LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+@dataclass
+class Parity:
+    max_abs_logit_diff: float
+    tokens_equal: bool
+    ok: bool
+
+
+def random_rows(ex: Executor, key: GraphKey, gen: torch.Generator) -> list[StepRow]:
+    """A full batch of valid rows: random tokens, context lengths and scattered blocks, and
+    (for sampled keys) random sampling settings, some rows greedy."""
+    lim, bs, q = ex.config.limits, ex.block_size, key.q_len
+    vocab = ex.loaded.config.vocab_size
+    budget = (ex.num_blocks - 1) // key.batch_size  # blocks each row may own
+    max_len = min(lim.max_seq_len, budget * bs)
+    if max_len < q:
+        raise ValueError(f"{ex.num_blocks} KV blocks cannot hold {key.batch_size} rows of {q} tokens")
+    blocks = (torch.randperm(ex.num_blocks - 1, generator=gen) + 1).tolist()
+    rows = []
+
+    def rint(lo, hi):  # inclusive
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    for i in range(key.batch_size):
+        n = q if (not key.is_prefill or i % 2 == 0) else rint(1, q)  # odd prefill rows: a short tail
+        start = rint(0, max_len - q)
+        table = [blocks.pop() for _ in range(blocks_for_tokens(start + n, bs))]
+        row = StepRow(token_ids=torch.randint(0, vocab, (n,), generator=gen).tolist(), start_pos=start,
+                      block_table=table)
+        if key.sampling == SAMPLED:
+            row.temperature = 0.0 if i % 4 == 3 else float(torch.rand((), generator=gen)) + 0.5
+            row.top_k = [0, 1, 5, 50][rint(0, 3)]
+            row.top_p = [1.0, 0.9, 0.5][rint(0, 2)]
+            row.seed = rint(0, 2**31 - 1)
+        rows.append(row)
+    return rows
+
+
+def verify_key(ex: Executor, key: GraphKey, seed: int) -> Parity:
+    """Eager then replay on identical inputs; compare the real rows' logits and tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = random_rows(ex, key, gen)
+    real = _real_logit_rows(key, len(rows))
+    ex.prepare(key, rows)
+    eager = ex.execute(key, eager=True)
+    eager_logits, eager_tokens = eager.logits[real].clone(), eager.tokens[real].clone()
+    ex.prepare(key, rows)
+    out = ex.execute(key)
+    diff = float((out.logits[real] - eager_logits).abs().max())
+    tokens_equal = bool(torch.equal(out.tokens[real], eager_tokens))
+    ok = tokens_equal and diff <= LOGIT_TOLERANCE[ex.config.dtype] and diff == diff  # NaN never passes
+    return Parity(diff, tokens_equal, ok)
+
+
+def _real_logit_rows(key: GraphKey, num_rows: int) -> slice:
+    return slice(0, num_rows if key.is_prefill else num_rows * key.q_len)
+
+
+def time_step(ex: Executor, key: GraphKey, eager: bool, repeats: int) -> float:
+    """Median milliseconds of one step (replay or eager) on padding-only inputs."""
+    ex.prepare(key, [])
+    cuda = ex.device.type == "cuda"
+    times = []
+    for _ in range(repeats + 1):  # the first run is a warm-up
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            ex.execute(key, eager=eager)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            ex.execute(key, eager=eager)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[1:])

@@ -1,0 +1,58 @@
+"""Human-readable text for the CLI: manifest summaries and key tables."""
+
+from __future__ import annotations
+
+from .artifacts import Manifest
+
+MiB = 1 << 20
+
+
+def table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
+    """A plain aligned text table (columns in `right` are right-aligned)."""
+    right = right or set()
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def key_label(key) -> str:
+    kind = f"prefill c={key.chunk_size}" if key.is_prefill else ("decode" if not key.draft_len else f"verify k={key.draft_len}")
+    return f"bs={key.batch_size:<3} {kind:<14} {key.sampling}"
+
+
+def manifest_text(manifest: Manifest, path) -> str:
+    m, env, t, lim = manifest.model, manifest.environment, manifest.totals, manifest.config["limits"]
+    src = f"synthetic seed {m.get('seed')}" if m.get("source") == "synthetic" else \
+        f"{len(m.get('weight_files', []))} weight file(s)"
+    kv = manifest.kv_cache
+    lines = [
+        f"manifest  {path}  (format {manifest.format_version}, trtgraph {manifest.trtgraph_version}, "
+        f"created {manifest.created})",
+        f"model     {m.get('architecture')}, {m.get('parameter_count', 0):,} parameters, {m.get('dtype')}, "
+        f"{src}, config {m.get('config_hash')}",
+        f"env       torch {env.get('torch')}, cuda {env.get('cuda')}, triton {env.get('triton')}, "
+        f"device {env.get('device_name')} (capability {env.get('capability')}), backend {env.get('backend')}",
+        f"limits    max_batch_size {lim['max_batch_size']}, max_seq_len {lim['max_seq_len']}, "
+        f"max_num_tokens {lim['max_num_tokens']}",
+        f"kv cache  {kv.get('num_blocks')} blocks x {kv.get('block_size')} tokens, "
+        f"{kv.get('bytes', 0) / MiB:.1f} MiB",
+        f"totals    {t.get('num_keys')} keys, warm-up {t.get('warmup_seconds', 0):.2f} s, capture "
+        f"{t.get('capture_seconds', 0):.2f} s, pool {t.get('pool_bytes', 0) / MiB:.1f} MiB",
+        "",
+        keys_table(manifest),
+    ]
+    return "\n".join(lines)
+
+
+def keys_table(manifest: Manifest) -> str:
+    rows = []
+    for r in manifest.keys:
+        parity = "ok" if r.tokens_equal else "TOKENS DIFFER"
+        rows.append([key_label(r.key), str(r.num_tokens), f"{r.capture_seconds * 1e3:.1f}",
+                     f"{r.pool_bytes / MiB:.2f}", f"{r.replay_ms:.3f}", f"{r.eager_ms:.3f}",
+                     f"{parity} ({r.max_abs_logit_diff:.2g})"])
+    return table(["key", "tokens", "capture ms", "pool MiB", "replay ms", "eager ms", "parity (max |dlogit|)"],
+                 rows, right={1, 2, 3, 4, 5})
