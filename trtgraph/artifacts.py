@@ -141,6 +141,13 @@ def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
     return path
 
 
+def use_triton_cache(artifacts_dir: Path) -> None:
+    """Triton compiles and autotunes into the artifacts directory, so a warm start compiles nothing."""
+    cache = Path(artifacts_dir) / TRITON_CACHE_DIR
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(cache.resolve())
+
+
 def manifest_path(path: str | Path) -> Path:
     """PATH may be the artifacts directory or the manifest file itself."""
     p = Path(path)

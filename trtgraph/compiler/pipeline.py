@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, write_manifest
+from ..artifacts import KeyRecord, Manifest, environment, use_triton_cache, write_manifest
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import Config
 from ..errors import CaptureError
@@ -38,13 +37,6 @@ class CaptureResult:
     manifest: Manifest
     path: Path
     executor: Executor
-
-
-def use_triton_cache(out_dir: Path) -> None:
-    """Triton compiles and autotunes into the artifacts directory, so a warm start compiles nothing."""
-    cache = out_dir / TRITON_CACHE_DIR
-    cache.mkdir(parents=True, exist_ok=True)
-    os.environ["TRITON_CACHE_DIR"] = str(cache.resolve())
 
 
 def capture(config: Config, out_dir: Path | None = None, device: torch.device | None = None,

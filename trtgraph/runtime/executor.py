@@ -200,3 +200,19 @@ class Executor:
             r = slice(i, i + 1) if key.is_prefill else slice(s, s + q)
             temp[r], top_k[r], top_p[r], seeds[r] = row.temperature, row.top_k, row.top_p, row.seed
         b.upload()
+
+    # ---- input preparation (steady-state fast path) -------------------------------------
+    def advance_decode(self, num_real: int, new_blocks: list[tuple[int, int, int]]) -> None:
+        """The same generation rows as the last step, in the same order: positions += 1 and
+        input tokens gathered from the last step's sampled tokens, all on the device; block
+        tables touched only where a row entered a new block ((row, column, block) each);
+        slots recomputed on the device. Padding rows keep what the last full path wrote."""
+        b, bs = self.buffers, self.block_size
+        pos = b.view("positions")[:num_real]
+        pos += 1
+        b.view("input_ids")[:num_real].copy_(b.sampled[:num_real])
+        tables = b.view("block_tables")
+        for row, col, block in new_blocks:
+            tables[row, col] = block
+        blocks = tables[:num_real].gather(1, (pos // bs).unsqueeze(1)).squeeze(1)
+        b.view("slot_mapping")[:num_real].copy_(blocks * bs + pos % bs)

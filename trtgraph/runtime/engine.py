@@ -1,0 +1,234 @@
+"""The replay-only runtime: load and check a manifest, re-record exactly its keys, lock,
+then serve requests with continuous batching. After start-up it only replays (or, with
+eager=True, runs the same steps eagerly for A/B checks); it never captures again and
+never imports the compiler.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from ..artifacts import load_manifest, manifest_path, use_triton_cache
+from ..errors import ManifestError
+from ..models import load_tokenizer
+from .checks import check_manifest
+from .executor import Executor, StepRow, resolve_device
+from .requests import Request, Result, parse_request
+from .scheduler import ScheduledStep, Scheduler, Sequence
+
+# Re-recorded graphs may take a little more or less pool than at capture (allocator
+# rounding, library versions); more than this means the plan or the machine changed.
+POOL_TOLERANCE_FRACTION = 0.10
+POOL_TOLERANCE_BYTES = 32 << 20
+
+
+@dataclass
+class RunStats:
+    requests: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    steps: int = 0
+    fast_path_steps: int = 0
+    real_tokens: int = 0  # query tokens of real rows, over all steps
+    padded_tokens: int = 0  # query tokens the keys computed, over all steps
+    preemptions: int = 0
+    seconds: float = 0.0
+    steps_per_key: Counter = field(default_factory=Counter)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def padding_waste(self) -> float:
+        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+    def to_json(self) -> dict:
+        return {"requests": self.requests, "refused": self.refused, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 4),
+                "tokens_per_second": round(self.tokens_per_second, 2), "steps": self.steps,
+                "fast_path_steps": self.fast_path_steps, "padding_waste_pct": round(100 * self.padding_waste, 2),
+                "preemptions": self.preemptions,
+                "steps_per_key": {str(k): v for k, v in sorted(self.steps_per_key.items())}}
+
+
+class Engine:
+    def __init__(self, path: str | Path = "trtgraph-artifacts", eager: bool = False):
+        self.manifest = load_manifest(path)
+        self.artifacts_dir = manifest_path(path).parent
+        config = self.manifest.app_config()
+        device = resolve_device(config.device)
+        diffs = check_manifest(self.manifest, device, weights=False)
+        if diffs:
+            raise ManifestError(_mismatch_message(manifest_path(path), diffs))
+        use_triton_cache(self.artifacts_dir)
+        self.eager = eager
+        self.executor = ex = Executor.build(config, self.manifest.plan(), device)
+        model_diffs = _model_differences(self.manifest, ex.loaded.fingerprint)
+        if model_diffs:
+            raise ManifestError(_mismatch_message(manifest_path(path), model_diffs))
+        if ex.buffers.layout() != self.manifest.buffers:
+            raise ManifestError(f"{manifest_path(path)}: the persistent buffer layout built here differs "
+                                f"from the manifest's `buffers`. Recapture on this machine.")
+        self.record_seconds = self._record()
+        ex.runner.lock()
+        self.tokenizer = load_tokenizer(ex.loaded.checkpoint_dir, ex.loaded.config.vocab_size,
+                                        ex.loaded.config.bos_token_id)
+        self.stop_ids = set(ex.loaded.config.eos_token_ids)
+        self.stats = RunStats()
+
+    @property
+    def config(self):
+        return self.executor.config
+
+    # ---- start-up: re-record exactly the manifest's keys ----------------------------
+    def _record(self) -> float:
+        ex, t0 = self.executor, time.perf_counter()
+        order = sorted(self.manifest.graph_keys, key=lambda k: (-k.num_tokens, k))
+        with torch.inference_mode():
+            for key in order:
+                ex.warmup(key)
+            if self.eager:
+                return time.perf_counter() - t0
+            pool = 0
+            for key in order:
+                if ex.metadata[key].num_tokens != key.num_tokens:
+                    raise ManifestError(f"{key}: token count {ex.metadata[key].num_tokens} != {key.num_tokens}")
+                pool += ex.capture(key).pool_bytes
+        expected = int(self.manifest.totals.get("pool_bytes", 0))
+        if abs(pool - expected) > max(POOL_TOLERANCE_FRACTION * expected, POOL_TOLERANCE_BYTES):
+            raise ManifestError(f"re-recorded graphs took {pool / 2**20:.1f} MiB of pool, the manifest says "
+                                f"{expected / 2**20:.1f} MiB (tolerance 10% or 32 MiB). The machine or libraries "
+                                f"behave differently from capture time; recapture here.")
+        ex.num_eager_steps = 0
+        return time.perf_counter() - t0
+
+    # ---- requests ----------------------------------------------------------------------
+    def _admit(self, req: Request, arrival: int) -> Sequence | Result:
+        """A Sequence, or an error Result when no recorded key can serve the request."""
+        cfg, lim = self.executor.loaded.config, self.config.limits
+        ids = list(req.prompt_token_ids) if req.prompt_token_ids is not None else self.tokenizer.encode(req.prompt)
+        fail = None
+        if not ids:
+            fail = "the prompt encodes to no tokens"
+        elif max(ids) >= cfg.vocab_size:
+            fail = f"prompt token id {max(ids)} is outside the vocabulary (size {cfg.vocab_size})"
+        elif len(ids) + req.max_tokens > lim.max_seq_len:
+            fail = (f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) = {len(ids) + req.max_tokens} "
+                    f"exceeds the manifest's limits.max_seq_len ({lim.max_seq_len})")
+        elif not req.is_greedy and not self.scheduler_has_sampled:
+            fail = ("temperature > 0 needs sampled graphs, but this manifest holds only greedy keys; "
+                    "recapture with buckets.sampling: [greedy, sampled], or send temperature 0")
+        if fail:
+            return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
+        seed = req.seed if req.seed is not None else secrets.randbits(62)
+        return Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
+
+    @property
+    def scheduler_has_sampled(self) -> bool:
+        return "sampled" in {k.sampling for k in self.manifest.graph_keys}
+
+    def generate(self, requests: Iterable[Request | dict]) -> Iterator[Result]:
+        """Serve `requests`; yield each Result as soon as it finishes (errors first)."""
+        reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", self.executor.loaded.config.vocab_size)
+                for i, r in enumerate(requests)]
+        ex = self.executor
+        sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size)
+        stats = self.stats = RunStats(requests=len(reqs))
+        start = time.perf_counter()
+        for i, req in enumerate(reqs):
+            item = self._admit(req, i)
+            if isinstance(item, Result):
+                stats.refused += 1
+                yield item
+            else:
+                stats.prompt_tokens += len(item.prompt_ids)
+                sched.add(item)
+        last: tuple | None = None
+        with torch.inference_mode():
+            while sched.has_work:
+                step = sched.schedule()
+                last = self._prepare(step, last)
+                out = ex.execute(step.key, eager=self.eager)
+                tokens = out.tokens[:len(step.seqs)].tolist()  # the one device->host copy of the step
+                stats.steps += 1
+                stats.steps_per_key[step.key] += 1
+                stats.real_tokens += sum(step.num_new)
+                stats.padded_tokens += step.key.num_tokens
+                for seq in sched.advance(step, tokens):
+                    result = self._check_stop(seq, start)
+                    if result is not None:
+                        sched.finish(seq)
+                        stats.completion_tokens += len(result.token_ids)
+                        stats.seconds = time.perf_counter() - start
+                        yield result
+        stats.preemptions = sched.num_preemptions
+        stats.seconds = time.perf_counter() - start
+
+    # ---- one step ------------------------------------------------------------------------
+    def _prepare(self, step: ScheduledStep, last: tuple | None) -> tuple:
+        """Fast path when the same generation rows repeat in the same order; otherwise
+        pack on the host and copy once. Returns what the next step compares against."""
+        ex = self.executor
+        ids = tuple(id(s) for s in step.seqs)
+        if not step.is_prefill and last == (step.key, ids):
+            new_blocks = []
+            for row, seq in enumerate(step.seqs):
+                pos = seq.num_computed  # the position this step's token takes
+                if pos % ex.block_size == 0:
+                    new_blocks.append((row, pos // ex.block_size, seq.block_table[-1]))
+            ex.advance_decode(len(step.seqs), new_blocks)
+            self.stats.fast_path_steps += 1
+        else:
+            ex.prepare(step.key, [self._row(seq, n) for seq, n in zip(step.seqs, step.num_new)])
+        return None if step.is_prefill else (step.key, ids)
+
+    @staticmethod
+    def _row(seq: Sequence, n: int) -> StepRow:
+        r = seq.request
+        return StepRow(token_ids=seq.all_ids[seq.num_computed:seq.num_computed + n], start_pos=seq.num_computed,
+                       block_table=seq.block_table, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                       seed=seq.seed)
+
+    def _check_stop(self, seq: Sequence, start: float) -> Result | None:
+        req, out = seq.request, seq.output_ids
+        token = out[-1]
+        reason, text = None, None
+        if token in self.stop_ids or token in req.stop_token_ids:
+            reason = "stop"
+        elif req.stop_strings:
+            text = self.tokenizer.decode(out)
+            hit = min((text.find(s) for s in req.stop_strings if s in text), default=-1)
+            if hit >= 0:
+                reason, text = "stop", text[:hit]
+        if reason is None and len(out) >= req.max_tokens:
+            reason = "length"
+        if reason is None:
+            return None
+        if text is None:
+            text = self.tokenizer.decode(out)
+        n = len(out)
+        tpot = (seq.last_token_time - seq.first_token_time) * 1e3 / (n - 1) if n > 1 else None
+        return Result(id=req.id, text=text, token_ids=list(out), finish_reason=reason,
+                      prompt_tokens=len(seq.prompt_ids), ttft_ms=(seq.first_token_time - start) * 1e3, tpot_ms=tpot)
+
+
+def _model_differences(manifest, fingerprint: dict):
+    from ..artifacts import compare_model
+    from .checks import Difference
+
+    return [Difference(*d) for d in compare_model(manifest, fingerprint)]
+
+
+def _mismatch_message(path: Path, diffs) -> str:
+    cfg = "your model.yaml"
+    return (f"{path}: this manifest does not match this machine: " + "; ".join(str(d) for d in diffs)
+            + f". Recapture here with `trtgraph capture --config {cfg} --out {path.parent}`.")

@@ -1,0 +1,177 @@
+"""Continuous batching over recorded keys.
+
+Each step is either prefill chunks (one recorded chunk size for the whole step) or
+generation. Requests wait in a FIFO queue; KV blocks are allocated as sequences grow; when
+blocks run out the newest running sequence is preempted (its blocks freed) and later
+recomputed from its prompt plus what it has generated. No step is larger than the largest
+recorded key, so every step selects a key. Pure host logic: no tensors here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
+from .kv_cache import BlockAllocator, blocks_for_tokens
+from .requests import Request
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: Request
+    arrival: int  # order of submission; the newest is preempted first
+    prompt_ids: list[int]
+    seed: int
+    all_ids: list[int] = field(init=False)  # prompt + generated
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in the cache
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    def __post_init__(self):
+        self.all_ids = list(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.all_ids[len(self.prompt_ids):]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens to feed before the next token can be drawn (1 in steady decoding)."""
+        return len(self.all_ids) - self.num_computed
+
+
+@dataclass
+class ScheduledStep:
+    key: GraphKey
+    seqs: list[Sequence]
+    num_new: list[int]  # query tokens each sequence feeds this step
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.key.is_prefill
+
+
+class Scheduler:
+    def __init__(self, plan: BucketPlan, num_blocks: int, block_size: int):
+        self.plan = plan
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in arrival order
+        self.max_decode_batch = min(plan.max_batch_size, plan.max_key_batch(0, 0))
+        self.chunk_sizes = sorted({k.chunk_size for k in plan.keys if k.is_prefill})
+        self.has_sampled = SAMPLED in {k.sampling for k in plan.keys}
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- forming a step --------------------------------------------------------------
+    def schedule(self) -> ScheduledStep | None:
+        if not self.has_work:
+            return None
+        return self._prefill_step() or self._decode_step()
+
+    def _prefill_step(self) -> ScheduledStep | None:
+        candidates = [s for s in self.running if s.num_pending > 1] + list(self.waiting)
+        if not candidates:
+            return None
+        longest = max(s.num_pending for s in candidates[:self.plan.max_context_batch_size])
+        chunk = next((c for c in self.chunk_sizes if c >= longest), self.chunk_sizes[-1])
+        max_rows = self.plan.max_key_batch(chunk_size=chunk)
+        chosen, num_new = [], []
+        for seq in candidates:
+            if len(chosen) == max_rows:
+                break
+            admitting = seq not in self.running
+            if admitting and len(self.running) >= self.plan.max_batch_size:
+                break
+            n = min(seq.num_pending, chunk)
+            if not self._reserve(seq, n, protect=chosen, may_preempt=not admitting):
+                if admitting:
+                    break  # no room to admit; decode frees blocks as requests finish
+                continue
+            if admitting:
+                self.waiting.remove(seq)
+                self._insert_running(seq)
+            chosen.append(seq)
+            num_new.append(n)
+        if not chosen:
+            return None
+        return ScheduledStep(self._select(len(chosen), chunk, chosen), chosen, num_new)
+
+    def _decode_step(self) -> ScheduledStep | None:
+        chosen = []
+        for seq in list(self.running):
+            if seq not in self.running:  # preempted while reserving for an earlier row
+                continue
+            if len(chosen) == self.max_decode_batch:
+                break
+            if self._reserve(seq, 1, protect=chosen, may_preempt=True):
+                chosen.append(seq)
+            else:  # every other sequence is already in this step: step aside, recompute later
+                self.preempt(seq)
+        if not chosen:
+            return None
+        return ScheduledStep(self._select(len(chosen), 0, chosen), chosen, [1] * len(chosen))
+
+    def _select(self, n: int, chunk: int, seqs: list[Sequence]) -> GraphKey:
+        sampled = any(not s.request.is_greedy for s in seqs)
+        return select(self.plan, BatchShape(n, 0, chunk, SAMPLED if sampled else GREEDY))
+
+    # ---- blocks and preemption ------------------------------------------------------
+    def _reserve(self, seq: Sequence, n: int, protect: list[Sequence], may_preempt: bool) -> bool:
+        """Blocks for `seq` to hold n more tokens; preempt the newest other running sequences
+        (never one already in this step) until they fit. False if they cannot."""
+        need = blocks_for_tokens(seq.num_computed + n, self.block_size) - len(seq.block_table)
+        while need > self.allocator.num_free:
+            victims = [s for s in self.running if s is not seq and s not in protect]
+            if not may_preempt or not victims:
+                return False
+            self.preempt(max(victims, key=lambda s: s.arrival))
+        if need > 0:
+            seq.block_table += self.allocator.allocate(need)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free all of `seq`'s blocks; it waits (in arrival order) to be recomputed."""
+        self.running.remove(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table, seq.num_computed = [], 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
+        self.waiting.insert(pos, seq)
+
+    def _insert_running(self, seq: Sequence) -> None:
+        pos = next((i for i, r in enumerate(self.running) if r.arrival > seq.arrival), len(self.running))
+        self.running.insert(pos, seq)
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+
+    # ---- after a step ----------------------------------------------------------------
+    def advance(self, step: ScheduledStep, tokens: list[int], now: float | None = None) -> list[Sequence]:
+        """Account a finished step: KV now holds the fed tokens; a sequence that fed all it
+        had gets the drawn token appended. Returns the sequences that drew a token."""
+        now = time.perf_counter() if now is None else now
+        drew = []
+        for i, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
+            seq.num_computed += n
+            if seq.num_pending == 0:
+                seq.all_ids.append(tokens[i])
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                seq.last_token_time = now
+                drew.append(seq)
+        return drew
