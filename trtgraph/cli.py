@@ -150,9 +150,52 @@ def inspect(path, as_json, check):
 
 
 @main.command()
-def run():
-    """Replay-only serving of a prompts file (not implemented yet)."""
-    raise click.ClickException("`trtgraph run` is not implemented yet")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
+              help="JSONL, one request per line: id, prompt or prompt_token_ids, max_tokens, temperature, top_p, top_k, seed, stop.")
+@click.option("--manifest", "manifest", default="trtgraph-artifacts", show_default=True, type=click.Path(),
+              help="Artifacts directory (or manifest.json) written by `trtgraph capture`.")
+@click.option("--output", "output", type=click.Path(dir_okay=False), help="Write results JSONL here (default: stdout).")
+@click.option("--eager", is_flag=True, help="Run the same scheduler eagerly instead of replaying graphs (A/B checks).")
+@click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
+def run(prompts_path, manifest, output, eager, summary_json):
+    """Serve a prompts file by replaying the manifest's graphs: never captures after start-up,
+    never falls back to eager, refuses what no recorded key can serve.
+
+    \b
+    Examples:
+      trtgraph run --prompts prompts.jsonl
+      trtgraph run --prompts prompts.jsonl --manifest out/ --output results.jsonl
+    """
+    from .runtime.engine import Engine
+    from .runtime.requests import read_prompts
+
+    requests = read_prompts(prompts_path)  # the whole file, before any model work
+    engine = Engine(manifest, eager=eager)
+    out = open(output, "w", encoding="utf-8") if output else sys.stdout
+    try:
+        with click.progressbar(length=len(requests), label="requests", file=sys.stderr, show_pos=True) as bar:
+            for result in engine.generate(requests):
+                out.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+                out.flush()
+                bar.update(1)
+    finally:
+        if output:
+            out.close()
+    stats = engine.stats.to_json()
+    if summary_json:
+        Path(summary_json).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    click.echo(_run_summary(stats, eager), err=True)
+
+
+def _run_summary(s: dict, eager: bool) -> str:
+    mode = "eager (no graphs)" if eager else "replay"
+    lines = [f"{s['requests']} requests ({s['refused']} refused), {s['completion_tokens']} tokens generated "
+             f"in {s['seconds']:.2f} s: {s['tokens_per_second']:.1f} tokens/s [{mode}]",
+             f"{s['steps']} steps ({s['fast_path_steps']} on the fast path), padding waste "
+             f"{s['padding_waste_pct']:.1f}%, {s['preemptions']} preemptions",
+             "steps per key:"]
+    lines += [f"  {k}: {v}" for k, v in s["steps_per_key"].items()]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

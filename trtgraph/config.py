@@ -8,6 +8,7 @@ Llama that captures and runs in seconds on a CPU.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -95,9 +96,13 @@ class Config:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
+            if mark is None and getattr(exc, "position", None) is not None:  # a reader error
+                line = text.count("\n", 0, exc.position)
+                mark = yaml.Mark(source, exc.position, line, exc.position - (text.rfind("\n", 0, exc.position) + 1),
+                                 None, None)
             where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(f"{source}:{where}: not valid YAML: {problem}. "
+            problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
+            raise ConfigError(f"{source}{where}: not valid YAML: {problem}. "
                               f"Fix the syntax and run again.") from None
         if data is None:
             data = {}
@@ -199,7 +204,7 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None) -> ModelSourc
     seed = syn.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         v.fail("model.synthetic.seed", seed, "a non-negative integer")
-    return ModelSource(synthetic=dict(syn))
+    return ModelSource(synthetic=copy.deepcopy(syn))
 
 
 def _parse_buckets(v: "_Validator", raw: Any, limits: Limits) -> BucketConfig:
