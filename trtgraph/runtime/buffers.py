@@ -54,6 +54,7 @@ class StepBuffers:
             setattr(self, group, torch.zeros(offset, dtype=dtype, device=self.device))
             setattr(self, group + "_host", torch.zeros(offset, dtype=dtype, pin_memory=pin))
         self.sampled = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+        self._uploaded = torch.cuda.Event() if pin else None
 
     # ---- views (device, offset 0 of each field) ------------------------------------
     def view(self, name: str, host: bool = False) -> torch.Tensor:
@@ -64,13 +65,20 @@ class StepBuffers:
         return t
 
     def host_np(self, name: str):
-        """A numpy view of the host staging for fast packing."""
+        """A numpy view of the host staging for fast packing. Call `staging_ready()` first."""
         return self.view(name, host=True).numpy()
+
+    def staging_ready(self) -> None:
+        """Wait until the last upload has left the host staging, so it can be rewritten."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
 
     def upload(self) -> None:
         """The two host->device copies of a full-path step (non-blocking from pinned memory)."""
         self.ints.copy_(self.ints_host, non_blocking=True)
         self.floats.copy_(self.floats_host, non_blocking=True)
+        if self._uploaded is not None:
+            self._uploaded.record()
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every persistent tensor, by name, for the address snapshot."""

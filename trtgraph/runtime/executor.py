@@ -172,6 +172,7 @@ class Executor:
         if len(rows) > B:
             raise ValueError(f"{len(rows)} rows do not fit {key}")
         b = self.buffers
+        b.staging_ready()
         ids, pos, slots = b.host_np("input_ids"), b.host_np("positions"), b.host_np("slot_mapping")
         last, tables = b.host_np("logits_indices"), b.host_np("block_tables")
         temp, top_k, top_p, seeds = b.host_np("temperature"), b.host_np("top_k"), b.host_np("top_p"), b.host_np("seeds")
