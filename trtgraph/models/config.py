@@ -86,10 +86,16 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise WeightLoadError(f"{source}: architecture {arch!r} is not supported; supported are "
                                   f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+        def number(key, default):
+            val = hf.get(key, default)
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
+                raise WeightLoadError(f"{source}: config.json `{key}` = {val!r}; expected a positive number.")
+            return val
+
         hidden = need("hidden_size")
         heads = need("num_attention_heads")
-        kv_heads = hf.get("num_key_value_heads") or heads
-        head_dim = hf.get("head_dim") or hidden // heads
+        kv_heads = need("num_key_value_heads") if "num_key_value_heads" in hf else heads
+        head_dim = need("head_dim") if hf.get("head_dim") is not None else hidden // heads
         if heads % kv_heads:
             raise WeightLoadError(f"{source}: num_attention_heads={heads} is not a multiple of "
                                   f"num_key_value_heads={kv_heads}.")
@@ -102,6 +108,8 @@ class ModelConfig:
         # Transformers 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
         rope = dict(hf.get("rope_parameters") or {})
         theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+            raise WeightLoadError(f"{source}: config.json rope_theta = {theta!r}; expected a positive number.")
         scaling = hf.get("rope_scaling") or rope
         scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
@@ -116,7 +124,7 @@ class ModelConfig:
                 raise WeightLoadError(f"{source}: llama3 rope scaling lacks {', '.join(missing)}.")
             rope_scaling = tuple(sorted((k, float(scaling[k])) for k in keys))
 
-        max_pos = hf.get("max_position_embeddings", 4096)
+        max_pos = int(number("max_position_embeddings", 4096))
         if max_seq_len is not None and max_seq_len > max_pos:
             raise WeightLoadError(f"{source}: limits.max_seq_len={max_seq_len} exceeds the model's "
                                   f"max_position_embeddings={max_pos}; lower limits.max_seq_len.")
@@ -138,7 +146,7 @@ class ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             vocab_size=need("vocab_size"),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(number("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             rope_scaling=rope_scaling,
             max_position_embeddings=max_pos,

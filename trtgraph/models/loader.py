@@ -201,11 +201,10 @@ def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path],
                     bad.append(f"{name} has dtype {t.dtype} (expected a floating-point dtype)")
                 parts.append(t)
             param = params[ours]
-            rows = sum(p.shape[0] for p in parts)
-            trailing = {tuple(p.shape[1:]) for p in parts}
-            if len(trailing) != 1 or (rows, *next(iter(trailing))) != tuple(param.shape):
+            want = _part_shapes(cfg, ours, tuple(param.shape), len(parts))
+            if [tuple(p.shape) for p in parts] != want:
                 shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in zip(hf_names, parts))
-                bad.append(f"{shapes} (expected {_expected(param.shape, len(parts), cfg, ours)})")
+                bad.append(f"{shapes} (expected {', '.join(str(w) for w in want)})")
                 continue
             offset = 0
             for p in parts:
@@ -218,14 +217,15 @@ def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path],
             h.__exit__(None, None, None)
 
 
-def _expected(shape, nparts, cfg: ModelConfig, ours: str) -> str:
+def _part_shapes(cfg: ModelConfig, ours: str, shape: tuple, nparts: int) -> list[tuple]:
+    """The shape each HF tensor fused into `ours` must have, in order."""
     if ours.endswith("qkv_proj.weight"):
-        return (f"q ({cfg.q_size}, {cfg.hidden_size}), k and v ({cfg.kv_size}, {cfg.hidden_size})")
+        return [(cfg.q_size, cfg.hidden_size), (cfg.kv_size, cfg.hidden_size), (cfg.kv_size, cfg.hidden_size)]
     if ours.endswith("qkv_proj.bias"):
-        return f"q ({cfg.q_size},), k and v ({cfg.kv_size},)"
+        return [(cfg.q_size,), (cfg.kv_size,), (cfg.kv_size,)]
     if nparts == 2:
-        return f"each ({shape[0] // 2}, {shape[1]})"
-    return str(tuple(shape))
+        return [(shape[0] // 2, *shape[1:])] * 2
+    return [shape]
 
 
 def _list(items: list[str], limit: int = 12) -> str:

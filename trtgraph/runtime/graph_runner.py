@@ -52,6 +52,9 @@ class GraphRunner:
         self._graphs: dict[GraphKey, _Recorded] = {}
         self._locked = False
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
+        self._stream = torch.cuda.Stream(device) if backend == "cuda" else None
+        self._graphs_alive: list = []  # CUDAGraph objects must outlive their replays
+        self._cache_emptied = False
         self.num_captures = 0
         self.replays: Counter = Counter()
 
@@ -80,15 +83,7 @@ class GraphRunner:
             raise CaptureError(f"{key} was already captured")
         start = time.perf_counter()
         if self.backend == "cuda":
-            torch.cuda.synchronize(self.device)
-            before = torch.cuda.memory_reserved(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                outputs = step()
-            torch.cuda.synchronize(self.device)
-            pool_bytes = torch.cuda.memory_reserved(self.device) - before
-            replay_fn = graph.replay
-            self._keepalive = getattr(self, "_keepalive", []) + [graph]
+            outputs, pool_bytes, replay_fn = self._capture_cuda(step)
         else:
             outputs = step()  # the static backend's "recording" is the closure itself
             pool_bytes = 0
@@ -99,6 +94,28 @@ class GraphRunner:
         self._graphs[key] = _Recorded(key, meta, outputs, replay_fn, self._addresses())
         self.num_captures += 1
         return CaptureStats(seconds, pool_bytes)
+
+    def _capture_cuda(self, step):
+        """capture_begin/end on a side stream into the shared pool. Unlike torch.cuda.graph()
+        this skips a gc.collect() and empty_cache() per key; the cache is emptied once,
+        before the first capture, so the growth of reserved memory is the pool's growth."""
+        torch.cuda.synchronize(self.device)
+        if not self._cache_emptied:
+            torch.cuda.empty_cache()
+            self._cache_emptied = True
+        before = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                outputs = step()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        torch.cuda.synchronize(self.device)
+        self._graphs_alive.append(graph)
+        return outputs, torch.cuda.memory_reserved(self.device) - before, graph.replay
 
     # ---- replay --------------------------------------------------------------------
     def replay(self, key: GraphKey, meta, num_tokens: int, positions: torch.Tensor):

@@ -55,6 +55,8 @@ def generate(loaded: LoadedModel, prompt_ids: list[int], max_new_tokens: int, ch
              block_size: int = 16, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, stop_token_ids: tuple[int, ...] = ()) -> list[int]:
     """Tokens generated after `prompt_ids`, with the in-graph sampler's exact semantics."""
+    if max_new_tokens <= 0:
+        return []
     seq = EagerSequence(loaded, len(prompt_ids) + max_new_tokens, block_size)
     logits = seq.prefill(prompt_ids, chunk_size)[-1:]
     out: list[int] = []
