@@ -41,6 +41,7 @@ class RunStats:
     padded_tokens: int = 0  # query tokens the keys computed, over all steps
     preemptions: int = 0
     seconds: float = 0.0
+    record_seconds: float = 0.0  # start-up: warm-up and re-recording of every key
     steps_per_key: Counter = field(default_factory=Counter)
 
     @property
@@ -54,6 +55,7 @@ class RunStats:
     def to_json(self) -> dict:
         return {"requests": self.requests, "refused": self.refused, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 4),
+                "record_seconds": round(self.record_seconds, 4),
                 "tokens_per_second": round(self.tokens_per_second, 2), "steps": self.steps,
                 "fast_path_steps": self.fast_path_steps, "padding_waste_pct": round(100 * self.padding_waste, 2),
                 "preemptions": self.preemptions,
@@ -142,7 +144,7 @@ class Engine:
                 for i, r in enumerate(requests)]
         ex = self.executor
         sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size)
-        stats = self.stats = RunStats(requests=len(reqs))
+        stats = self.stats = RunStats(requests=len(reqs), record_seconds=self.record_seconds)
         start = time.perf_counter()
         for i, req in enumerate(reqs):
             item = self._admit(req, i)
