@@ -22,6 +22,7 @@ from .errors import ConfigError
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("auto", "cuda", "cpu")
+KERNELS = ("auto", "torch", "triton")
 SAMPLING_MODES = ("greedy", "sampled")
 AUTO = "auto"
 
@@ -71,6 +72,7 @@ class Config:
     model: ModelSource
     dtype: str = "bfloat16"
     device: str = AUTO
+    kernels: str = AUTO  # auto: Triton on CUDA, the torch references on a CPU
     limits: Limits = field(default_factory=Limits)
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
     buckets: BucketConfig = field(default_factory=BucketConfig)
@@ -123,10 +125,12 @@ class Config:
     @classmethod
     def from_dict(cls, data: Any, source: str = "<dict>", base_dir: Path | None = None) -> "Config":
         v = _Validator(source)
-        top = v.mapping(data, "", {"model", "dtype", "device", "limits", "kv_cache", "buckets", "output"})
+        top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "limits", "kv_cache", "buckets",
+                                     "output"})
         model = _parse_model(v, top.get("model"), base_dir)
         dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
         device = v.choice(top.get("device", AUTO), "device", DEVICES)
+        kernels = v.choice(top.get("kernels", AUTO), "kernels", KERNELS)
 
         lim = v.mapping(top.get("limits", {}), "limits", {f.name for f in dataclasses.fields(Limits)})
         limits = Limits(
@@ -158,7 +162,7 @@ class Config:
         output = top.get("output", "trtgraph-artifacts")
         if not isinstance(output, str) or not output.strip():
             v.fail("output", output, "a directory path (string)")
-        return cls(model=model, dtype=dtype, device=device, limits=limits, kv_cache=kv_cache,
+        return cls(model=model, dtype=dtype, device=device, kernels=kernels, limits=limits, kv_cache=kv_cache,
                    buckets=buckets, output=output, source=source)
 
     # ---- serialisation (the manifest stores the resolved config) ------------------

@@ -19,8 +19,7 @@ class KernelSet:
     rms_norm: Callable
     add_rms_norm: Callable
     silu_and_mul: Callable
-    apply_rope: Callable
-    write_kv: Callable
+    rope_write_kv: Callable
     paged_attention: Callable
 
 
@@ -30,15 +29,29 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         rms_norm=reference.rms_norm,
         add_rms_norm=reference.add_rms_norm,
         silu_and_mul=reference.silu_and_mul,
-        apply_rope=reference.apply_rope,
-        write_kv=reference.write_kv,
+        rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
     ),
+    "triton": lambda: _triton_set(),
 }
+
+
+def _triton_set() -> KernelSet:
+    from . import triton_ops as t
+
+    return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
+                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention)
 
 
 def available() -> tuple[str, ...]:
     return tuple(_REGISTRY)
+
+
+def resolve(name: str, device_type: str) -> str:
+    """`auto` is Triton on CUDA and the torch references elsewhere."""
+    if name == "auto":
+        return "triton" if device_type == "cuda" else "torch"
+    return name
 
 
 def get_kernels(name: str = "torch") -> KernelSet:

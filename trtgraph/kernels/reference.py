@@ -48,6 +48,14 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     flat[1].index_copy_(0, slot_mapping, v)
 
 
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor,
+                  positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """RoPE on q [T, Hq, D] and k [T, Hkv, D]; rotated k and v written to the cache at
+    slot_mapping [T]. Returns the rotated q."""
+    write_kv(kv_cache, apply_rope(k, cos_sin, positions), v, slot_mapping)
+    return apply_rope(q, cos_sin, positions)
+
+
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     positions: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
     """Attention of a uniform-query-length step against the paged cache.

@@ -74,9 +74,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        q = ops.apply_rope(q, cos_sin, positions)
-        k = ops.apply_rope(k, cos_sin, positions)
-        ops.write_kv(kv_cache, k, v, meta.slot_mapping[:T])
+        q = ops.rope_write_kv(q, k, v, cos_sin, positions, kv_cache, meta.slot_mapping[:T])
         out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
         return self.o_proj(out.reshape(T, cfg.q_size))
 

@@ -18,6 +18,7 @@ from ..buckets import GREEDY, BucketPlan, GraphKey
 from ..config import AUTO, Config
 from ..errors import ConfigError
 from ..kernels import get_kernels
+from ..kernels import resolve as resolve_kernels
 from ..models import DTYPES, LoadedModel, load_model
 from . import sampler
 from .buffers import StepBuffers
@@ -95,10 +96,11 @@ class Executor:
 
     @classmethod
     def build(cls, config: Config, plan: BucketPlan, device: torch.device | None = None,
-              loaded: LoadedModel | None = None, kernels: str = "torch") -> "Executor":
+              loaded: LoadedModel | None = None) -> "Executor":
         device = device or resolve_device(config.device)
         if loaded is None:
-            loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, get_kernels(kernels))
+            kernels = get_kernels(resolve_kernels(config.kernels, device.type))
+            loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels)
         lim = config.limits
         num_blocks = config.kv_cache.num_blocks
         if num_blocks == AUTO:

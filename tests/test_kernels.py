@@ -1,0 +1,149 @@
+"""Each Triton kernel against its torch reference, on fresh random inputs, outputs poisoned
+first. On the CPU this runs under TRITON_INTERPRET=1 (set by the README's test command);
+the same tests run on the GPU with `pytest -m gpu` (test_gpu_kernels below)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from trtgraph.kernels import reference as ref
+
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton kernels run on a GPU, or on the CPU with TRITON_INTERPRET=1")
+
+
+def _tri():
+    from trtgraph.kernels import triton_ops
+
+    return triton_ops
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _close(got, want, dtype):
+    tol = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    assert not torch.isnan(got).any()
+    rel = ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12)).item()
+    assert rel < tol, rel
+
+
+def _cases(device):
+    return [(device, torch.float32)] + ([(device, torch.bfloat16)] if device.type == "cuda" else [])
+
+
+def run_norms(device, dtype, seed=0):
+    g = _gen(seed)
+    for shape in ((7, 64), (5, 4, 16), (3, 96)):
+        x = torch.randn(shape, generator=g).to(device, dtype)
+        r = torch.randn(shape, generator=g).to(device, dtype)
+        w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(device, dtype)
+        _close(_tri().rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), dtype)
+        got_n, got_r = _tri().add_rms_norm(x, r, w, 1e-5)
+        want_n, want_r = ref.add_rms_norm(x, r, w, 1e-5)
+        _close(got_n, want_n, dtype)
+        _close(got_r, want_r, dtype)
+
+
+def run_silu(device, dtype, seed=0):
+    gu = torch.randn((9, 2 * 172), generator=_gen(seed)).to(device, dtype)
+    _close(_tri().silu_and_mul(gu), ref.silu_and_mul(gu), dtype)
+
+
+def run_rope_kv(device, dtype, seed=0):
+    g = _gen(seed)
+    T, hq, hkv, d, nblocks, bs = 11, 4, 2, 16, 6, 4
+    qkv = torch.randn((T, (hq + 2 * hkv) * d), generator=g).to(device, dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(T, hq, d), k.view(T, hkv, d), v.view(T, hkv, d)  # strided views, as in the model
+    cos_sin = torch.randn((64, d), generator=g).to(device)
+    positions = torch.randint(0, 64, (T,), generator=g).to(device)
+    slots = torch.randperm(nblocks * bs, generator=g)[:T].to(device)
+    caches = [torch.full((2, nblocks, bs, hkv, d), 7.0, dtype=dtype, device=device) for _ in range(2)]
+    got_q = _tri().rope_write_kv(q, k, v, cos_sin, positions, caches[0], slots)
+    want_q = ref.rope_write_kv(q, k, v, cos_sin, positions, caches[1], slots)
+    _close(got_q, want_q, dtype)
+    _close(caches[0], caches[1], dtype)
+
+
+def run_attention(device, dtype, q_len, batch, seed=0):
+    """Random contexts through scattered block tables; the step's rows at the end of each context."""
+    g = _gen(seed)
+    hq, hkv, d, bs, max_blocks = 8, 2, 16, 4, 12
+    nblocks = batch * max_blocks + 1
+    cache = torch.randn((2, nblocks, bs, hkv, d), generator=g).to(device, dtype)
+    perm = torch.randperm(nblocks - 1, generator=g) + 1
+    tables = torch.zeros((batch + 2, max_blocks), dtype=torch.int64)  # extra rows: unused table tail
+    positions = []
+    for b in range(batch):
+        length = int(torch.randint(q_len, max_blocks * bs + 1, (1,), generator=g))
+        nb = -(-length // bs)
+        tables[b, :nb] = perm[b * max_blocks:b * max_blocks + nb]
+        positions += list(range(length - q_len, length))
+    tables, positions = tables.to(device), torch.tensor(positions, dtype=torch.int64, device=device)
+    q = torch.randn((batch * q_len, hq, d), generator=g).to(device, dtype)
+    got = _tri().paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
+    want = ref.paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
+    _close(got, want, dtype)
+
+
+CPU = torch.device("cpu")
+
+
+@needs_triton
+@pytest.mark.parametrize("device,dtype", _cases(CPU))
+def test_norms(device, dtype):
+    run_norms(device, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("device,dtype", _cases(CPU))
+def test_silu_and_mul(device, dtype):
+    run_silu(device, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("device,dtype", _cases(CPU))
+def test_rope_write_kv(device, dtype):
+    run_rope_kv(device, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("q_len,batch", [(1, 1), (1, 3), (3, 2), (8, 2)])
+def test_paged_attention(q_len, batch):
+    run_attention(CPU, torch.float32, q_len, batch, seed=q_len * 10 + batch)
+
+
+@needs_triton
+def test_model_with_triton_kernels_matches_reference():
+    """The whole decoder with the Triton kernel set gives the reference set's logits."""
+    from trtgraph.config import Config
+    from trtgraph.kernels import get_kernels
+    from trtgraph.models import load_model
+    from trtgraph.runtime.oracle import EagerSequence
+
+    cfg = Config.default()
+    outs = []
+    for name in ("torch", "triton"):
+        lm = load_model(cfg.model, "float32", CPU, 256, get_kernels(name))
+        seq = EagerSequence(lm, 64, block_size=16)
+        logits = [seq.prefill(list(range(40, 61)), chunk_size=8)]
+        logits += [seq.forward([t]) for t in (5, 6)]
+        outs.append(torch.cat(logits))
+    _close(outs[1], outs[0], torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_kernels(dtype):
+    dev = torch.device("cuda")
+    run_norms(dev, dtype)
+    run_silu(dev, dtype)
+    run_rope_kv(dev, dtype)
+    for q_len, batch in ((1, 1), (1, 5), (4, 3), (64, 2)):
+        run_attention(dev, dtype, q_len, batch, seed=q_len + batch)

@@ -1,0 +1,301 @@
+"""Triton kernels for the decode hot path. Each shares its signature with the torch
+reference in kernels/reference.py and is tested against it (on the CPU under
+TRITON_INTERPRET=1, on the GPU with `pytest -m gpu`).
+
+All are capture-safe: launch grids and every constexpr depend only on tensor shapes (fixed
+per graph key); sequence lengths are read inside the kernels from device tensors; no host
+syncs. Outputs are allocated per call (inside a graph they come from the graph's pool).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# ---------------------------------------------------------------------------------------
+# RMSNorm, and RMSNorm fused with the residual add
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, x_stride, res_stride, out_stride,
+                     eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        # round the sum to the activation dtype first, as the reference does
+        x = (x.to(tl.float32) + tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * out_stride + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    normed = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x2 = _rows(x)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    n = x2.shape[-1]
+    _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, out, out, n, x2.stride(0), x2.stride(0), out.stride(0), eps,
+                                     HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(n))
+    return out.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    x2, r2 = _rows(x), _rows(residual)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    res_out = torch.empty(x2.shape, dtype=residual.dtype, device=x.device)
+    n = x2.shape[-1]
+    _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, n, x2.stride(0), r2.stride(0), out.stride(0), eps,
+                                     HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(n))
+    return out.view(x.shape), res_out.view(residual.shape)
+
+
+# ---------------------------------------------------------------------------------------
+# SiLU(gate) * up
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, gu_stride, out_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    g = tl.load(gu_ptr + row * gu_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * gu_stride + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    s = (g * tl.sigmoid(g)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (s * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gu = _rows(gate_up)
+    n = gu.shape[-1] // 2
+    out = torch.empty((gu.shape[0], n), dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(n))
+    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](gu, out, n, gu.stride(0), out.stride(0), BLOCK=block)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# RoPE on q and k, fused with the KV-cache write through the slot mapping
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cs_ptr, pos_ptr, slot_ptr, q_out_ptr, kv_ptr,
+                    q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+                    cache_kv_stride, cache_slot_stride, cache_head_stride,
+                    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    t = tl.program_id(0)
+    pos = tl.load(pos_ptr + t)
+    slot = tl.load(slot_ptr + t)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cs_ptr + pos * (2 * HALF) + d)[None, :]
+    sin = tl.load(cs_ptr + pos * (2 * HALF) + HALF + d)[None, :]
+    h = tl.arange(0, BLOCK_H)[:, None]
+    # q: rotate and write out (heads padded to a power of two)
+    qm = h < NUM_Q_HEADS
+    q1 = tl.load(q_ptr + t * q_stride_t + h * q_stride_h + d[None, :], mask=qm, other=0.0).to(tl.float32)
+    q2 = tl.load(q_ptr + t * q_stride_t + h * q_stride_h + HALF + d[None, :], mask=qm, other=0.0).to(tl.float32)
+    qo = q_out_ptr + t * (NUM_Q_HEADS * 2 * HALF) + h * (2 * HALF) + d[None, :]
+    tl.store(qo, (q1 * cos - q2 * sin).to(q_out_ptr.dtype.element_ty), mask=qm)
+    tl.store(qo + HALF, (q2 * cos + q1 * sin).to(q_out_ptr.dtype.element_ty), mask=qm)
+    # k: rotate; k and v go straight into the cache slot
+    km = h < NUM_KV_HEADS
+    k1 = tl.load(k_ptr + t * k_stride_t + h * k_stride_h + d[None, :], mask=km, other=0.0).to(tl.float32)
+    k2 = tl.load(k_ptr + t * k_stride_t + h * k_stride_h + HALF + d[None, :], mask=km, other=0.0).to(tl.float32)
+    kc = kv_ptr + slot * cache_slot_stride + h * cache_head_stride + d[None, :]
+    tl.store(kc, (k1 * cos - k2 * sin).to(kv_ptr.dtype.element_ty), mask=km)
+    tl.store(kc + HALF, (k2 * cos + k1 * sin).to(kv_ptr.dtype.element_ty), mask=km)
+    vc = kc + cache_kv_stride
+    v1 = tl.load(v_ptr + t * v_stride_t + h * v_stride_h + d[None, :], mask=km, other=0.0)
+    v2 = tl.load(v_ptr + t * v_stride_t + h * v_stride_h + HALF + d[None, :], mask=km, other=0.0)
+    tl.store(vc, v1, mask=km)
+    tl.store(vc + HALF, v2, mask=km)
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor,
+                  positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """q [T, Hq, D], k and v [T, Hkv, D] (strided views are fine) -> rotated q [T, Hq, D];
+    rotated k and v written to kv_cache [2, N, bs, Hkv, D] at slot_mapping [T]."""
+    T, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    q_out = torch.empty((T, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and kv_cache.is_contiguous()
+    _rope_kv_kernel[(T,)](
+        q, k, v, cos_sin, positions, slot_mapping, q_out, kv_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
+        BLOCK_H=triton.next_power_of_2(max(num_q_heads, num_kv_heads)))
+    return q_out
+
+
+# ---------------------------------------------------------------------------------------
+# Paged attention: one kernel for decode (q=1), verification (q=1+k) and prefill chunks
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+                       q_stride_t, q_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
+                       cache_head_stride, bt_stride, scale_log2,
+                       Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
+                       NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    b = pid // NUM_Q_BLOCKS
+    qb = pid % NUM_Q_BLOCKS
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_kv_heads = tl.num_programs(1)
+
+    # Rows of this program: (token, head-in-group) pairs of one sequence and one kv head.
+    r = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = r < Q_LEN * GROUP
+    tok = b * Q_LEN + r // GROUP
+    head = kvh * GROUP + r % GROUP
+    d = tl.arange(0, HEAD_DIM)
+    pos = tl.load(pos_ptr + tok, mask=row_ok, other=-1)  # query t sees keys 0..pos[t]
+    q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    ctx = tl.max(pos, axis=0) + 1
+
+    tiles = tl.cdiv(ctx, BLOCK_N)
+    per_split = tl.cdiv(tiles, NUM_SPLITS)
+    start = split * per_split
+    end = tl.minimum(start + per_split, tiles)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_base = kv_ptr + kvh * cache_head_stride
+    for tile in range(start, end):
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < ctx
+        page = tl.load(bt_ptr + b * bt_stride + n // PAGE, mask=n_ok, other=0)
+        off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
+        k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale_log2  # [M, N], log2 units
+        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # partials [programs(0), kv heads, splits, BLOCK_M, (D | 2)]
+        base = ((pid * num_kv_heads + kvh) * NUM_SPLITS + split) * BLOCK_M
+        rows = base + tl.arange(0, BLOCK_M)
+        tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc)
+        tl.store(part_ml_ptr + rows * 2, m_i)
+        tl.store(part_ml_ptr + rows * 2 + 1, l_i)
+
+
+@triton.jit
+def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, q_stride_t, q_stride_h,
+                              Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
+                              NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    num_kv_heads = tl.num_programs(1)
+    b = pid // NUM_Q_BLOCKS
+    qb = pid % NUM_Q_BLOCKS
+    r = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = r < Q_LEN * GROUP
+    tok = b * Q_LEN + r // GROUP
+    head = kvh * GROUP + r % GROUP
+    d = tl.arange(0, HEAD_DIM)
+    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + rows * 2))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_all = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for s in range(NUM_SPLITS):
+        rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        w = tl.exp2(tl.load(part_ml_ptr + rows * 2) - m_safe)
+        l_all += w * tl.load(part_ml_ptr + rows * 2 + 1)
+        acc += w[:, None] * tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :])
+    out = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
+    tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    if device not in _NUM_SMS:
+        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS[device]
+
+
+def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
+                           device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, query blocks per sequence, KV splits): a pure function of the
+    key's shapes, so a recorded graph always launches the same grid."""
+    rows = q_len * group
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    block_n = 64 if device.type == "cuda" else 16
+    q_blocks = triton.cdiv(rows, block_m)
+    programs = batch * q_blocks * num_kv_heads
+    max_tiles = triton.cdiv(max_len, block_n)
+    # Split the KV length until the grid fills the GPU about twice over (flash-decoding).
+    splits = 1 if q_len > 1 else max(1, min(max_tiles, 2 * _num_sms(device) // programs, 32))
+    return block_m, block_n, q_blocks, splits
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                    positions: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    batch = num_tokens // q_len
+    page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    tables = block_tables[:batch]
+    block_m, block_n, q_blocks, splits = attention_launch_shape(
+        batch, q_len, group, num_kv_heads, tables.shape[1] * page, q.device)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    grid = (batch * q_blocks, num_kv_heads, splits)
+    if splits > 1:
+        part_acc = torch.empty((batch * q_blocks * num_kv_heads * splits * block_m, head_dim),
+                               dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((batch * q_blocks * num_kv_heads * splits * block_m, 2),
+                              dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out
+    assert q.stride(0) == out.stride(0) and q.stride(1) == out.stride(1) and kv_cache.is_contiguous()
+    scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    common = dict(Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, NUM_SPLITS=splits, HEAD_DIM=head_dim,
+                  BLOCK_M=block_m)
+    _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml,
+                             q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,
+                             PAGE=page, BLOCK_N=block_n, **common)
+    if splits > 1:
+        _paged_attn_reduce_kernel[(batch * q_blocks, num_kv_heads)](part_acc, part_ml, out, q.stride(0), q.stride(1),
+                                                                    **common)
+    return out
