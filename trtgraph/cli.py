@@ -198,5 +198,51 @@ def _run_summary(s: dict, eager: bool) -> str:
     return "\n".join(lines)
 
 
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Capture this config first (default: the embedded one).")
+@click.option("--manifest", type=click.Path(), help="Benchmark an existing capture instead.")
+@click.option("--out", "out_dir", default="trtgraph-bench", show_default=True, type=click.Path(file_okay=False),
+              help="Where bench.md, bench.json and bench.png go (and the capture, with --config).")
+@click.option("--context-len", default=128, show_default=True, help="Cached tokens per sequence in the decode timings.")
+@click.option("--prompts", "num_prompts", default=256, show_default=True, help="Prompts in the end-to-end run (0 skips it).")
+@click.option("--prompt-len", default=128, show_default=True)
+@click.option("--max-tokens", default=128, show_default=True)
+@click.option("--attention-batch", default=64, show_default=True, help="Batch of the attention-alone timing (0 skips it).")
+@click.option("--attention-context", default=4096, show_default=True)
+@click.option("--no-hf", is_flag=True, help="Skip the Hugging Face transformers baseline.")
+def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, max_tokens, attention_batch,
+          attention_context, no_hf):
+    """Decode step time (replay and eager) per batch size against the memory-bandwidth
+    floor, capture cost per key, paged attention alone, the transformers eager baseline and
+    end-to-end tokens/s. Writes OUT/bench.md, OUT/bench.json and OUT/bench.png.
+
+    \b
+    Examples:
+      trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml
+      trtgraph bench --manifest trtgraph-artifacts --prompts 64 --no-hf
+    """
+    from .bench import BenchOptions, run_bench
+
+    if config_path and manifest:
+        raise click.UsageError("give --config or --manifest, not both")
+    out = Path(out_dir)
+    log = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    if manifest is None:
+        from .compiler.pipeline import capture as run_capture
+
+        config = _load_config(config_path)
+        bar = _KeyProgress()
+        try:
+            run_capture(config, out / "artifacts", progress=bar)
+        finally:
+            bar.close()
+        manifest = out / "artifacts"
+    opts = BenchOptions(context_len=context_len, run_prompts=num_prompts, run_prompt_len=prompt_len,
+                        run_max_tokens=max_tokens, attention_batch=attention_batch,
+                        attention_context=attention_context, hf=not no_hf)
+    run_bench(Path(manifest), out, opts, log)
+    click.echo((out / "bench.md").read_text(encoding="utf-8"))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

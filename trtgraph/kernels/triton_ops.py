@@ -153,7 +153,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        cache_head_stride, bt_stride, scale_log2,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
                        NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     b = pid // NUM_Q_BLOCKS
     qb = pid % NUM_Q_BLOCKS
@@ -187,7 +187,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         page = tl.load(bt_ptr + b * bt_stride + n // PAGE, mask=n_ok, other=0)
         off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
         k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2  # [M, N], log2 units
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
         s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -195,7 +195,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         alpha = tl.exp2(m_i - m_safe)
         v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     if NUM_SPLITS == 1:
@@ -294,7 +294,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml,
                              q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,
-                             PAGE=page, BLOCK_N=block_n, **common)
+                             PAGE=page, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                             **common)
     if splits > 1:
         _paged_attn_reduce_kernel[(batch * q_blocks, num_kv_heads)](part_acc, part_ml, out, q.stride(0), q.stride(1),
                                                                     **common)

@@ -43,6 +43,7 @@ class RunStats:
     seconds: float = 0.0
     record_seconds: float = 0.0  # start-up: warm-up and re-recording of every key
     steps_per_key: Counter = field(default_factory=Counter)
+    gpu_busy_seconds: float | None = None  # with gpu_timing: device time inside the steps' graphs
 
     @property
     def tokens_per_second(self) -> float:
@@ -59,7 +60,10 @@ class RunStats:
                 "tokens_per_second": round(self.tokens_per_second, 2), "steps": self.steps,
                 "fast_path_steps": self.fast_path_steps, "padding_waste_pct": round(100 * self.padding_waste, 2),
                 "preemptions": self.preemptions,
-                "steps_per_key": {str(k): v for k, v in sorted(self.steps_per_key.items())}}
+                "steps_per_key": {str(k): v for k, v in sorted(self.steps_per_key.items())},
+                **({} if self.gpu_busy_seconds is None else {
+                    "gpu_busy_seconds": round(self.gpu_busy_seconds, 4),
+                    "gpu_idle_per_step_us": round(1e6 * (self.seconds - self.gpu_busy_seconds) / max(self.steps, 1), 1)})}
 
 
 class Engine:
@@ -138,8 +142,9 @@ class Engine:
     def scheduler_has_sampled(self) -> bool:
         return "sampled" in {k.sampling for k in self.manifest.graph_keys}
 
-    def generate(self, requests: Iterable[Request | dict]) -> Iterator[Result]:
-        """Serve `requests`; yield each Result as soon as it finishes (errors first)."""
+    def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
+        """Serve `requests`; yield each Result as soon as it finishes (errors first).
+        gpu_timing: record CUDA events around every step to report the GPU's idle time."""
         reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", self.executor.loaded.config.vocab_size)
                 for i, r in enumerate(requests)]
         ex = self.executor
@@ -155,12 +160,22 @@ class Engine:
                 stats.prompt_tokens += len(item.prompt_ids)
                 sched.add(item)
         last: tuple | None = None
+        timing = gpu_timing and ex.device.type == "cuda"
+        if timing:
+            stats.gpu_busy_seconds = 0.0
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.inference_mode():
             while sched.has_work:
                 step = sched.schedule()
                 last = self._prepare(step, last)
+                if timing:
+                    begin.record()
                 out = ex.execute(step.key, eager=self.eager)
+                if timing:
+                    end.record()
                 tokens = out.tokens[:len(step.seqs)].tolist()  # the one device->host copy of the step
+                if timing:
+                    stats.gpu_busy_seconds += begin.elapsed_time(end) / 1e3
                 stats.steps += 1
                 stats.steps_per_key[step.key] += 1
                 stats.real_tokens += sum(step.num_new)

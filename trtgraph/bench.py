@@ -1,0 +1,295 @@
+"""`trtgraph bench`: decode step time against the memory-bandwidth floor, and peers.
+
+For each generation batch size: the step replayed and eager, with `context_len` cached
+tokens per sequence; the floor = (weight bytes + KV bytes read) / measured HBM bandwidth;
+the ratio. Plus capture cost per key, paged attention alone, the Hugging Face transformers
+eager baseline (when installed), and end-to-end `run` tokens/s with the GPU's idle time.
+Writes bench.md, bench.json and (with matplotlib) bench.png.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .buckets import GREEDY
+from .models import DTYPES
+from .runtime.engine import Engine
+from .runtime.executor import Executor, StepRow
+from .runtime.kv_cache import blocks_for_tokens
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class BenchOptions:
+    context_len: int = 128
+    run_prompts: int = 256
+    run_prompt_len: int = 128
+    run_max_tokens: int = 128
+    attention_batch: int = 64
+    attention_context: int = 4096
+    hf: bool = True
+    repeats: int = 50
+
+
+def measure_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a large device-to-device copy (bytes read + bytes written)."""
+    n = (2 << 30 if device.type == "cuda" else 64 << 20) // 4
+    src = torch.randn(n, device=device)  # random data, not zeros
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        t = _timed(device, lambda: dst.copy_(src))
+        times.append(t)
+    del src, dst
+    return 2 * n * 4 / statistics.median(times[1:])
+
+
+def _timed(device: torch.device, fn, repeats: int = 1) -> float:
+    """Seconds per call of fn (CUDA events on a GPU)."""
+    if device.type == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(repeats):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3 / repeats
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) / repeats
+
+
+def decode_rows(ex: Executor, batch: int, context_len: int) -> list[StepRow]:
+    """`batch` sequences with `context_len` cached tokens each, decoding their next token."""
+    bs = ex.block_size
+    need = blocks_for_tokens(context_len + 1, bs)
+    if batch * need > ex.num_blocks - 1:
+        raise ValueError(f"{batch} x {context_len} tokens do not fit {ex.num_blocks} KV blocks")
+    return [StepRow(token_ids=[(17 * i + 3) % ex.loaded.config.vocab_size], start_pos=context_len,
+                    block_table=list(range(1 + i * need, 1 + (i + 1) * need))) for i in range(batch)]
+
+
+def decode_times(ex: Executor, opts: BenchOptions, log: Log) -> list[dict]:
+    cfg = ex.loaded.config
+    elt = DTYPES[ex.config.dtype].itemsize
+    weight_bytes = cfg.parameter_count() * elt
+    rows = []
+    keys = sorted(k for k in ex.plan.keys if not k.is_prefill and k.draft_len == 0 and k.sampling == GREEDY)
+    for key in keys:
+        ex.prepare(key, decode_rows(ex, key.batch_size, opts.context_len))
+        with torch.inference_mode():
+            ex.execute(key)
+            replay = statistics.median(_timed(ex.device, lambda: ex.execute(key), 10)
+                                       for _ in range(max(3, opts.repeats // 10)))
+            eager = statistics.median(_timed(ex.device, lambda: ex.execute(key, eager=True), 2) for _ in range(3))
+        kv_bytes = key.batch_size * (opts.context_len + 1) * cfg.num_layers * 2 * cfg.kv_size * elt
+        rows.append({"batch_size": key.batch_size, "replay_ms": replay * 1e3, "eager_ms": eager * 1e3,
+                     "weight_bytes": weight_bytes, "kv_bytes": kv_bytes})
+        log(f"decode bs={key.batch_size}: replay {replay * 1e3:.3f} ms, eager {eager * 1e3:.3f} ms")
+    return rows
+
+
+def attention_alone(device: torch.device, dtype: torch.dtype, cfg, opts: BenchOptions, kernels) -> dict:
+    """Paged decode attention at attention_batch x attention_context, one layer."""
+    B, ctx, bs = opts.attention_batch, opts.attention_context, 16
+    nb = blocks_for_tokens(ctx + 1, bs)
+    cache = torch.randn((2, B * nb + 1, bs, cfg.num_kv_heads, cfg.head_dim), device=device, dtype=dtype)
+    tables = (torch.randperm(B * nb, device=device) + 1).view(B, nb)
+    positions = torch.full((B,), ctx, dtype=torch.int64, device=device)
+    q = torch.randn((B, cfg.num_heads, cfg.head_dim), device=device, dtype=dtype)
+    fn = lambda: kernels.paged_attention(q, cache, tables, positions, 1, cfg.head_dim ** -0.5)  # noqa: E731
+    fn()
+    t = statistics.median(_timed(device, fn, 20) for _ in range(5))
+    nbytes = B * (ctx + 1) * 2 * cfg.kv_size * cache.element_size()
+    return {"batch_size": B, "context_len": ctx, "kernels": kernels.name, "ms": t * 1e3, "bytes": nbytes,
+            "bytes_per_second": nbytes / t}
+
+
+def make_prompts(n: int, prompt_len: int, max_tokens: int, vocab: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    hi = min(vocab, 32000)
+    return [{"id": f"p{i}", "prompt_token_ids": [rng.randrange(hi) for _ in range(prompt_len)],
+             "max_tokens": max_tokens} for i in range(n)]
+
+
+def hf_baseline(ex: Executor, prompts: list[dict], opts: BenchOptions, log: Log) -> dict | None:
+    """transformers eager `generate` on the same prompts (random weights of the same shapes)."""
+    try:
+        import transformers
+    except ImportError:
+        log("transformers is not installed: no Hugging Face baseline")
+        return None
+    cfg = ex.loaded.config
+    hf_cls = getattr(transformers, cfg.architecture)
+    conf_cls = getattr(transformers, cfg.architecture.replace("ForCausalLM", "Config"))
+    conf = conf_cls(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                    num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                    num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+                    max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
+                    rms_norm_eps=cfg.rms_norm_eps, eos_token_id=None, pad_token_id=0, bos_token_id=None)
+    with torch.device(ex.device):
+        model = hf_cls(conf).to(DTYPES[ex.config.dtype]).eval()
+    batch = ex.config.limits.max_batch_size
+    tokens, t0 = 0, time.perf_counter()
+    with torch.inference_mode():
+        # one short warm-up
+        ids = torch.tensor([prompts[0]["prompt_token_ids"]], device=ex.device)
+        model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)
+        _sync(ex.device)
+        step_t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=opts.run_max_tokens, min_new_tokens=opts.run_max_tokens, do_sample=False)
+        _sync(ex.device)
+        bs1_step_ms = (time.perf_counter() - step_t0) * 1e3 / opts.run_max_tokens
+        t0 = time.perf_counter()
+        for i in range(0, len(prompts), batch):
+            chunk = prompts[i:i + batch]
+            ids = torch.tensor([p["prompt_token_ids"] for p in chunk], device=ex.device)
+            out = model.generate(ids, max_new_tokens=opts.run_max_tokens, min_new_tokens=opts.run_max_tokens,
+                                 do_sample=False, attention_mask=torch.ones_like(ids))
+            tokens += (out.shape[1] - ids.shape[1]) * len(chunk)
+            log(f"transformers generate: {i + len(chunk)}/{len(prompts)} prompts")
+        _sync(ex.device)
+    seconds = time.perf_counter() - t0
+    del model
+    _free(ex.device)
+    return {"version": transformers.__version__, "tokens": tokens, "seconds": seconds,
+            "tokens_per_second": tokens / seconds, "batch_size": batch, "bs1_step_ms": bs1_step_ms}
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> dict:
+    """Benchmark the manifest in `artifacts`; write bench.{json,md,png} into out_dir."""
+    engine = Engine(artifacts)
+    ex, manifest = engine.executor, engine.manifest
+    device = ex.device
+    log("measuring memory bandwidth")
+    bw = measure_bandwidth(device)
+    result = {"device": manifest.environment.get("device_name"), "environment": manifest.environment,
+              "model": manifest.model, "context_len": opts.context_len, "hbm_bytes_per_second": bw,
+              "kernels": ex.loaded.model.ops.name}
+    rows = decode_times(ex, opts, log)
+    for r in rows:
+        r["floor_ms"] = (r["weight_bytes"] + r["kv_bytes"]) / bw * 1e3
+        r["replay_over_floor"] = r["replay_ms"] / r["floor_ms"]
+        r["eager_over_replay"] = r["eager_ms"] / r["replay_ms"]
+    result["decode"] = rows
+    result["keys"] = [{"key": str(k.key), "num_tokens": k.num_tokens, "capture_seconds": k.capture_seconds,
+                       "pool_mib": k.pool_bytes / 2**20, "replay_ms": k.replay_ms} for k in manifest.keys]
+    result["capture_totals"] = manifest.totals
+    cfg = ex.loaded.config
+    if opts.attention_batch and opts.attention_context:
+        att = attention_alone(device, DTYPES[ex.config.dtype], cfg, opts, ex.loaded.model.ops)
+        att["fraction_of_hbm"] = att["bytes_per_second"] / bw
+        result["attention"] = att
+        log(f"attention bs={att['batch_size']} ctx={att['context_len']}: {att['ms']:.3f} ms, "
+            f"{100 * att['fraction_of_hbm']:.1f}% of HBM bandwidth")
+    prompts = make_prompts(opts.run_prompts, opts.run_prompt_len, opts.run_max_tokens, cfg.vocab_size)
+    if opts.run_prompts:
+        log(f"run: {len(prompts)} prompts, {opts.run_prompt_len} in, {opts.run_max_tokens} out")
+        replay_out = {r.id: r.token_ids for r in engine.generate(prompts, gpu_timing=True)}
+        result["run"] = engine.stats.to_json()
+        log(f"run: {result['run']['tokens_per_second']:.1f} tokens/s")
+        del engine
+        _free(device)
+        if opts.hf:
+            hf = hf_baseline(ex, prompts, opts, log)
+            if hf:
+                hf["trtgraph_speedup"] = result["run"]["tokens_per_second"] / hf["tokens_per_second"]
+                result["hf"] = hf
+        result["run_tokens_identical_to_eager"] = _eager_check(artifacts, prompts[:32], replay_out, log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    (out_dir / "bench.md").write_text(markdown(result), encoding="utf-8")
+    plot(result, out_dir / "bench.png", log)
+    return result
+
+
+def _eager_check(artifacts: Path, prompts: list[dict], replay_out: dict, log: Log) -> dict:
+    """Greedy tokens of replay against the same scheduler run eagerly (same kernels)."""
+    eager = Engine(artifacts, eager=True)
+    got = {r.id: r.token_ids for r in eager.generate(prompts)}
+    same = sum(got[p["id"]] == replay_out[p["id"]] for p in prompts)
+    log(f"replay vs eager: {same}/{len(prompts)} requests identical")
+    del eager
+    return {"requests": len(prompts), "identical": same}
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# trtgraph bench — {r['device']}", "",
+             f"model {r['model'].get('architecture')} ({r['model'].get('parameter_count'):,} parameters, "
+             f"{r['model'].get('dtype')}), kernels {r['kernels']}, {r['context_len']} cached tokens per sequence, "
+             f"measured HBM bandwidth {r['hbm_bytes_per_second'] / 1e12:.2f} TB/s", "",
+             "| batch | replay ms | eager ms | floor ms | replay / floor | eager / replay |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for d in r["decode"]:
+        lines.append(f"| {d['batch_size']} | {d['replay_ms']:.3f} | {d['eager_ms']:.3f} | {d['floor_ms']:.3f} | "
+                     f"{d['replay_over_floor']:.2f}x | {d['eager_over_replay']:.1f}x |")
+    if "attention" in r:
+        a = r["attention"]
+        lines += ["", f"paged decode attention alone, batch {a['batch_size']} x {a['context_len']} cached tokens: "
+                      f"{a['ms']:.3f} ms, {a['bytes_per_second'] / 1e12:.2f} TB/s "
+                      f"({100 * a['fraction_of_hbm']:.1f}% of measured HBM bandwidth)"]
+    if "run" in r:
+        run = r["run"]
+        lines += ["", f"run: {run['requests']} prompts, {run['completion_tokens']} tokens in {run['seconds']:.2f} s = "
+                      f"{run['tokens_per_second']:.1f} tokens/s; padding waste {run['padding_waste_pct']}%; "
+                      f"GPU idle between steps {run.get('gpu_idle_per_step_us', 'n/a')} us per step"]
+    if "hf" in r:
+        h = r["hf"]
+        lines += [f"transformers {h['version']} eager generate (batch {h['batch_size']}): "
+                  f"{h['tokens_per_second']:.1f} tokens/s, batch-1 step {h['bs1_step_ms']:.2f} ms; "
+                  f"trtgraph run is {h['trtgraph_speedup']:.1f}x"]
+    if "run_tokens_identical_to_eager" in r:
+        e = r["run_tokens_identical_to_eager"]
+        lines += [f"greedy replay vs eager: {e['identical']}/{e['requests']} requests identical"]
+    lines += ["", "| key | tokens | capture ms | pool MiB | replay ms |", "|---|---:|---:|---:|---:|"]
+    for k in r["keys"]:
+        lines.append(f"| {k['key']} | {k['num_tokens']} | {k['capture_seconds'] * 1e3:.1f} | {k['pool_mib']:.2f} | "
+                     f"{k['replay_ms']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict, path: Path, log: Log) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no bench.png (pip install matplotlib)")
+        return
+    xs = [d["batch_size"] for d in r["decode"]]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for name, key in (("replay", "replay_ms"), ("eager", "eager_ms"), ("floor", "floor_ms")):
+        ax.plot(xs, [d[key] for d in r["decode"]], marker="o", label=name)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("decode step (ms)")
+    ax.set_yscale("log")
+    ax.set_title(f"{r['model'].get('architecture')} {r['model'].get('dtype')} on {r['device']}, "
+                 f"{r['context_len']} cached tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
