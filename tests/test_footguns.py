@@ -256,6 +256,21 @@ def test_a_buffer_moved_and_another_put_in_its_place_is_refused(cfg, loaded):
         ex.execute(DECODE)
 
 
+def test_reloaded_weights_are_refused_before_serving(default_artifacts):
+    """Footgun: weights re-allocated after capture (a reload, .to(), assign=True) leave the graphs
+    reading freed memory; the engine checks every parameter's address before each generate()."""
+    from trtgraph.runtime.engine import Engine
+
+    engine = Engine(default_artifacts)
+    embed = engine.executor.model.embed_tokens
+    old = embed.weight
+    embed.weight = torch.nn.Parameter(old.detach().clone(), requires_grad=False)
+    with pytest.raises(ReplayMismatchError, match="weights moved since capture: weight.embed_tokens.weight"):
+        list(engine.generate([{"id": "a", "prompt": "hi", "max_tokens": 2}]))
+    embed.weight = old
+    assert len(list(engine.generate([{"id": "a", "prompt": "hi", "max_tokens": 2}]))) == 1
+
+
 # ---- a replaced metadata object ----------------------------------------------------------------
 
 def test_equal_but_new_metadata_object_is_refused(cfg, loaded):

@@ -74,7 +74,8 @@ def run_rope_kv(device, dtype, seed=0):
 def run_attention(device, dtype, q_len, batch, seed=0):
     """Random contexts through scattered block tables; the step's rows at the end of each context."""
     g = _gen(seed)
-    hq, hkv, d, bs, max_blocks = 8, 2, 16, 4, 12
+    hq, hkv, d, bs = 8, 2, 16, 4
+    max_blocks = max(12, -(-q_len // bs) + 4)
     nblocks = batch * max_blocks + 1
     cache = torch.randn((2, nblocks, bs, hkv, d), generator=g).to(device, dtype)
     perm = torch.randperm(nblocks - 1, generator=g) + 1

@@ -148,6 +148,7 @@ class Engine:
         reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", self.executor.loaded.config.vocab_size)
                 for i, r in enumerate(requests)]
         ex = self.executor
+        ex.runner.check_weights()
         sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size)
         stats = self.stats = RunStats(requests=len(reqs), record_seconds=self.record_seconds)
         start = time.perf_counter()

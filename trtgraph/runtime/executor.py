@@ -16,7 +16,7 @@ import torch
 
 from ..buckets import GREEDY, BucketPlan, GraphKey
 from ..config import AUTO, Config
-from ..errors import ConfigError
+from ..errors import ConfigError, ReplayMismatchError
 from ..kernels import get_kernels
 from ..kernels import resolve as resolve_kernels
 from ..models import DTYPES, LoadedModel, load_model
@@ -87,7 +87,7 @@ class Executor:
             max_blocks_per_seq=self.max_blocks_per_seq,
             device=self.device,
         )
-        self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors)
+        self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors, self.weight_tensors)
         self.metadata = {k: AttentionMetadata(
             q_len=k.q_len, batch_size=k.batch_size,
             slot_mapping=self.buffers.view("slot_mapping")[:k.num_tokens],
@@ -117,10 +117,16 @@ class Executor:
         return self.runner.backend
 
     def persistent_tensors(self) -> dict[str, torch.Tensor]:
+        """What every replay checks: the step buffers, the KV caches and the rope table."""
         out = dict(self.buffers.tensors())
         out.update({f"kv_cache.{i}": t for i, t in enumerate(self.kv_caches)})
         out["cos_sin"] = self.model.cos_sin
         return out
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The model's parameters: checked at every capture and at the start of every
+        generate() (walking ~150 parameters per replay would cost more than a small step)."""
+        return {f"weight.{n}": p for n, p in self.model.named_parameters()}
 
     # ---- the step ------------------------------------------------------------------
     def step_fn(self, key: GraphKey):
@@ -160,6 +166,9 @@ class Executor:
 
     def execute(self, key: GraphKey, eager: bool = False) -> StepOutputs:
         pos = self.buffers.view("positions")[:key.num_tokens]
+        if key not in self.metadata:
+            raise ReplayMismatchError(f"{key} is not in this executor's bucket plan; planned keys: "
+                                      f"{', '.join(str(k) for k in self.plan.keys)}")
         if eager:
             self.num_eager_steps += 1
             logits, tokens = self.step_fn(key)()

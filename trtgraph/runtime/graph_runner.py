@@ -40,8 +40,10 @@ class _Recorded:
 
 
 class GraphRunner:
-    def __init__(self, backend: str, device: torch.device, persistent: Callable[[], dict]):
-        """`persistent()` returns every tensor a graph reads or writes, by name."""
+    def __init__(self, backend: str, device: torch.device, persistent: Callable[[], dict],
+                 weights: Callable[[], dict] | None = None):
+        """`persistent()` returns the tensors checked at every replay; `weights()` those
+        checked by `check_weights()` (the model's parameters), by name."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown graph backend {backend!r}; expected one of {BACKENDS}")
         if backend == "cuda" and device.type != "cuda":
@@ -49,6 +51,8 @@ class GraphRunner:
         self.backend = backend
         self.device = device
         self._persistent = persistent
+        self._weights = weights or dict
+        self._weight_addresses: dict | None = None
         self._graphs: dict[GraphKey, _Recorded] = {}
         self._locked = False
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
@@ -92,6 +96,11 @@ class GraphRunner:
                 _copy_outputs(step(), outputs)
         seconds = time.perf_counter() - start
         self._graphs[key] = _Recorded(key, meta, outputs, replay_fn, self._addresses())
+        weights = {n: t.data_ptr() for n, t in self._weights().items()}
+        if self._weight_addresses is None:
+            self._weight_addresses = weights
+        elif weights != self._weight_addresses:
+            raise CaptureError(f"{key}: model weights moved between captures ({_moved(self._weight_addresses, weights)})")
         self.num_captures += 1
         return CaptureStats(seconds, pool_bytes)
 
@@ -137,15 +146,28 @@ class GraphRunner:
                                       f"got={tuple(positions.shape)}; copy_() would broadcast silently")
         now = self._addresses()
         if now != rec.addresses:
-            moved = sorted(n for n in set(now) | set(rec.addresses) if now.get(n) != rec.addresses.get(n))
             raise ReplayMismatchError(f"replay of {key}: persistent buffers moved since capture: "
-                                      f"{', '.join(moved)}; the graph would read freed memory")
+                                      f"{_moved(rec.addresses, now)}; the graph would read freed memory")
         rec.replay_fn()
         self.replays[key] += 1
         return rec.outputs
 
+    def check_weights(self) -> None:
+        """Raise if any model parameter moved since the graphs recorded its address."""
+        if self._weight_addresses is None:
+            return
+        now = {n: t.data_ptr() for n, t in self._weights().items()}
+        if now != self._weight_addresses:
+            raise ReplayMismatchError(f"model weights moved since capture: {_moved(self._weight_addresses, now)}; "
+                                      f"the graphs would read freed memory. Reload by restarting, which re-records.")
+
     def _addresses(self) -> dict:
         return {name: t.data_ptr() for name, t in self._persistent().items()}
+
+
+def _moved(before: dict, now: dict) -> str:
+    names = sorted(n for n in set(now) | set(before) if now.get(n) != before.get(n))
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
 def _copy_outputs(new, recorded) -> None:
