@@ -31,7 +31,7 @@ TRITON_CACHE_DIR = "triton-cache"
 FORMAT_VERSION = 1
 FORMAT_CHANGELOG = {
     1: "first format: environment, model fingerprint, config, limits, kv_cache, buffers, keys "
-       "(capture seconds, pool bytes, replay ms, parity), totals, digest",
+       "(capture order, seconds, pool bytes, replay and eager ms, parity), totals, digest",
 }
 
 
@@ -62,6 +62,7 @@ def environment(device: torch.device, backend: str) -> dict:
 class KeyRecord:
     key: GraphKey
     num_tokens: int
+    capture_index: int  # position in the capture order (largest pool first); the runtime repeats it
     capture_seconds: float
     pool_bytes: int
     replay_ms: float
@@ -70,7 +71,7 @@ class KeyRecord:
     tokens_equal: bool
 
     def to_json(self) -> dict:
-        return {"key": self.key.as_dict(), "num_tokens": self.num_tokens,
+        return {"key": self.key.as_dict(), "num_tokens": self.num_tokens, "capture_index": self.capture_index,
                 "capture_seconds": round(self.capture_seconds, 6), "pool_bytes": self.pool_bytes,
                 "replay_ms": round(self.replay_ms, 4), "eager_ms": round(self.eager_ms, 4),
                 "parity": {"max_abs_logit_diff": self.max_abs_logit_diff, "tokens_equal": self.tokens_equal}}
@@ -116,6 +117,10 @@ class Manifest:
     @property
     def graph_keys(self) -> list[GraphKey]:
         return [k.key for k in self.keys]
+
+    @property
+    def capture_order(self) -> list[GraphKey]:
+        return [k.key for k in sorted(self.keys, key=lambda k: k.capture_index)]
 
 
 def _digest(body: dict) -> str:
@@ -208,6 +213,8 @@ def load_manifest(path: str | Path) -> Manifest:
         missing = ", ".join(str(k) for k in sorted(expected - got)) or "none"
         raise ManifestError(f"{mpath}: keys do not match the manifest's bucket plan (not in the plan: {extra}; "
                             f"missing: {missing}). {recapture}")
+    if sorted(k.capture_index for k in keys) != list(range(len(keys))):
+        raise ManifestError(f"{mpath}: keys' capture_index values are not 0..{len(keys) - 1}. {recapture}")
     misses = uncovered_shapes(manifest.plan())
     if misses:
         raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {recapture}")
@@ -260,7 +267,7 @@ def _key_record(v: _FieldReader, i: int, raw) -> KeyRecord:
     parity = raw["parity"]
     if not isinstance(parity.get("tokens_equal"), bool):
         v.fail(f"{where}.parity.tokens_equal", parity.get("tokens_equal"), "true or false")
-    return KeyRecord(key=key, num_tokens=n,
+    return KeyRecord(key=key, num_tokens=n, capture_index=v.int_field(raw, f"{where}.capture_index", hi=1 << 20),
                      capture_seconds=v.number(raw, f"{where}.capture_seconds", hi=86400),
                      pool_bytes=v.int_field(raw, f"{where}.pool_bytes", lo=0, hi=1 << 44),
                      replay_ms=v.number(raw, f"{where}.replay_ms", hi=1e7),

@@ -51,16 +51,19 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     use_triton_cache(out_dir)
     device = device or resolve_device(config.device)
     ex = Executor.build(config, plan, device)
-    order = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))  # largest first: later keys reuse its pool
     repeats = timing_repeats or (20 if device.type == "cuda" else 3)
 
     with torch.inference_mode():
         t0 = time.perf_counter()
-        for i, key in enumerate(order):
-            _guard(key, "warm-up", lambda: ex.warmup(key))
-            progress("warmup", key, i + 1, len(order))
+        warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
+        peak = {}
+        for i, key in enumerate(warm):
+            peak[key] = _guard(key, "warm-up", lambda: _warmup_peak_bytes(ex, key))
+            progress("warmup", key, i + 1, len(warm))
         _sync(device)
         warmup_seconds = time.perf_counter() - t0
+        # Largest first (by the memory its eager step peaked at): later keys reuse its pool.
+        order = sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k))
 
         stats = {}
         for i, key in enumerate(order):
@@ -76,7 +79,7 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
                                    f"{parity.tokens_equal}). No manifest was written.")
             replay_ms = time_step(ex, key, eager=False, repeats=repeats)
             eager_ms = time_step(ex, key, eager=True, repeats=max(2, repeats // 4))
-            records.append(KeyRecord(key=key, num_tokens=key.num_tokens,
+            records.append(KeyRecord(key=key, num_tokens=key.num_tokens, capture_index=i,
                                      capture_seconds=stats[key].capture_seconds, pool_bytes=stats[key].pool_bytes,
                                      replay_ms=replay_ms, eager_ms=eager_ms,
                                      max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal))
@@ -96,6 +99,19 @@ def _guard(key: GraphKey, stage: str, fn):
                            f"No manifest was written. Capture a smaller plan: fewer or smaller "
                            f"buckets.batch_sizes / chunk_sizes, a lower limits.max_seq_len, or a fixed "
                            f"kv_cache.num_blocks.") from None
+
+
+def _warmup_peak_bytes(ex: Executor, key: GraphKey) -> int:
+    """Run the key's eager warm-up; on CUDA return how far it raised allocated memory."""
+    if ex.device.type != "cuda":
+        ex.warmup(key)
+        return 0
+    torch.cuda.synchronize(ex.device)
+    torch.cuda.reset_peak_memory_stats(ex.device)
+    base = torch.cuda.memory_allocated(ex.device)
+    ex.warmup(key)
+    torch.cuda.synchronize(ex.device)
+    return torch.cuda.max_memory_allocated(ex.device) - base
 
 
 def _sync(device: torch.device) -> None:

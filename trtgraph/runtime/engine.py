@@ -98,7 +98,7 @@ class Engine:
     # ---- start-up: re-record exactly the manifest's keys ----------------------------
     def _record(self) -> float:
         ex, t0 = self.executor, time.perf_counter()
-        order = sorted(self.manifest.graph_keys, key=lambda k: (-k.num_tokens, k))
+        order = self.manifest.capture_order
         with torch.inference_mode():
             for key in order:
                 ex.warmup(key)
