@@ -160,39 +160,74 @@ class Engine:
             else:
                 stats.prompt_tokens += len(item.prompt_ids)
                 sched.add(item)
-        last: tuple | None = None
-        timing = gpu_timing and ex.device.type == "cuda"
-        if timing:
+        self._timing = gpu_timing and ex.device.type == "cuda"
+        if self._timing:
             stats.gpu_busy_seconds = 0.0
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._last = None
         with torch.inference_mode():
-            while sched.has_work:
-                step = sched.schedule()
-                last = self._prepare(step, last)
-                if timing:
-                    begin.record()
-                out = ex.execute(step.key, eager=self.eager)
-                if timing:
-                    end.record()
-                tokens = out.tokens[:len(step.seqs)].tolist()  # the one device->host copy of the step
-                if timing:
-                    stats.gpu_busy_seconds += begin.elapsed_time(end) / 1e3
-                stats.steps += 1
-                stats.steps_per_key[step.key] += 1
-                stats.real_tokens += sum(step.num_new)
-                stats.padded_tokens += step.key.num_tokens
-                for seq in sched.advance(step, tokens):
-                    result = self._check_stop(seq, start)
-                    if result is not None:
-                        sched.finish(seq)
-                        stats.completion_tokens += len(result.token_ids)
-                        stats.seconds = time.perf_counter() - start
-                        yield result
+            inflight = None
+            while inflight is not None or sched.has_work:
+                if inflight is None:
+                    inflight = self._launch(sched.schedule())
+                # Overlap: while the GPU runs this decode step, launch the next one (same rows,
+                # inputs advanced on the device) before reading this one's tokens back.
+                following = self._launch(inflight.step, ahead=1) if sched.extend_decode(inflight.step) else None
+                for result in self._complete(inflight, sched, start):
+                    yield result
+                inflight = following
         stats.preemptions = sched.num_preemptions
         stats.seconds = time.perf_counter() - start
 
     # ---- one step ------------------------------------------------------------------------
-    def _prepare(self, step: ScheduledStep, last: tuple | None) -> tuple:
+    def _launch(self, step: ScheduledStep, ahead: int = 0) -> "_InFlight":
+        """Prepare and enqueue a step, and the non-blocking copy of its tokens to the host.
+        `ahead`: tokens the step's rows are beyond what the scheduler has accounted."""
+        ex, stats = self.executor, self.stats
+        self._last = self._prepare(step, self._last, ahead)
+        events = None
+        if self._timing:
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        out = ex.execute(step.key, eager=self.eager)
+        if events:
+            events[1].record()
+        n = len(step.seqs)
+        host = self._host_tokens(n)
+        host[:n].copy_(out.tokens[:n], non_blocking=True)
+        done = torch.cuda.Event() if ex.device.type == "cuda" else None
+        if done is not None:
+            done.record()
+        stats.steps += 1
+        stats.steps_per_key[step.key] += 1
+        stats.real_tokens += sum(step.num_new)
+        stats.padded_tokens += step.key.num_tokens
+        return _InFlight(step, host[:n], done, events)
+
+    def _host_tokens(self, n: int) -> torch.Tensor:
+        """Two pinned host buffers used in turn: one step's tokens land while the other's are read."""
+        if not hasattr(self, "_token_bufs"):
+            pin = self.executor.device.type == "cuda"
+            size = self.executor.buffers.max_rows
+            self._token_bufs = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+            self._token_turn = 0
+        self._token_turn ^= 1
+        return self._token_bufs[self._token_turn]
+
+    def _complete(self, f: "_InFlight", sched: Scheduler, start: float) -> Iterator[Result]:
+        """Wait for a step's tokens, account them, and yield the requests that finished."""
+        if f.done is not None:
+            f.done.synchronize()
+        if f.events:
+            self.stats.gpu_busy_seconds += f.events[0].elapsed_time(f.events[1]) / 1e3
+        for seq in sched.advance(f.step, f.tokens.tolist()):
+            result = self._check_stop(seq, start)
+            if result is not None:
+                sched.finish(seq)
+                self.stats.completion_tokens += len(result.token_ids)
+                self.stats.seconds = time.perf_counter() - start
+                yield result
+
+    def _prepare(self, step: ScheduledStep, last: tuple | None, ahead: int = 0) -> tuple:
         """Fast path when the same generation rows repeat in the same order; otherwise
         pack on the host and copy once. Returns what the next step compares against."""
         ex = self.executor
@@ -200,12 +235,13 @@ class Engine:
         if not step.is_prefill and last == (step.key, ids):
             new_blocks = []
             for row, seq in enumerate(step.seqs):
-                pos = seq.num_computed  # the position this step's token takes
+                pos = seq.num_computed + ahead  # the position this step's token takes
                 if pos % ex.block_size == 0:
-                    new_blocks.append((row, pos // ex.block_size, seq.block_table[-1]))
+                    new_blocks.append((row, pos // ex.block_size, seq.block_table[pos // ex.block_size]))
             ex.advance_decode(len(step.seqs), new_blocks)
             self.stats.fast_path_steps += 1
         else:
+            assert ahead == 0, "a step launched ahead must be on the fast path"
             ex.prepare(step.key, [self._row(seq, n) for seq, n in zip(step.seqs, step.num_new)])
         return None if step.is_prefill else (step.key, ids)
 
@@ -237,6 +273,14 @@ class Engine:
         tpot = (seq.last_token_time - seq.first_token_time) * 1e3 / (n - 1) if n > 1 else None
         return Result(id=req.id, text=text, token_ids=list(out), finish_reason=reason,
                       prompt_tokens=len(seq.prompt_ids), ttft_ms=(seq.first_token_time - start) * 1e3, tpot_ms=tpot)
+
+
+@dataclass
+class _InFlight:
+    step: ScheduledStep
+    tokens: torch.Tensor  # host view the step's tokens are copied into
+    done: object  # CUDA event recorded after that copy (None on a CPU)
+    events: tuple | None  # (begin, end) around the replay, with gpu_timing
 
 
 def _model_differences(manifest, fingerprint: dict):

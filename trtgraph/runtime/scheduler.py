@@ -28,6 +28,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the cache
     num_preemptions: int = 0
+    finished: bool = False
     first_token_time: float | None = None
     last_token_time: float | None = None
 
@@ -95,9 +96,13 @@ class Scheduler:
             if admitting and len(self.running) >= self.plan.max_batch_size:
                 break
             n = min(seq.num_pending, chunk)
-            if not self._reserve(seq, n, protect=chosen, may_preempt=not admitting):
+            # Admission reserves blocks for every pending token at once, so a prefill never
+            # stalls half-way for blocks that older sequences keep taking.
+            if not self._reserve(seq, seq.num_pending if admitting else n, protect=chosen,
+                                 may_preempt=not admitting):
                 if admitting:
                     break  # no room to admit; decode frees blocks as requests finish
+                self.preempt(seq)  # nothing newer to take blocks from: step aside for older ones
                 continue
             if admitting:
                 self.waiting.remove(seq)
@@ -117,7 +122,7 @@ class Scheduler:
                 break
             if self._reserve(seq, 1, protect=chosen, may_preempt=True):
                 chosen.append(seq)
-            else:  # every other sequence is already in this step: step aside, recompute later
+            else:  # nothing newer to take blocks from: step aside, recompute later
                 self.preempt(seq)
         if not chosen:
             return None
@@ -129,11 +134,12 @@ class Scheduler:
 
     # ---- blocks and preemption ------------------------------------------------------
     def _reserve(self, seq: Sequence, n: int, protect: list[Sequence], may_preempt: bool) -> bool:
-        """Blocks for `seq` to hold n more tokens; preempt the newest other running sequences
-        (never one already in this step) until they fit. False if they cannot."""
+        """Blocks for `seq` to hold n more tokens, preempting running sequences newer than
+        it (newest first, never one already in this step) until they fit. Only newer ones:
+        the oldest sequence always makes progress, so preemption cannot cycle."""
         need = blocks_for_tokens(seq.num_computed + n, self.block_size) - len(seq.block_table)
         while need > self.allocator.num_free:
-            victims = [s for s in self.running if s is not seq and s not in protect]
+            victims = [s for s in self.running if s.arrival > seq.arrival and s not in protect]
             if not may_preempt or not victims:
                 return False
             self.preempt(max(victims, key=lambda s: s.arrival))
@@ -155,7 +161,23 @@ class Scheduler:
         pos = next((i for i, r in enumerate(self.running) if r.arrival > seq.arrival), len(self.running))
         self.running.insert(pos, seq)
 
+    def extend_decode(self, step: ScheduledStep) -> bool:
+        """Whether the same generation step can be launched again before this one's tokens
+        are read back (the rows are every running sequence, nothing waits, no preemption is
+        needed); if so, reserve each row's block for that next token. A row that finishes in
+        `step` wastes its slot in the next one; its blocks are freed when it finishes."""
+        if step.is_prefill or self.waiting or step.seqs != self.running:
+            return False
+        need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
+        if sum(n for n in need if n > 0) > self.allocator.num_free:
+            return False
+        for seq, n in zip(step.seqs, need):
+            if n > 0:
+                seq.block_table += self.allocator.allocate(n)
+        return True
+
     def finish(self, seq: Sequence) -> None:
+        seq.finished = True
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
         seq.block_table = []
@@ -167,6 +189,8 @@ class Scheduler:
         now = time.perf_counter() if now is None else now
         drew = []
         for i, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
+            if seq.finished:  # finished in the step before; this row ran ahead for nothing
+                continue
             seq.num_computed += n
             if seq.num_pending == 0:
                 seq.all_ids.append(tokens[i])
