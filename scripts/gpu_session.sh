@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 B=/tmp/bench; ART=$B/artifacts
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-} > "$OUT/env.txt"
+} > "$OUT/run.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -m gpu -q -s -p no:cacheprovider ${GPU_TESTS:-tests/} > "$OUT/pytest_gpu.log" 2>&1
   tail -4 "$OUT/pytest_gpu.log"; grep -E "bf16 max|FAILED|Error" "$OUT/pytest_gpu.log" | head -20
@@ -21,6 +21,7 @@ if [ "${SKIP_RUN:-0}" != 1 ]; then
   python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
   python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest $ART --output /tmp/replay.jsonl --summary-json /tmp/run_replay.json 2>&1 | tail -6
   python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest $ART --output /tmp/eager.jsonl --eager --summary-json /tmp/run_eager.json 2>&1 | tail -6
-  { python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl; cat /tmp/run_replay.json /tmp/run_eager.json; } > "$OUT/run.txt"
-  head -12 "$OUT/run.txt"
+  { python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl; cat /tmp/run_replay.json /tmp/run_eager.json; } >> "$OUT/run.txt"
+  tail -40 "$OUT/run.txt" | head -14
 fi
+python3 scripts/profile_step.py $ART > "$OUT/profile.txt" 2>&1; head -60 "$OUT/profile.txt"
