@@ -212,9 +212,10 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
 
 
 @triton.jit
-def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, q_stride_t, q_stride_h,
+def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, pos_ptr, q_stride_t, q_stride_h,
                               Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
-                              NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+                              NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
@@ -225,14 +226,18 @@ def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, q_stride_t, q_
     tok = b * Q_LEN + r // GROUP
     head = kvh * GROUP + r % GROUP
     d = tl.arange(0, HEAD_DIM)
+    # Only the splits the main kernel gave work to (short contexts leave most empty).
+    ctx = tl.max(tl.load(pos_ptr + tok, mask=row_ok, other=-1), axis=0) + 1
+    tiles = tl.cdiv(ctx, BLOCK_N)
+    used = tl.cdiv(tiles, tl.cdiv(tiles, NUM_SPLITS))
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
+    for s in range(used):
         rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_all = tl.maximum(m_all, tl.load(part_ml_ptr + rows * 2))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for s in range(NUM_SPLITS):
+    for s in range(used):
         rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
         w = tl.exp2(tl.load(part_ml_ptr + rows * 2) - m_safe)
         l_all += w * tl.load(part_ml_ptr + rows * 2 + 1)
@@ -297,6 +302,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                              PAGE=page, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              **common)
     if splits > 1:
-        _paged_attn_reduce_kernel[(batch * q_blocks, num_kv_heads)](part_acc, part_ml, out, q.stride(0), q.stride(1),
-                                                                    **common)
+        _paged_attn_reduce_kernel[(batch * q_blocks, num_kv_heads)](part_acc, part_ml, out, positions, q.stride(0),
+                                                                    q.stride(1), BLOCK_N=block_n, **common)
     return out

@@ -87,6 +87,11 @@ class Executor:
             max_blocks_per_seq=self.max_blocks_per_seq,
             device=self.device,
         )
+        pin = self.device.type == "cuda"
+        self._new_blocks_host = [torch.zeros((self.buffers.max_seqs, 3), dtype=torch.int64, pin_memory=pin)
+                                 for _ in range(3)]
+        self._new_blocks_turn = 0
+        self._new_blocks_dev = torch.zeros((self.buffers.max_seqs, 3), dtype=torch.int64, device=self.device)
         self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors, self.weight_tensors)
         self.metadata = {k: AttentionMetadata(
             q_len=k.q_len, batch_size=k.batch_size,
@@ -224,7 +229,16 @@ class Executor:
         pos += 1
         b.view("input_ids")[:num_real].copy_(b.sampled[:num_real])
         tables = b.view("block_tables")
-        for row, col, block in new_blocks:
-            tables[row, col] = block
+        if new_blocks:  # one small copy and one scatter, however many rows entered a new block
+            n = len(new_blocks)
+            # A ring of pinned staging slots: a slot is rewritten only two launches later,
+            # after the engine has waited for the step that copied from it.
+            self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
+            staged = self._new_blocks_host[self._new_blocks_turn][:n]
+            staged.copy_(torch.tensor(new_blocks, dtype=torch.int64))
+            dev = self._new_blocks_dev[:n]
+            dev.copy_(staged, non_blocking=True)
+            flat = tables.view(-1)
+            flat.index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
         blocks = tables[:num_real].gather(1, (pos // bs).unsqueeze(1)).squeeze(1)
         b.view("slot_mapping")[:num_real].copy_(blocks * bs + pos % bs)

@@ -86,7 +86,7 @@ class Scheduler:
         if not candidates:
             return None
         longest = max(s.num_pending for s in candidates[:self.plan.max_context_batch_size])
-        chunk = next((c for c in self.chunk_sizes if c >= longest), self.chunk_sizes[-1])
+        chunk = self._chunk_for(longest)
         max_rows = self.plan.max_key_batch(chunk_size=chunk)
         chosen, num_new = [], []
         for seq in candidates:
@@ -112,6 +112,11 @@ class Scheduler:
         if not chosen:
             return None
         return ScheduledStep(self._select(len(chosen), chunk, chosen), chosen, num_new)
+
+    def _chunk_for(self, pending: int) -> int:
+        """The recorded chunk size that feeds `pending` tokens with the fewest padded tokens
+        (ties: the larger chunk, fewer steps)."""
+        return min(self.chunk_sizes, key=lambda c: (-(-pending // c) * c, -c))
 
     def _decode_step(self) -> ScheduledStep | None:
         chosen = []
@@ -166,7 +171,8 @@ class Scheduler:
         are read back (the rows are every running sequence, nothing waits, no preemption is
         needed); if so, reserve each row's block for that next token. A row that finishes in
         `step` wastes its slot in the next one; its blocks are freed when it finishes."""
-        if step.is_prefill or self.waiting or step.seqs != self.running:
+        admissible = self.waiting and len(self.running) < self.plan.max_batch_size
+        if step.is_prefill or admissible or step.seqs != self.running:
             return False
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
