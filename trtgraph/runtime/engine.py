@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 import torch
 
 from ..artifacts import load_manifest, manifest_path, use_triton_cache
-from ..errors import ManifestError
+from ..errors import ManifestError, PromptError
 from ..models import load_tokenizer
 from .checks import check_manifest
 from .executor import Executor, StepRow, resolve_device
@@ -147,6 +147,12 @@ class Engine:
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
         reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", self.executor.loaded.config.vocab_size)
                 for i, r in enumerate(requests)]
+        first: dict[str, int] = {}
+        for i, r in enumerate(reqs):
+            if r.id in first:
+                raise PromptError(f"request {i}: duplicate id {r.id!r} (first at request {first[r.id]}); "
+                                  f"ids must be unique, results are keyed by them.")
+            first[r.id] = i
         ex = self.executor
         ex.runner.check_weights()
         sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size)

@@ -44,7 +44,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     its sequence of the token being drawn."""
     R, V = logits.shape
     is_greedy = temperature <= 0
-    temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+    # Tiny positive temperatures act as 1e-6: dividing by a subnormal would overflow to inf.
+    temp = torch.where(is_greedy, torch.ones_like(temperature), temperature.clamp_min(1e-6))
     scaled = logits / temp.unsqueeze(1)
     sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)  # [R, V]
     rank = torch.arange(V, device=logits.device).unsqueeze(0)
