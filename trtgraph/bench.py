@@ -276,6 +276,7 @@ def plot(r: dict, path: Path, log: Log) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         log("matplotlib is not installed: no bench.png (pip install matplotlib)")
         return
@@ -286,6 +287,8 @@ def plot(r: dict, path: Path, log: Log) -> None:
     ax.set_xlabel("batch size")
     ax.set_ylabel("decode step (ms)")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title(f"{r['model'].get('architecture')} {r['model'].get('dtype')} on {r['device']}, "
                  f"{r['context_len']} cached tokens")
     ax.grid(True, which="both", alpha=0.3)
