@@ -92,3 +92,29 @@ def test_cuda_runtime_replay_equals_eager_and_oracle(tmp_path):
         want = generate(engine.executor.loaded, q["prompt_token_ids"], q["max_tokens"],
                         temperature=q["temperature"], top_k=q["top_k"], seed=q["seed"])
         assert replay[str(q["id"])] == want, q["id"]
+
+
+def test_cuda_out_of_memory_during_capture_names_the_key(tmp_path, cuda):
+    """A real memory cap: the batch-512 sampled key's sampler temporaries do not fit."""
+    from trtgraph.artifacts import MANIFEST_NAME
+    from trtgraph.compiler.pipeline import capture
+    from trtgraph.errors import CaptureError
+
+    synthetic = dict(architecture="LlamaForCausalLM", hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=32000, seed=0)
+    cfg = tiny_config(device="cuda", model={"synthetic": synthetic},
+                      limits={"max_batch_size": 512, "max_seq_len": 256, "max_num_tokens": 512},
+                      kv_cache={"num_blocks": 64},
+                      buckets={"batch_sizes": [1, 512], "sampling": ["sampled"], "context_batch_sizes": [1],
+                               "chunk_sizes": [16]})
+    torch.cuda.empty_cache()
+    _free, total = torch.cuda.mem_get_info(cuda)
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved(cuda) + (160 << 20)) / total, cuda)
+    try:
+        with pytest.raises(CaptureError, match=r"bs=512.*out of device memory") as err:
+            capture(cfg, tmp_path)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, cuda)
+        torch.cuda.empty_cache()
+    assert "smaller plan" in str(err.value)
+    assert not (tmp_path / MANIFEST_NAME).exists()

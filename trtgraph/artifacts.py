@@ -31,7 +31,7 @@ TRITON_CACHE_DIR = "triton-cache"
 FORMAT_VERSION = 1
 FORMAT_CHANGELOG = {
     1: "first format: environment, model fingerprint, config, limits, kv_cache, buffers, keys "
-       "(capture order, seconds, pool bytes, replay and eager ms, parity), totals, digest",
+       "(capture order, seconds, pool bytes, replay and eager ms, parity), totals, artifact paths, digest",
 }
 
 
@@ -89,6 +89,7 @@ class Manifest:
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     trtgraph_version: str = field(default_factory=trtgraph_version)
     format_version: int = FORMAT_VERSION
+    paths: dict = field(default_factory=dict)  # resolved artifact paths (after load), all inside the directory
 
     def to_json(self) -> dict:
         body = {
@@ -104,6 +105,7 @@ class Manifest:
             "buffers": self.buffers,
             "keys": [k.to_json() for k in self.keys],
             "totals": self.totals,
+            "paths": {"triton_cache": TRITON_CACHE_DIR},  # relative to the artifacts directory
         }
         body["digest"] = _digest(body)
         return body
@@ -146,9 +148,9 @@ def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
     return path
 
 
-def use_triton_cache(artifacts_dir: Path) -> None:
+def use_triton_cache(cache: Path) -> None:
     """Triton compiles and autotunes into the artifacts directory, so a warm start compiles nothing."""
-    cache = Path(artifacts_dir) / TRITON_CACHE_DIR
+    cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = str(cache.resolve())
 
@@ -164,7 +166,7 @@ def artifact_path(artifacts_dir: Path, relative: str) -> Path:
     base = artifacts_dir.resolve()
     target = (base / relative).resolve()
     if Path(relative).is_absolute() or (target != base and base not in target.parents):
-        raise ManifestError(f"{artifacts_dir / MANIFEST_NAME}: path {relative!r} leaves the artifacts "
+        raise ManifestError(f"{Path(artifacts_dir) / MANIFEST_NAME}: path {relative!r} leaves the artifacts "
                             f"directory; refusing to use it. Recapture to get a clean manifest.")
     return target
 
@@ -191,8 +193,15 @@ def load_manifest(path: str | Path) -> Manifest:
         raise ManifestError(f"{mpath}: the manifest was edited after capture (its digest does not match "
                             f"its content). Its numbers and keys can no longer be trusted. {recapture}")
     v = _FieldReader(mpath, recapture)
-    for name in ("environment", "model", "config", "kv_cache", "totals"):
+    for name in ("environment", "model", "config", "kv_cache", "totals", "paths"):
         v.typed(body, name, dict)
+    paths = {}
+    for name, rel in body["paths"].items():
+        if not isinstance(rel, str):
+            v.fail(f"paths.{name}", rel, "a path relative to the artifacts directory")
+        paths[name] = artifact_path(mpath.parent, rel)
+    if "triton_cache" not in paths:
+        v.fail("paths.triton_cache", None, "a path relative to the artifacts directory")
     v.typed(body, "buffers", list)
     raw_keys = v.typed(body, "keys", list)
     try:
@@ -205,7 +214,7 @@ def load_manifest(path: str | Path) -> Manifest:
     manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
                         kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
                         created=str(body.get("created")), trtgraph_version=str(body.get("trtgraph_version")),
-                        format_version=version)
+                        format_version=version, paths=paths)
     expected = set(BucketPlan.from_config(config).keys)
     got = {k.key for k in keys}
     if got != expected:

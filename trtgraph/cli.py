@@ -157,27 +157,52 @@ def inspect(path, as_json, check):
 @click.option("--output", "output", type=click.Path(dir_okay=False), help="Write results JSONL here (default: stdout).")
 @click.option("--eager", is_flag=True, help="Run the same scheduler eagerly instead of replaying graphs (A/B checks).")
 @click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
-def run(prompts_path, manifest, output, eager, summary_json):
+@click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append the rest.")
+def run(prompts_path, manifest, output, eager, summary_json, resume):
     """Serve a prompts file by replaying the manifest's graphs: never captures after start-up,
     never falls back to eager, refuses what no recorded key can serve.
+
+    Each result is written and flushed as soon as it finishes. On SIGINT or SIGTERM the run
+    stops, everything finished is already in the output, and the summary names what did not
+    finish (exit code 130); `--resume` then serves only those.
 
     \b
     Examples:
       trtgraph run --prompts prompts.jsonl
       trtgraph run --prompts prompts.jsonl --manifest out/ --output results.jsonl
+      trtgraph run --prompts prompts.jsonl --output results.jsonl --resume
     """
+    import signal
+
     from .runtime.engine import Engine
-    from .runtime.requests import read_prompts
+    from .runtime.requests import finished_ids, read_prompts
 
     requests = read_prompts(prompts_path)  # the whole file, before any model work
+    done: set[str] = set()
+    if resume:
+        if not output:
+            raise click.UsageError("--resume needs --output: the results file of the interrupted run")
+        done = finished_ids(output)
+        requests = [r for r in requests if r.id not in done]
+        click.echo(f"resume: {len(done)} requests already in {output}, {len(requests)} to run", err=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
     engine = Engine(manifest, eager=eager)
-    out = open(output, "w", encoding="utf-8") if output else sys.stdout
+    out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
+    written: set[str] = set()
     try:
         with click.progressbar(length=len(requests), label="requests", file=sys.stderr, show_pos=True) as bar:
             for result in engine.generate(requests):
                 out.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
                 out.flush()
+                written.add(result.id)
                 bar.update(1)
+    except KeyboardInterrupt:
+        missing = [r.id for r in requests if r.id not in written]
+        shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+        click.echo(f"\ninterrupted: {len(written)} of {len(requests)} requests finished and written"
+                   f"{' to ' + output if output else ''}; {len(missing)} did not finish: {shown}."
+                   + (f" Continue with --resume --output {output}." if output else ""), err=True)
+        sys.exit(130)
     finally:
         if output:
             out.close()

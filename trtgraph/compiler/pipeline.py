@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..artifacts import KeyRecord, Manifest, environment, use_triton_cache, write_manifest
+from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, use_triton_cache, write_manifest
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import Config
 from ..errors import CaptureError
@@ -48,9 +48,14 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     if misses:
         raise CaptureError(f"{config.source}: the bucket plan does not cover {'; '.join(misses)}. "
                            f"Add those sizes to buckets.batch_sizes / context_batch_sizes, or lower the limits.")
-    use_triton_cache(out_dir)
+    use_triton_cache(out_dir / TRITON_CACHE_DIR)
     device = device or resolve_device(config.device)
-    ex = Executor.build(config, plan, device)
+    try:
+        ex = Executor.build(config, plan, device)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise CaptureError(f"{config.source}: out of device memory loading the model and allocating the KV "
+                           f"cache ({str(exc).splitlines()[0]}). No manifest was written. Set a smaller "
+                           f"kv_cache.num_blocks or limits.max_seq_len / max_batch_size.") from None
     repeats = timing_repeats or (20 if device.type == "cuda" else 3)
 
     with torch.inference_mode():

@@ -75,7 +75,7 @@ class Engine:
         diffs = check_manifest(self.manifest, device, weights=False)
         if diffs:
             raise ManifestError(_mismatch_message(manifest_path(path), diffs))
-        use_triton_cache(self.artifacts_dir)
+        use_triton_cache(self.manifest.paths["triton_cache"])
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device)
         model_diffs = _model_differences(self.manifest, ex.loaded.fingerprint)

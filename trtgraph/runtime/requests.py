@@ -162,3 +162,27 @@ def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Reques
     if not requests:
         raise PromptError(f"{path}: no requests (the file is empty).")
     return requests
+
+
+def finished_ids(path: str | Path) -> set[str]:
+    """Ids already in a results file. A last line cut short by a hard kill is removed, so
+    the file stays valid JSONL and that request runs again."""
+    path = Path(path)
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    ids, keep = set(), 0
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        if line.strip():
+            try:
+                ids.add(str(json.loads(line)["id"]))
+            except (ValueError, KeyError, TypeError):
+                if line.endswith(b"\n"):
+                    raise PromptError(f"{path} line {number}: not a result line; --resume needs the output "
+                                      f"of an earlier `trtgraph run`.") from None
+                break  # an unterminated last line: the write was cut off
+        keep += len(line)
+    if keep != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+    return ids
