@@ -269,3 +269,16 @@ def test_random_mixes_equal_the_oracle_and_leak_no_block(engines, mix, blocks, d
         want = oracle.generate(engine.executor.loaded, r["prompt_token_ids"], r["max_tokens"],
                                temperature=r["temperature"], top_k=r["top_k"], top_p=r["top_p"], seed=r["seed"])
         assert got[r["id"]].token_ids == want, r
+
+
+def test_out_of_memory_loading_the_model_or_kv_cache_says_what_to_shrink(tmp_path, monkeypatch):
+    from trtgraph.compiler import pipeline
+    from trtgraph.runtime.executor import Executor
+
+    def build(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+
+    monkeypatch.setattr(Executor, "build", build)
+    with pytest.raises(CaptureError, match="allocating the KV cache .* smaller kv_cache.num_blocks"):
+        pipeline.capture(tiny_config(), tmp_path)
+    assert not (tmp_path / MANIFEST_NAME).exists()

@@ -94,8 +94,8 @@ class _BoundedScheduler(Scheduler):
             raise AssertionError(f"the engine did not finish within {self.max_steps} steps: {self._state()}")
         return super().schedule()
 
-    def advance(self, step, tokens, now=None):
-        drew = super().advance(step, tokens, now)
+    def advance(self, step, tokens, accepted=None, now=None):
+        drew = super().advance(step, tokens, accepted, now)
         self.steps_without_a_token = 0 if drew else self.steps_without_a_token + 1
         if self.steps_without_a_token > self.max_steps_without_a_token:
             raise AssertionError(f"livelock: {self.steps_without_a_token} steps in a row drew no token: "

@@ -94,7 +94,7 @@ class Driver:
 
     def complete(self, step, n):
         tokens = [fake_token(s.request.id, len(s.output_ids)) for s in step.seqs]
-        for seq in self.sched.advance(step, tokens, now=float(n)):
+        for seq, _ in self.sched.advance(step, tokens, now=float(n)):
             if len(seq.output_ids) >= seq.request.max_tokens:
                 self.sched.finish(seq)
                 self.finished.append(seq)
@@ -246,7 +246,7 @@ def test_finish_returns_every_block(plan):
         if drew:
             break
         assert fed < 40
-    assert fed == 40 and drew == [seq] and seq.output_ids == [5]
+    assert fed == 40 and drew == [(seq, 1)] and seq.output_ids == [5]
     assert d.sched.allocator.num_free == MIN_BLOCKS - 1 - blocks_for_tokens(40, BLOCK)
     d.sched.finish(seq)
     assert d.sched.allocator.num_free == MIN_BLOCKS - 1 and seq.block_table == []

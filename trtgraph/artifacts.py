@@ -227,6 +227,13 @@ def load_manifest(path: str | Path) -> Manifest:
     misses = uncovered_shapes(manifest.plan())
     if misses:
         raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {recapture}")
+    totals = body["totals"]
+    if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(keys):
+        v.fail("totals.num_keys", totals["num_keys"], f"{len(keys)}, the number of keys")
+    v.int_field(totals, "totals.pool_bytes", lo=0, hi=1 << 44)
+    v.int_field(totals, "totals.largest_key_pool_bytes", lo=0, hi=1 << 44)
+    v.number(totals, "totals.warmup_seconds", hi=86400)
+    v.number(totals, "totals.capture_seconds", hi=86400)
     nb = v.int_field(body["kv_cache"], "kv_cache.num_blocks", lo=2)
     v.int_field(body["kv_cache"], "kv_cache.block_size", lo=1)
     if nb > (1 << 24):

@@ -68,6 +68,15 @@ class BucketConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Prompt-lookup (n-gram) speculative decoding: K drafted tokens per sequence per step."""
+    method: str = "ngram"
+    draft_len: int = 4
+    ngram_min: int = 1
+    ngram_max: int = 3
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelSource
     dtype: str = "bfloat16"
@@ -77,6 +86,7 @@ class Config:
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
     buckets: BucketConfig = field(default_factory=BucketConfig)
     output: str = "trtgraph-artifacts"
+    speculative: SpeculativeConfig | None = None  # off when absent
     source: str = "<dict>"  # where it was read from, for messages
 
     # ---- construction -------------------------------------------------------------
@@ -126,7 +136,7 @@ class Config:
     def from_dict(cls, data: Any, source: str = "<dict>", base_dir: Path | None = None) -> "Config":
         v = _Validator(source)
         top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "limits", "kv_cache", "buckets",
-                                     "output"})
+                                     "output", "speculative"})
         model = _parse_model(v, top.get("model"), base_dir)
         dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
         device = v.choice(top.get("device", AUTO), "device", DEVICES)
@@ -158,12 +168,13 @@ class Config:
                        f"{limits.max_seq_len} needs {blocks_per_seq} blocks of {block_size}, plus the null block")
         kv_cache = KVCacheConfig(block_size=block_size, num_blocks=num_blocks)
 
-        buckets = _parse_buckets(v, top.get("buckets", {}), limits)
+        speculative = _parse_speculative(v, top.get("speculative"))
+        buckets = _parse_buckets(v, top.get("buckets", {}), limits, speculative)
         output = top.get("output", "trtgraph-artifacts")
         if not isinstance(output, str) or not output.strip():
             v.fail("output", output, "a directory path (string)")
         return cls(model=model, dtype=dtype, device=device, kernels=kernels, limits=limits, kv_cache=kv_cache,
-                   buckets=buckets, output=output, source=source)
+                   buckets=buckets, output=output, speculative=speculative, source=source)
 
     # ---- serialisation (the manifest stores the resolved config) ------------------
     def to_dict(self) -> dict:
@@ -175,6 +186,8 @@ class Config:
             b[k] = list(b[k])
         if b["batch_sizes"] != AUTO:
             b["batch_sizes"] = list(b["batch_sizes"])
+        if d["speculative"] is None:
+            del d["speculative"]
         return {"model": model, **d}
 
     def replace(self, **changes) -> "Config":
@@ -211,7 +224,20 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None) -> ModelSourc
     return ModelSource(synthetic=copy.deepcopy(syn))
 
 
-def _parse_buckets(v: "_Validator", raw: Any, limits: Limits) -> BucketConfig:
+def _parse_speculative(v: "_Validator", raw: Any) -> SpeculativeConfig | None:
+    if raw is None:
+        return None
+    sp = v.mapping(raw, "speculative", {f.name for f in dataclasses.fields(SpeculativeConfig)})
+    method = v.choice(sp.get("method", "ngram"), "speculative.method", ("ngram",))
+    k = v.integer(sp.get("draft_len", 4), "speculative.draft_len", lo=1, hi=64)
+    lo = v.integer(sp.get("ngram_min", 1), "speculative.ngram_min", lo=1, hi=64)
+    hi = v.integer(sp.get("ngram_max", 3), "speculative.ngram_max", lo=1, hi=64)
+    if hi < lo:
+        v.fail("speculative.ngram_max", hi, f"at least speculative.ngram_min ({lo})")
+    return SpeculativeConfig(method=method, draft_len=k, ngram_min=lo, ngram_max=hi)
+
+
+def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: SpeculativeConfig | None) -> BucketConfig:
     b = v.mapping(raw, "buckets", {f.name for f in dataclasses.fields(BucketConfig)})
     batch_sizes = b.get("batch_sizes", AUTO)
     if batch_sizes != AUTO:
@@ -224,6 +250,8 @@ def _parse_buckets(v: "_Validator", raw: Any, limits: Limits) -> BucketConfig:
     drafts = v.int_list(b.get("draft_lens", [0]), "buckets.draft_lens", lo=0, hi=64, hi_name="64")
     if 0 not in drafts:
         v.fail("buckets.draft_lens", list(drafts), "a list that includes 0 (plain generation steps)")
+    if speculative is not None:  # verify keys (batch, K) for every generation batch size
+        drafts = tuple(sorted(set(drafts) | {speculative.draft_len}))
     sampling = b.get("sampling", ["greedy", "sampled"])
     if not isinstance(sampling, list) or not sampling:
         v.fail("buckets.sampling", sampling, f"a non-empty list of {list(SAMPLING_MODES)}")

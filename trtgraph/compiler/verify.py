@@ -62,10 +62,12 @@ def verify_key(ex: Executor, key: GraphKey, seed: int) -> Parity:
     ex.prepare(key, rows)
     eager = ex.execute(key, eager=True)
     eager_logits, eager_tokens = eager.logits[real].clone(), eager.tokens[real].clone()
+    eager_accepted = eager.accepted[:len(rows)].clone()
     ex.prepare(key, rows)
     out = ex.execute(key)
     diff = float((out.logits[real] - eager_logits).abs().max())
-    tokens_equal = bool(torch.equal(out.tokens[real], eager_tokens))
+    tokens_equal = bool(torch.equal(out.tokens[real], eager_tokens)) and bool(
+        torch.equal(out.accepted[:len(rows)], eager_accepted))
     ok = tokens_equal and diff <= LOGIT_TOLERANCE[ex.config.dtype] and diff == diff  # NaN never passes
     return Parity(diff, tokens_equal, ok)
 

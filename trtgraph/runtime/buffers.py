@@ -39,6 +39,7 @@ class StepBuffers:
     ints_host: torch.Tensor = field(init=False)
     floats_host: torch.Tensor = field(init=False)
     sampled: torch.Tensor = field(init=False)  # [max_rows] int64, written inside the graph
+    accepted: torch.Tensor = field(init=False)  # [max_seqs] int64: drafts accepted per row (verify keys)
     offsets: dict = field(init=False)
 
     def __post_init__(self):
@@ -54,6 +55,7 @@ class StepBuffers:
             setattr(self, group, torch.zeros(offset, dtype=dtype, device=self.device))
             setattr(self, group + "_host", torch.zeros(offset, dtype=dtype, pin_memory=pin))
         self.sampled = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+        self.accepted = torch.zeros(self.max_seqs, dtype=torch.int64, device=self.device)  # verify steps
         self._uploaded = torch.cuda.Event() if pin else None
 
     # ---- views (device, offset 0 of each field) ------------------------------------
@@ -82,7 +84,7 @@ class StepBuffers:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every persistent tensor, by name, for the address snapshot."""
-        return {"ints": self.ints, "floats": self.floats, "sampled": self.sampled}
+        return {"ints": self.ints, "floats": self.floats, "sampled": self.sampled, "accepted": self.accepted}
 
     def layout(self) -> list[dict]:
         """For the manifest: name, shape, dtype of every field."""
@@ -91,4 +93,5 @@ class StepBuffers:
             shape = [self.max_seqs, self.max_blocks_per_seq] if name == "block_tables" else [size]
             out.append({"name": name, "shape": shape, "dtype": "int64" if group == "ints" else "float32"})
         out.append({"name": "sampled", "shape": [self.max_rows], "dtype": "int64"})
+        out.append({"name": "accepted", "shape": [self.max_seqs], "dtype": "int64"})
         return out

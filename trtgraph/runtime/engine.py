@@ -19,6 +19,7 @@ from ..artifacts import load_manifest, manifest_path, use_triton_cache
 from ..errors import ManifestError, PromptError
 from ..models import load_tokenizer
 from .checks import check_manifest
+from .drafter import NgramDrafter
 from .executor import Executor, StepRow, resolve_device
 from .requests import Request, Result, parse_request
 from .scheduler import ScheduledStep, Scheduler, Sequence
@@ -44,6 +45,12 @@ class RunStats:
     record_seconds: float = 0.0  # start-up: warm-up and re-recording of every key
     steps_per_key: Counter = field(default_factory=Counter)
     gpu_busy_seconds: float | None = None  # with gpu_timing: device time inside the steps' graphs
+    verify_steps: int = 0  # speculative steps
+    verify_rows: int = 0  # sequence-steps in them
+    drafted_rows: int = 0  # of those, rows whose K drafts came from an n-gram match
+    drafts_fed: int = 0  # draft tokens fed (K per row, matched or filler)
+    drafts_accepted: int = 0
+    verify_tokens: int = 0  # tokens emitted by verify steps (accepted drafts + one bonus per row)
 
     @property
     def tokens_per_second(self) -> float:
@@ -61,13 +68,19 @@ class RunStats:
                 "fast_path_steps": self.fast_path_steps, "padding_waste_pct": round(100 * self.padding_waste, 2),
                 "preemptions": self.preemptions,
                 "steps_per_key": {str(k): v for k, v in sorted(self.steps_per_key.items())},
+                **({} if not self.verify_steps else {
+                    "speculative": {"verify_steps": self.verify_steps, "drafted_rows": self.drafted_rows,
+                                    "acceptance_rate": round(self.drafts_accepted / max(self.drafts_fed, 1), 4),
+                                    "mean_tokens_per_row_step": round(self.verify_tokens / max(self.verify_rows, 1), 3)}}),
                 **({} if self.gpu_busy_seconds is None else {
                     "gpu_busy_seconds": round(self.gpu_busy_seconds, 4),
                     "gpu_idle_per_step_us": round(1e6 * (self.seconds - self.gpu_busy_seconds) / max(self.steps, 1), 1)})}
 
 
 class Engine:
-    def __init__(self, path: str | Path = "trtgraph-artifacts", eager: bool = False):
+    def __init__(self, path: str | Path = "trtgraph-artifacts", eager: bool = False, speculative: bool = True):
+        """speculative=False ignores the manifest's speculative section (plain decode steps),
+        for A/B runs on the same capture."""
         self.manifest = load_manifest(path)
         self.artifacts_dir = manifest_path(path).parent
         config = self.manifest.app_config()
@@ -89,6 +102,8 @@ class Engine:
         self.tokenizer = load_tokenizer(ex.loaded.checkpoint_dir, ex.loaded.config.vocab_size,
                                         ex.loaded.config.bos_token_id)
         self.stop_ids = set(ex.loaded.config.eos_token_ids)
+        sp = config.speculative
+        self.drafter = NgramDrafter(sp.draft_len, sp.ngram_min, sp.ngram_max) if sp and speculative else None
         self.stats = RunStats()
 
     @property
@@ -155,7 +170,8 @@ class Engine:
             first[r.id] = i
         ex = self.executor
         ex.runner.check_weights()
-        sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size)
+        sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size, self.drafter,
+                          self.config.limits.max_seq_len)
         stats = self.stats = RunStats(requests=len(reqs), record_seconds=self.record_seconds)
         start = time.perf_counter()
         for i, req in enumerate(reqs):
@@ -198,8 +214,15 @@ class Engine:
         if events:
             events[1].record()
         n = len(step.seqs)
-        host = self._host_tokens(n)
-        host[:n].copy_(out.tokens[:n], non_blocking=True)
+        rows = n if step.is_prefill else n * step.key.q_len  # logit rows of the real sequences
+        host, host_accepted = self._host_buffers()
+        host[:rows].copy_(out.tokens[:rows], non_blocking=True)
+        if step.drafts is not None:
+            host_accepted[:n].copy_(out.accepted[:n], non_blocking=True)
+            stats.verify_steps += 1
+            stats.verify_rows += n
+            stats.drafted_rows += step.num_proposed
+            stats.drafts_fed += n * step.key.draft_len
         done = torch.cuda.Event() if ex.device.type == "cuda" else None
         if done is not None:
             done.record()
@@ -207,17 +230,19 @@ class Engine:
         stats.steps_per_key[step.key] += 1
         stats.real_tokens += sum(step.num_new)
         stats.padded_tokens += step.key.num_tokens
-        return _InFlight(step, host[:n], done, events)
+        return _InFlight(step, host[:rows], host_accepted[:n] if step.drafts is not None else None, done, events)
 
-    def _host_tokens(self, n: int) -> torch.Tensor:
-        """Two pinned host buffers used in turn: one step's tokens land while the other's are read."""
-        if not hasattr(self, "_token_bufs"):
+    def _host_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two pinned host buffer pairs used in turn: one step's results land while the
+        other's are read."""
+        if not hasattr(self, "_result_bufs"):
             pin = self.executor.device.type == "cuda"
-            size = self.executor.buffers.max_rows
-            self._token_bufs = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-            self._token_turn = 0
-        self._token_turn ^= 1
-        return self._token_bufs[self._token_turn]
+            b = self.executor.buffers
+            self._result_bufs = [(torch.zeros(b.max_rows, dtype=torch.int64, pin_memory=pin),
+                                  torch.zeros(b.max_seqs, dtype=torch.int64, pin_memory=pin)) for _ in range(2)]
+            self._result_turn = 0
+        self._result_turn ^= 1
+        return self._result_bufs[self._result_turn]
 
     def _complete(self, f: "_InFlight", sched: Scheduler, start: float) -> Iterator[Result]:
         """Wait for a step's tokens, account them, and yield the requests that finished."""
@@ -225,8 +250,12 @@ class Engine:
             f.done.synchronize()
         if f.events:
             self.stats.gpu_busy_seconds += f.events[0].elapsed_time(f.events[1]) / 1e3
-        for seq in sched.advance(f.step, f.tokens.tolist()):
-            result = self._check_stop(seq, start)
+        accepted = f.accepted.tolist() if f.accepted is not None else None
+        if accepted is not None:
+            self.stats.drafts_accepted += sum(accepted)
+            self.stats.verify_tokens += sum(accepted) + len(accepted)
+        for seq, n_new in sched.advance(f.step, f.tokens.tolist(), accepted):
+            result = self._check_stop(seq, n_new, start)
             if result is not None:
                 sched.finish(seq)
                 self.stats.completion_tokens += len(result.token_ids)
@@ -248,31 +277,40 @@ class Engine:
             self.stats.fast_path_steps += 1
         else:
             assert ahead == 0, "a step launched ahead must be on the fast path"
-            ex.prepare(step.key, [self._row(seq, n) for seq, n in zip(step.seqs, step.num_new)])
+            drafts = step.drafts or [None] * len(step.seqs)
+            ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])
         return None if step.is_prefill else (step.key, ids)
 
     @staticmethod
-    def _row(seq: Sequence, n: int) -> StepRow:
+    def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
         r = seq.request
-        return StepRow(token_ids=seq.all_ids[seq.num_computed:seq.num_computed + n], start_pos=seq.num_computed,
+        fed = seq.all_ids[seq.num_computed:seq.num_computed + n] if drafts is None else [seq.all_ids[-1]] + drafts
+        return StepRow(token_ids=fed, start_pos=seq.num_computed,
                        block_table=seq.block_table, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                        seed=seq.seed)
 
-    def _check_stop(self, seq: Sequence, start: float) -> Result | None:
+    def _check_stop(self, seq: Sequence, n_new: int, start: float) -> Result | None:
+        """Check the `n_new` tokens just appended, in order; at a stop, drop what follows."""
         req, out = seq.request, seq.output_ids
-        token = out[-1]
-        reason, text = None, None
-        if token in self.stop_ids or token in req.stop_token_ids:
-            reason = "stop"
-        elif req.stop_strings:
+        reason, cut = None, len(out)
+        for j in range(len(out) - n_new, len(out)):
+            if out[j] in self.stop_ids or out[j] in req.stop_token_ids:
+                reason, cut = "stop", j + 1
+                break
+            if j + 1 >= req.max_tokens:
+                reason, cut = "length", j + 1
+                break
+        out = out[:cut]
+        text = None
+        if req.stop_strings:
             text = self.tokenizer.decode(out)
             hit = min((text.find(s) for s in req.stop_strings if s in text), default=-1)
             if hit >= 0:
                 reason, text = "stop", text[:hit]
-        if reason is None and len(out) >= req.max_tokens:
-            reason = "length"
         if reason is None:
             return None
+        if cut < len(seq.output_ids):  # a verify step ran past the stop
+            del seq.all_ids[len(seq.prompt_ids) + cut:]
         if text is None:
             text = self.tokenizer.decode(out)
         n = len(out)
@@ -285,6 +323,7 @@ class Engine:
 class _InFlight:
     step: ScheduledStep
     tokens: torch.Tensor  # host view the step's tokens are copied into
+    accepted: torch.Tensor | None  # verify steps: host view of the accepted counts
     done: object  # CUDA event recorded after that copy (None on a CPU)
     events: tuple | None  # (begin, end) around the replay, with gpu_timing
 
@@ -297,6 +336,5 @@ def _model_differences(manifest, fingerprint: dict):
 
 
 def _mismatch_message(path: Path, diffs) -> str:
-    cfg = "your model.yaml"
     return (f"{path}: this manifest does not match this machine: " + "; ".join(str(d) for d in diffs)
-            + f". Recapture here with `trtgraph capture --config {cfg} --out {path.parent}`.")
+            + f". Recapture here with `trtgraph capture --config <your model.yaml> --out {path.parent}`.")

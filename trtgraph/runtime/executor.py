@@ -43,6 +43,7 @@ class StepRow:
 class StepOutputs:
     logits: torch.Tensor  # [R, V] fp32 (graph-owned: read before the next step)
     tokens: torch.Tensor  # [R] int64, on the device
+    accepted: torch.Tensor  # [B] int64: drafts accepted per row (verify keys; zeros otherwise)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -142,7 +143,8 @@ class Executor:
         rows = bufs.view("logits_indices")[:B]
         temp, top_p = bufs.view("temperature")[:R], bufs.view("top_p")[:R]
         top_k, seeds = bufs.view("top_k")[:R], bufs.view("seeds")[:R]
-        out = bufs.sampled[:R]
+        out, accepted = bufs.sampled[:R], bufs.accepted[:B]
+        q = key.q_len
 
         def step():
             hidden = model(ids, pos, meta)  # [T, H]
@@ -155,7 +157,15 @@ class Executor:
                 draw_pos = (pos.index_select(0, rows) if key.is_prefill else pos) + 1
                 tokens = sampler.sample(logits, temp, top_k, top_p, seeds, draw_pos)
             out.copy_(tokens)
-            return logits, out
+            if key.draft_len:
+                # Verification: row i's token j is the model's own draw after its first j+1
+                # inputs; draft j+1 stands iff it equals that draw. Accepted = the longest
+                # run of matches. Sampled keys draw with the same seeded noise as plain
+                # decoding, so a draft is accepted with probability p(draft) and the output
+                # is token for token what plain sampling would give.
+                match = ids.view(B, q)[:, 1:] == tokens.view(B, q)[:, :-1]
+                accepted.copy_(match.to(torch.int64).cumprod(dim=1).sum(dim=1))
+            return logits, out, accepted
 
         return step
 
@@ -176,10 +186,10 @@ class Executor:
                                       f"{', '.join(str(k) for k in self.plan.keys)}")
         if eager:
             self.num_eager_steps += 1
-            logits, tokens = self.step_fn(key)()
+            logits, tokens, accepted = self.step_fn(key)()
         else:
-            logits, tokens = self.runner.replay(key, self.metadata[key], key.num_tokens, pos)
-        return StepOutputs(logits, tokens)
+            logits, tokens, accepted = self.runner.replay(key, self.metadata[key], key.num_tokens, pos)
+        return StepOutputs(logits, tokens, accepted)
 
     # ---- input preparation (full path) ------------------------------------------------
     def prepare(self, key: GraphKey, rows: list[StepRow]) -> None:

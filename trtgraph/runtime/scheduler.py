@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
+from .drafter import NgramDrafter, NgramIndex
 from .kv_cache import BlockAllocator, blocks_for_tokens
 from .requests import Request
 
@@ -29,6 +30,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV is in the cache
     num_preemptions: int = 0
     finished: bool = False
+    ngram: NgramIndex = field(default_factory=NgramIndex)  # the drafter's index of this sequence
     first_token_time: float | None = None
     last_token_time: float | None = None
 
@@ -50,6 +52,8 @@ class ScheduledStep:
     key: GraphKey
     seqs: list[Sequence]
     num_new: list[int]  # query tokens each sequence feeds this step
+    drafts: list[list[int]] | None = None  # verify steps: K drafted tokens per row
+    num_proposed: int = 0  # rows whose drafts came from an n-gram match (not filler)
 
     @property
     def is_prefill(self) -> bool:
@@ -57,8 +61,11 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, plan: BucketPlan, num_blocks: int, block_size: int):
+    def __init__(self, plan: BucketPlan, num_blocks: int, block_size: int,
+                 drafter: NgramDrafter | None = None, max_seq_len: int | None = None):
         self.plan = plan
+        self.drafter = drafter
+        self.max_seq_len = max_seq_len
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         self.waiting: deque[Sequence] = deque()
@@ -119,23 +126,40 @@ class Scheduler:
         return min(self.chunk_sizes, key=lambda c: (-(-pending // c) * c, -c))
 
     def _decode_step(self) -> ScheduledStep | None:
+        proposals = self._proposals(self.running[:self.max_decode_batch])
+        q = 1 + self.drafter.k if proposals is not None else 1
         chosen = []
         for seq in list(self.running):
             if seq not in self.running:  # preempted while reserving for an earlier row
                 continue
             if len(chosen) == self.max_decode_batch:
                 break
-            if self._reserve(seq, 1, protect=chosen, may_preempt=True):
+            if self._reserve(seq, q, protect=chosen, may_preempt=True):
                 chosen.append(seq)
             else:  # nothing newer to take blocks from: step aside, recompute later
                 self.preempt(seq)
         if not chosen:
             return None
-        return ScheduledStep(self._select(len(chosen), 0, chosen), chosen, [1] * len(chosen))
+        drafts = None
+        if proposals is not None:
+            drafts = [proposals.get(id(s)) or self.drafter.filler(s.all_ids) for s in chosen]
+        key = self._select(len(chosen), 0, chosen, draft_len=q - 1)
+        return ScheduledStep(key, chosen, [q] * len(chosen), drafts,
+                             num_proposed=sum(proposals.get(id(s)) is not None for s in chosen) if drafts else 0)
 
-    def _select(self, n: int, chunk: int, seqs: list[Sequence]) -> GraphKey:
+    def _proposals(self, rows: list[Sequence]) -> dict | None:
+        """Drafts by sequence (None where no n-gram matched), or None for a plain step: no
+        drafter, no match in any row, or a row too close to max_seq_len for K more positions."""
+        if self.drafter is None or not rows:
+            return None
+        if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
+            return None
+        out = {id(s): self.drafter.propose(s.all_ids, s.ngram) for s in rows}
+        return out if any(d is not None for d in out.values()) else None
+
+    def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
         sampled = any(not s.request.is_greedy for s in seqs)
-        return select(self.plan, BatchShape(n, 0, chunk, SAMPLED if sampled else GREEDY))
+        return select(self.plan, BatchShape(n, draft_len, chunk, SAMPLED if sampled else GREEDY))
 
     # ---- blocks and preemption ------------------------------------------------------
     def _reserve(self, seq: Sequence, n: int, protect: list[Sequence], may_preempt: bool) -> bool:
@@ -172,7 +196,7 @@ class Scheduler:
         needed); if so, reserve each row's block for that next token. A row that finishes in
         `step` wastes its slot in the next one; its blocks are freed when it finishes."""
         admissible = self.waiting and len(self.running) < self.plan.max_batch_size
-        if step.is_prefill or admissible or step.seqs != self.running:
+        if step.is_prefill or step.key.draft_len or admissible or step.seqs != self.running:
             return False
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
@@ -189,19 +213,29 @@ class Scheduler:
         seq.block_table = []
 
     # ---- after a step ----------------------------------------------------------------
-    def advance(self, step: ScheduledStep, tokens: list[int], now: float | None = None) -> list[Sequence]:
+    def advance(self, step: ScheduledStep, tokens: list[int], accepted: list[int] | None = None,
+                now: float | None = None) -> list[tuple[Sequence, int]]:
         """Account a finished step: KV now holds the fed tokens; a sequence that fed all it
-        had gets the drawn token appended. Returns the sequences that drew a token."""
+        had gets the drawn token appended (a verify step: its accepted drafts and the bonus
+        token). Returns (sequence, tokens appended) for each that drew."""
         now = time.perf_counter() if now is None else now
+        q = step.key.q_len
         drew = []
         for i, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
             if seq.finished:  # finished in the step before; this row ran ahead for nothing
                 continue
-            seq.num_computed += n
-            if seq.num_pending == 0:
-                seq.all_ids.append(tokens[i])
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                seq.last_token_time = now
-                drew.append(seq)
+            if step.drafts is not None:
+                a = accepted[i]
+                seq.num_computed += a + 1  # the fed token and the accepted drafts are now valid KV
+                new = tokens[i * q:i * q + a + 1]
+            else:
+                seq.num_computed += n
+                if seq.num_pending != 0:
+                    continue  # a prefill chunk that is not the prompt's last
+                new = [tokens[i]]
+            seq.all_ids.extend(new)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.last_token_time = now
+            drew.append((seq, len(new)))
         return drew
