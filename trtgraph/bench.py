@@ -210,6 +210,12 @@ def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> d
         replay_out = {r.id: r.token_ids for r in engine.generate(prompts, gpu_timing=True)}
         result["run"] = engine.stats.to_json()
         log(f"run: {result['run']['tokens_per_second']:.1f} tokens/s")
+        if engine.drafter is not None:  # the same run without speculation, on the same capture
+            plain = Engine(artifacts, speculative=False)
+            list(plain.generate(prompts))
+            result["run_without_speculation"] = plain.stats.to_json()
+            log(f"run without speculation: {result['run_without_speculation']['tokens_per_second']:.1f} tokens/s")
+            del plain
         del engine
         _free(device)
         if opts.hf:
@@ -255,6 +261,12 @@ def markdown(r: dict) -> str:
         lines += ["", f"run: {run['requests']} prompts, {run['completion_tokens']} tokens in {run['seconds']:.2f} s = "
                       f"{run['tokens_per_second']:.1f} tokens/s; padding waste {run['padding_waste_pct']}%; "
                       f"GPU idle between steps {run.get('gpu_idle_per_step_us', 'n/a')} us per step"]
+    if "run_without_speculation" in r:
+        sp, plain = r["run"].get("speculative", {}), r["run_without_speculation"]
+        lines += [f"speculation: {r['run']['tokens_per_second']:.1f} tokens/s with, "
+                  f"{plain['tokens_per_second']:.1f} without; draft acceptance "
+                  f"{100 * sp.get('acceptance_rate', 0):.1f}%, {sp.get('mean_tokens_per_row_step', 0):.2f} tokens per "
+                  f"sequence per verify step"]
     if "hf" in r:
         h = r["hf"]
         lines += [f"transformers {h['version']} eager generate (batch {h['batch_size']}): "

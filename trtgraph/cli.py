@@ -158,7 +158,8 @@ def inspect(path, as_json, check):
 @click.option("--eager", is_flag=True, help="Run the same scheduler eagerly instead of replaying graphs (A/B checks).")
 @click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
 @click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append the rest.")
-def run(prompts_path, manifest, output, eager, summary_json, resume):
+@click.option("--no-speculative", is_flag=True, help="Plain decode steps even if the manifest has verify keys.")
+def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculative):
     """Serve a prompts file by replaying the manifest's graphs: never captures after start-up,
     never falls back to eager, refuses what no recorded key can serve.
 
@@ -186,7 +187,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume):
         requests = [r for r in requests if r.id not in done]
         click.echo(f"resume: {len(done)} requests already in {output}, {len(requests)} to run", err=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
-    engine = Engine(manifest, eager=eager)
+    engine = Engine(manifest, eager=eager, speculative=not no_speculative)
     out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
     written: set[str] = set()
     try:
@@ -220,6 +221,11 @@ def _run_summary(s: dict, eager: bool) -> str:
              f"{s['padding_waste_pct']:.1f}%, {s['preemptions']} preemptions",
              "steps per key:"]
     lines += [f"  {k}: {v}" for k, v in s["steps_per_key"].items()]
+    if "speculative" in s:
+        sp = s["speculative"]
+        lines.append(f"speculative: {sp['verify_steps']} verify steps, draft acceptance "
+                     f"{100 * sp['acceptance_rate']:.1f}%, {sp['mean_tokens_per_row_step']:.2f} tokens per "
+                     f"sequence per verify step")
     return "\n".join(lines)
 
 

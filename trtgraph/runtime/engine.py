@@ -267,7 +267,8 @@ class Engine:
         pack on the host and copy once. Returns what the next step compares against."""
         ex = self.executor
         ids = tuple(id(s) for s in step.seqs)
-        if not step.is_prefill and last == (step.key, ids):
+        plain_decode = not step.is_prefill and step.drafts is None
+        if plain_decode and last == (step.key, ids):
             new_blocks = []
             for row, seq in enumerate(step.seqs):
                 pos = seq.num_computed + ahead  # the position this step's token takes
@@ -279,7 +280,7 @@ class Engine:
             assert ahead == 0, "a step launched ahead must be on the fast path"
             drafts = step.drafts or [None] * len(step.seqs)
             ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])
-        return None if step.is_prefill else (step.key, ids)
+        return (step.key, ids) if plain_decode else None
 
     @staticmethod
     def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:

@@ -196,8 +196,8 @@ class Scheduler:
         needed); if so, reserve each row's block for that next token. A row that finishes in
         `step` wastes its slot in the next one; its blocks are freed when it finishes."""
         admissible = self.waiting and len(self.running) < self.plan.max_batch_size
-        if step.is_prefill or step.key.draft_len or admissible or step.seqs != self.running:
-            return False
+        if step.is_prefill or self.drafter is not None or admissible or step.seqs != self.running:
+            return False  # (with a drafter every step is planned afresh: drafts come from the last tokens)
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
             return False

@@ -1,0 +1,187 @@
+"""Speculative decoding: prompt-lookup drafts, in-graph verification and acceptance.
+
+Greedy output with speculation is token-for-token the output without it; seeded sampled
+output is too (drafts are checked against the very draw plain sampling makes, which accepts
+a draft with probability p(draft), as rejection sampling does), so its distribution is kept;
+no KV block leaks; stops inside an accepted run are honoured."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trtgraph.buckets import BucketPlan, GraphKey
+from trtgraph.config import Config
+from trtgraph.errors import ConfigError
+from trtgraph.runtime import oracle, sampler
+from trtgraph.runtime.drafter import NgramDrafter, NgramIndex
+
+from conftest import tiny_config
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def spec_artifacts(tmp_path_factory):
+    from trtgraph.compiler.pipeline import capture
+
+    out = tmp_path_factory.mktemp("spec")
+    capture(tiny_config(speculative={"draft_len": K, "ngram_min": 1, "ngram_max": 3}, kv_cache={"num_blocks": 30}), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(spec_artifacts):
+    from trtgraph.runtime.engine import Engine
+
+    return Engine(spec_artifacts), Engine(spec_artifacts, speculative=False)
+
+
+def _prompts():
+    repetitive = ["one two three four " * 5, "abcabcabcabcabcabc", "[1, 2, 3, 1, 2, 3, 1, 2, 3",
+                  "def f(x):\n    return x\n\ndef f(x):\n    return x\n\ndef f(", "the cat sat on the mat. " * 4]
+    plain = ["Random words: quince, harbour, velvet, ozone", "7f3a9c1e", "Zebra?"]
+    out = []
+    for i, text in enumerate(repetitive + plain):
+        for sampled in (False, True):
+            out.append({"id": f"{i}-{'s' if sampled else 'g'}", "prompt": text, "max_tokens": 20 + 3 * i,
+                        "temperature": 0.8 if sampled else 0.0, "top_k": 40 if sampled else 0, "seed": 100 + i})
+    return out
+
+
+def _run(engine, reqs):
+    from trtgraph.runtime import scheduler
+    import trtgraph.runtime.engine as engine_mod
+
+    made = []
+
+    class Spy(scheduler.Scheduler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    engine_mod.Scheduler = Spy
+    try:
+        results = {r.id: r for r in engine.generate(reqs)}
+    finally:
+        engine_mod.Scheduler = scheduler.Scheduler
+    return results, made[-1]
+
+
+def test_capture_adds_verify_keys_for_every_generation_batch(spec_artifacts):
+    from trtgraph.artifacts import load_manifest
+
+    keys = load_manifest(spec_artifacts).graph_keys
+    for bs in (1, 2, 4, 8):
+        for s in ("greedy", "sampled"):
+            assert GraphKey(bs, K, 0, s) in keys and GraphKey(bs, 0, 0, s) in keys
+
+
+def test_outputs_equal_plain_decoding_and_the_oracle(engines):
+    spec, plain = engines
+    reqs = _prompts()
+    got, sched = _run(spec, reqs)
+    want, _ = _run(plain, reqs)
+    stats = spec.stats.to_json()["speculative"]
+    assert stats["verify_steps"] > 0 and stats["acceptance_rate"] > 0  # drafting really happened
+    assert spec.stats.preemptions > 0  # and the small cache forced recompute in the middle of it
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+        assert got[r["id"]].finish_reason == "length" and len(got[r["id"]].token_ids) == r["max_tokens"]
+        ids = list(r["prompt"].encode())
+        assert got[r["id"]].token_ids == oracle.generate(spec.executor.loaded, ids, r["max_tokens"],
+                                                         temperature=r["temperature"], top_k=r["top_k"],
+                                                         seed=r["seed"])
+    assert sched.allocator.num_free == sched.allocator.num_blocks - 1, "KV blocks leaked"
+
+
+def test_repetitive_prompts_accept_more_drafts_than_random_ones(engines):
+    spec, _ = engines
+    reqs = [r for r in _prompts() if r["id"].endswith("g")]
+    _run(spec, reqs[:5])
+    repetitive = spec.stats.to_json()["speculative"]["mean_tokens_per_row_step"]
+    assert repetitive > 1.0  # more than one token per verify row on average
+
+
+def test_a_stop_token_inside_an_accepted_run_cuts_the_output_there(engines):
+    spec, plain = engines
+    base = {"id": "a", "prompt": "one two three four " * 5, "max_tokens": 30}
+    full = list(plain.generate([base]))[0].token_ids
+    stop = full[6]
+    first = full.index(stop)
+    got = list(spec.generate([{**base, "stop": [stop]}]))[0]
+    assert got.finish_reason == "stop" and got.token_ids == full[:first + 1]
+    for n in (1, 2, 5, 7):  # max_tokens that end inside a verify step's accepted run
+        assert list(spec.generate([{**base, "max_tokens": n}]))[0].token_ids == full[:n]
+
+
+def test_sequences_near_max_seq_len_fall_back_to_plain_steps(engines):
+    spec, plain = engines
+    req = {"id": "long", "prompt_token_ids": [65, 66, 67] * 70 + [65], "max_tokens": 45}  # 211 + 45 = 256
+    assert [r.token_ids for r in spec.generate([req])] == [r.token_ids for r in plain.generate([req])]
+
+
+def test_drafter_proposes_what_followed_the_latest_earlier_occurrence():
+    d = NgramDrafter(4, 1, 3)
+    idx = NgramIndex()
+    ids = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    assert d.propose(ids, idx) == [4, 5, 9, 1]
+    ids += [7]  # "3 7" never occurred; "7" neither
+    assert d.propose(ids, idx) is None
+    ids += [1, 2]  # "7 1 2" no, "1 2" yes: latest earlier "1 2" is followed by 3, 7, 1, 2
+    assert d.propose(ids, idx) == [3, 7, 1, 2]
+    assert d.propose([5, 6], NgramIndex()) is None
+    assert d.propose([5, 5], NgramIndex()) == [5, 5, 5, 5]  # short run padded with its last token
+    assert d.filler([8, 9]) == [9, 9, 9, 9]
+
+
+def test_a_step_where_no_row_matches_is_a_plain_decode_step():
+    from trtgraph.runtime.requests import Request
+    from trtgraph.runtime.scheduler import Scheduler, Sequence
+
+    cfg = tiny_config(speculative={"draft_len": K})
+    sched = Scheduler(BucketPlan.from_config(cfg), 40, 16, NgramDrafter(K, 1, 3), 256)
+    seq = Sequence(Request(id="x", prompt_token_ids=(1, 2, 3)), 0, [1, 2, 3], seed=0)
+    sched.add(seq)
+    step = sched.schedule()
+    assert step.is_prefill
+    sched.advance(step, [4])
+    step = sched.schedule()  # 1 2 3 4: no earlier occurrence of any suffix
+    assert step.key.draft_len == 0 and step.drafts is None
+    sched.advance(step, [1])
+    step = sched.schedule()  # ... 4 1: "1" occurred, followed by 2 3 4 1
+    assert step.key.draft_len == K and step.drafts == [[2, 3, 4, 1][:K]]
+    assert step.num_proposed == 1
+
+
+def test_speculative_config_is_validated():
+    d = Config.default().to_dict()
+    for bad, path in (({"draft_len": 0}, "speculative.draft_len"), ({"method": "eagle"}, "speculative.method"),
+                      ({"ngram_min": 3, "ngram_max": 2}, "speculative.ngram_max"),
+                      ({"draftlen": 2}, "speculative.draftlen")):
+        with pytest.raises(ConfigError, match=path.replace(".", r"\.")):
+            Config.from_dict({**d, "speculative": bad})
+    with pytest.raises(ConfigError, match="max_num_tokens"):
+        Config.from_dict({**d, "speculative": {"draft_len": 40}})  # 8 rows x 41 tokens > 256
+
+
+def test_sampled_verification_keeps_the_distribution_on_a_tiny_vocabulary():
+    """Over many seeds, the token emitted after verifying a fixed draft has the frequencies of
+    plain sampling, and both match the softmax (chi-square, 5 degrees of freedom)."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0]])
+    p = torch.softmax(logits / 0.9, dim=-1)[0]
+    n, draft = 6000, 1
+    seeds = torch.arange(n)
+    rows = logits.expand(n, -1)
+    one = torch.ones(n)
+    drawn = sampler.sample(rows, 0.9 * one, torch.zeros(n, dtype=torch.int64), one, seeds, torch.full((n,), 7))
+    accepted = drawn == draft
+    emitted = torch.where(accepted, torch.full_like(drawn, draft), drawn)  # accepted draft, or the model's draw
+    plain = torch.bincount(drawn, minlength=6).float()
+    spec = torch.bincount(emitted, minlength=6).float()
+    assert torch.equal(plain, spec)
+    chi2 = float((((spec - n * p) ** 2) / (n * p)).sum())
+    assert chi2 < 20.5, chi2  # p < 0.001 for 5 degrees of freedom
+    assert math.isclose(accepted.float().mean().item(), p[draft].item(), abs_tol=0.03)  # accepted w.p. p(draft)
