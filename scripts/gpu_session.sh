@@ -25,3 +25,7 @@ if [ "${SKIP_RUN:-0}" != 1 ]; then
   tail -40 "$OUT/run.txt" | head -14
 fi
 python3 scripts/profile_step.py $ART > "$OUT/profile.txt" 2>&1; head -60 "$OUT/profile.txt"
+if [ "${SKIP_SPEC:-0}" != 1 ]; then
+  python3 scripts/spec_bench.py /tmp/specout > /tmp/spec.log 2>&1; echo "spec rc=$?"; tail -8 /tmp/spec.log
+  cat /tmp/spec.log >> "$OUT/profile.txt"
+fi
