@@ -15,9 +15,10 @@ from trtgraph.config import Config
 from trtgraph.runtime.engine import Engine
 
 out_dir = Path(sys.argv[1])
-raw = yaml.safe_load(Path("examples/llama-3.2-1b-synthetic.yaml").read_text())
+SMOKE = len(sys.argv) > 2 and sys.argv[2] == "--cpu-smoke"  # the tiny default config, to test this script
+raw = yaml.safe_load(Path("trtgraph/default.yaml" if SMOKE else "examples/llama-3.2-1b-synthetic.yaml").read_text())
 raw["limits"]["max_batch_size"] = 32
-raw["buckets"].update({"sampling": ["greedy"], "chunk_sizes": [64, 256]})
+raw["buckets"].update({"sampling": ["greedy"], "chunk_sizes": [16, 64] if SMOKE else [64, 256]})
 raw["speculative"] = {"method": "ngram", "draft_len": 4, "ngram_min": 1, "ngram_max": 3}
 raw["output"] = "/tmp/spec-artifacts"
 config = Config.from_dict(raw, source="spec_bench")
@@ -38,9 +39,9 @@ def repeat_prompt(i):
 
 
 sets = {
-    "repeat/edit text": lambda i: {"id": f"t{i}", "prompt": repeat_prompt(i), "max_tokens": 128},
-    "random tokens": lambda i: {"id": f"r{i}", "prompt_token_ids": [rng.randrange(32000) for _ in range(128)],
-                                "max_tokens": 128},
+    "repeat/edit text": lambda i: {"id": f"t{i}", "prompt": repeat_prompt(i), "max_tokens": 16 if SMOKE else 128},
+    "random tokens": lambda i: {"id": f"r{i}", "prompt_token_ids": [rng.randrange(256 if SMOKE else 32000) for _ in range(128)],
+                                "max_tokens": 16 if SMOKE else 128},
 }
 engines = {"speculative": Engine(raw["output"]), "plain": Engine(raw["output"], speculative=False)}
 rows = []
