@@ -57,3 +57,24 @@ def greedy_only_artifacts(tmp_path_factory):
     out = tmp_path_factory.mktemp("greedy-artifacts")
     capture(tiny_config(buckets={"sampling": ["greedy"]}), out)
     return out
+
+
+def generate_with_scheduler(engine, requests):
+    """Run engine.generate to the end; return ({id: Result}, the Scheduler it used), so tests
+    can look at the block allocator and queues afterwards."""
+    import trtgraph.runtime.engine as engine_mod
+    from trtgraph.runtime import scheduler
+
+    made = []
+
+    class Spy(scheduler.Scheduler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    engine_mod.Scheduler = Spy
+    try:
+        results = {r.id: r for r in engine.generate(requests)}
+    finally:
+        engine_mod.Scheduler = scheduler.Scheduler
+    return results, made[-1]

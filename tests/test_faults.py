@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from trtgraph.artifacts import MANIFEST_NAME
 from trtgraph.errors import CaptureError
 
-from conftest import tiny_config
+from conftest import generate_with_scheduler, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -239,7 +239,7 @@ _request = st.fixed_dictionaries({
                                                                  HealthCheck.too_slow])
 @given(mix=st.lists(_request, min_size=1, max_size=14), blocks=st.sampled_from([17, 24, 64]), data=st.data())
 def test_random_mixes_equal_the_oracle_and_leak_no_block(engines, mix, blocks, data):
-    from trtgraph.runtime import oracle, scheduler
+    from trtgraph.runtime import oracle
 
     engine = engines[blocks]
     reqs = [{"id": f"q{i}", "prompt_token_ids": [(r["first_token"] + 7 * j) % 256 for j in range(r["prompt_len"])],
@@ -247,22 +247,7 @@ def test_random_mixes_equal_the_oracle_and_leak_no_block(engines, mix, blocks, d
              "top_p": r["top_p"], "seed": r["seed"]} for i, r in enumerate(mix)]
     order = data.draw(st.permutations(range(len(reqs))), label="arrival order")
     reqs = [reqs[i] for i in order]
-    made = []
-    real = scheduler.Scheduler
-
-    class Spy(real):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            made.append(self)
-
-    import trtgraph.runtime.engine as engine_mod
-
-    engine_mod.Scheduler = Spy
-    try:
-        got = {r.id: r for r in engine.generate(reqs)}
-    finally:
-        engine_mod.Scheduler = real
-    sched = made[-1]
+    got, sched = generate_with_scheduler(engine, reqs)
     assert sched.allocator.num_free == sched.allocator.num_blocks - 1, "KV blocks leaked"
     assert not sched.running and not sched.waiting
     for r in reqs:

@@ -18,7 +18,7 @@ from trtgraph.errors import ConfigError
 from trtgraph.runtime import oracle, sampler
 from trtgraph.runtime.drafter import NgramDrafter, NgramIndex
 
-from conftest import tiny_config
+from conftest import generate_with_scheduler, tiny_config
 
 K = 3
 
@@ -52,22 +52,7 @@ def _prompts():
 
 
 def _run(engine, reqs):
-    from trtgraph.runtime import scheduler
-    import trtgraph.runtime.engine as engine_mod
-
-    made = []
-
-    class Spy(scheduler.Scheduler):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            made.append(self)
-
-    engine_mod.Scheduler = Spy
-    try:
-        results = {r.id: r for r in engine.generate(reqs)}
-    finally:
-        engine_mod.Scheduler = scheduler.Scheduler
-    return results, made[-1]
+    return generate_with_scheduler(engine, reqs)
 
 
 def test_capture_adds_verify_keys_for_every_generation_batch(spec_artifacts):
