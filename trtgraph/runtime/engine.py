@@ -190,7 +190,10 @@ class Engine:
             inflight = None
             while inflight is not None or sched.has_work:
                 if inflight is None:
-                    inflight = self._launch(sched.schedule())
+                    step = sched.schedule()
+                    if step is None:  # every running row stepped aside this time; they are waiting now
+                        continue
+                    inflight = self._launch(step)
                 # Overlap: while the GPU runs this decode step, launch the next one (same rows,
                 # inputs advanced on the device) before reading this one's tokens back.
                 following = self._launch(inflight.step, ahead=1) if sched.extend_decode(inflight.step) else None
