@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
 from trtgraph.buckets import GREEDY, SAMPLED, BucketPlan, GraphKey
-from trtgraph.compiler.verify import random_rows
 from trtgraph.errors import CaptureError, ReplayMismatchError
 from trtgraph.runtime import oracle, sampler
 from trtgraph.runtime.executor import Executor, StepRow

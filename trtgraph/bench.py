@@ -46,11 +46,7 @@ def measure_bandwidth(device: torch.device) -> float:
     n = (2 << 30 if device.type == "cuda" else 64 << 20) // 4
     src = torch.randn(n, device=device)  # random data, not zeros
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(6):
-        t = _timed(device, lambda: dst.copy_(src))
-        times.append(t)
-    del src, dst
+    times = [_timed(device, lambda: dst.copy_(src)) for _ in range(6)]
     return 2 * n * 4 / statistics.median(times[1:])
 
 
