@@ -77,6 +77,12 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism across the GPUs (or CPU processes) of one host."""
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelSource
     dtype: str = "bfloat16"
@@ -87,6 +93,7 @@ class Config:
     buckets: BucketConfig = field(default_factory=BucketConfig)
     output: str = "trtgraph-artifacts"
     speculative: SpeculativeConfig | None = None  # off when absent
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     source: str = "<dict>"  # where it was read from, for messages
 
     # ---- construction -------------------------------------------------------------
@@ -136,7 +143,7 @@ class Config:
     def from_dict(cls, data: Any, source: str = "<dict>", base_dir: Path | None = None) -> "Config":
         v = _Validator(source)
         top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "limits", "kv_cache", "buckets",
-                                     "output", "speculative"})
+                                     "output", "speculative", "parallel"})
         model = _parse_model(v, top.get("model"), base_dir)
         dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
         device = v.choice(top.get("device", AUTO), "device", DEVICES)
@@ -168,13 +175,16 @@ class Config:
                        f"{limits.max_seq_len} needs {blocks_per_seq} blocks of {block_size}, plus the null block")
         kv_cache = KVCacheConfig(block_size=block_size, num_blocks=num_blocks)
 
+        par = v.mapping(top.get("parallel", {}), "parallel", {"tensor_parallel_size"})
+        parallel = ParallelConfig(v.integer(par.get("tensor_parallel_size", 1), "parallel.tensor_parallel_size",
+                                            lo=1, hi=64))
         speculative = _parse_speculative(v, top.get("speculative"))
         buckets = _parse_buckets(v, top.get("buckets", {}), limits, speculative)
         output = top.get("output", "trtgraph-artifacts")
         if not isinstance(output, str) or not output.strip():
             v.fail("output", output, "a directory path (string)")
         return cls(model=model, dtype=dtype, device=device, kernels=kernels, limits=limits, kv_cache=kv_cache,
-                   buckets=buckets, output=output, speculative=speculative, source=source)
+                   buckets=buckets, output=output, speculative=speculative, parallel=parallel, source=source)
 
     # ---- serialisation (the manifest stores the resolved config) ------------------
     def to_dict(self) -> dict:

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..kernels import KernelSet
 from .config import ModelConfig
+from .parallel import TPGroup, local_config
 
 
 def rope_cos_sin(cfg: ModelConfig, max_positions: int) -> torch.Tensor:
@@ -53,9 +54,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg  # this rank's shapes (heads, KV heads)
+        self.tp = tp
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
@@ -76,26 +78,27 @@ class Attention(nn.Module):
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         q = ops.rope_write_kv(q, k, v, cos_sin, positions, kv_cache, meta.slot_mapping[:T])
         out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
-        return self.o_proj(out.reshape(T, cfg.q_size))
+        return self.tp.all_reduce(self.o_proj(out.reshape(T, cfg.q_size)))  # row-parallel o
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
+        self.tp = tp
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x, ops: KernelSet):
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))))  # row-parallel down
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, residual, positions, cos_sin, kv_cache, meta, ops: KernelSet):
         n1 = self.input_layernorm
@@ -112,15 +115,17 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """The decoder plus its LM head. Parameter names follow the fused layout the loader fills."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, ops: KernelSet):
+    def __init__(self, cfg: ModelConfig, max_positions: int, ops: KernelSet, tp: TPGroup = TPGroup()):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg  # the whole model's config
+        self.tp = tp
+        self.local = local = local_config(cfg, tp)  # this rank's shapes
         self.ops = ops
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.embed_tokens = nn.Embedding(local.vocab_size, cfg.hidden_size)  # vocabulary-parallel
+        self.layers = nn.ModuleList(DecoderLayer(local, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = nn.Linear(cfg.hidden_size, local.vocab_size, bias=False)
         self.max_positions = max_positions
         self.register_buffer("cos_sin", torch.zeros(max_positions, cfg.head_dim), persistent=False)
 
@@ -132,8 +137,17 @@ class CausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.tp.active:
+            return self.embed_tokens(input_ids)  # [T, H]
+        n = self.local.vocab_size  # this rank's rows: ids [rank * n, (rank + 1) * n)
+        local = input_ids - self.tp.rank * n
+        mine = (local >= 0) & (local < n)
+        h = self.embed_tokens(local.clamp(0, n - 1)) * mine.unsqueeze(1).to(self.embed_tokens.weight.dtype)
+        return self.tp.all_reduce(h)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)  # [T, H]
+        h = self.embed(input_ids)  # [T, H]
         residual = None
         for layer, kv_cache in zip(self.layers, meta.kv_caches):
             h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta, self.ops)
@@ -141,4 +155,5 @@ class CausalLM(nn.Module):
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(hidden, self.lm_head_weight).float()  # [R, V]
+        logits = nn.functional.linear(hidden, self.lm_head_weight).float()  # [R, V / world]
+        return self.tp.all_gather_last(logits)  # [R, V], gathered before sampling

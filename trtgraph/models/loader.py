@@ -23,8 +23,13 @@ from ..errors import WeightLoadError
 from ..kernels import KernelSet
 from .config import ModelConfig
 from .llama import CausalLM
+from .parallel import TPGroup, check_divisible, part_slice, take
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# safetensors dtype codes of the integer and boolean kinds, by torch name (for messages)
+_ST_DTYPES = {"I8": "torch.int8", "I16": "torch.int16", "I32": "torch.int32", "I64": "torch.int64",
+              "U8": "torch.uint8", "U16": "torch.uint16", "U32": "torch.uint32", "U64": "torch.uint64",
+              "BOOL": "torch.bool"}
 # Tensors some checkpoints carry that hold nothing we need.
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
@@ -37,11 +42,12 @@ class LoadedModel:
     checkpoint_dir: Path | None
 
 
-def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
-    """`source` is a config.ModelSource."""
+def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
+               tp: TPGroup = TPGroup()) -> LoadedModel:
+    """`source` is a config.ModelSource. With tensor parallelism, this rank's shard only."""
     if source.is_synthetic:
-        return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops)
-    return load_checkpoint(Path(source.path), dtype, device, max_seq_len, ops)
+        return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops, tp)
+    return load_checkpoint(Path(source.path), dtype, device, max_seq_len, ops, tp)
 
 
 def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
@@ -110,18 +116,21 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
+def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
+                    tp: TPGroup = TPGroup()) -> LoadedModel:
     if not ckpt.is_dir():
         raise WeightLoadError(f"{ckpt}: checkpoint directory does not exist.")
     cfg = ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=max_seq_len)
-    model = _empty_model(cfg, dtype, device, max_seq_len, ops)
-    _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt)
+    model = _empty_model(cfg, dtype, device, max_seq_len, ops, tp, source=str(ckpt / "config.json"))
+    _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt, tp)
     return LoadedModel(model, cfg, model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len), ckpt)
 
 
-def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> CausalLM:
+def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
+                 tp: TPGroup = TPGroup(), source: str = "model") -> CausalLM:
+    check_divisible(cfg, tp.world, source)
     with torch.device("meta"):
-        model = CausalLM(cfg, max_seq_len, ops)
+        model = CausalLM(cfg, max_seq_len, ops, tp)
     model = model.to_empty(device=device).to(DTYPES[dtype])
     model.cos_sin.data = model.cos_sin.data.float()  # the rope table stays fp32
     model.init_rope()
@@ -165,7 +174,8 @@ def _open_all(files: list[Path]) -> dict[str, Path]:
     return where
 
 
-def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path], ckpt: Path) -> None:
+def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path], ckpt: Path,
+                           tp: TPGroup = TPGroup()) -> None:
     where = _open_all(files)
     sources = _hf_sources(cfg)
     params = dict(model.named_parameters())
@@ -183,38 +193,57 @@ def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path],
         raise WeightLoadError(f"{ckpt}: weights do not match config.json ({cfg.architecture}, "
                               f"{cfg.num_layers} layers): " + "; ".join(problems) + ".")
 
+    full = _full_shapes(cfg)
     handles = {}
     try:
         bad = []
         for ours, hf_names in sources.items():
-            parts = []
-            for name in hf_names:
+            want = _part_shapes(cfg, ours, full[ours], len(hf_names))
+            parts, ok = [], True
+            for i, (name, shape) in enumerate(zip(hf_names, want)):
                 path = where[name]
                 if path not in handles:
                     handles[path] = safe_open(str(path), framework="pt").__enter__()
                 try:
-                    t = handles[path].get_tensor(name)
+                    view = handles[path].get_slice(name)
+                    got_shape, got_dtype = tuple(view.get_shape()), view.get_dtype()
+                    if not got_dtype.startswith(("F", "BF")):
+                        shown = _ST_DTYPES.get(got_dtype, got_dtype)
+                        bad.append(f"{name} has dtype {shown} (expected a floating-point dtype)")
+                        ok = False
+                    if got_shape != shape:
+                        bad.append(f"{name} {got_shape} (expected {shape})")
+                        ok = False
+                    if ok:  # only this rank's slice is read from the file
+                        parts.append(take(view, part_slice(cfg, tp, ours, i)))
+                except WeightLoadError:
+                    raise
                 except Exception as exc:
                     raise WeightLoadError(f"{path}: cannot read tensor {name} ({exc}); the file may be "
                                           f"truncated or corrupt.") from None
-                if not t.is_floating_point():
-                    bad.append(f"{name} has dtype {t.dtype} (expected a floating-point dtype)")
-                parts.append(t)
-            param = params[ours]
-            want = _part_shapes(cfg, ours, tuple(param.shape), len(parts))
-            if [tuple(p.shape) for p in parts] != want:
-                shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in zip(hf_names, parts))
-                bad.append(f"{shapes} (expected {', '.join(str(w) for w in want)})")
-                continue
-            offset = 0
-            for p in parts:
-                param.data[offset:offset + p.shape[0]].copy_(p)
-                offset += p.shape[0]
+            if ok:
+                params[ours].data.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
         if bad:
             raise WeightLoadError(f"{ckpt}: mis-shaped or mistyped tensors: {_list(bad)}.")
     finally:
         for h in handles.values():
             h.__exit__(None, None, None)
+
+
+def _full_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """Every parameter's shape in the unsharded model."""
+    with torch.device("meta"):
+        model = CausalLM(cfg, 1, ops=None)
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def _shard(full: torch.Tensor, cfg: ModelConfig, tp: TPGroup, ours: str, nparts: int) -> torch.Tensor:
+    """This rank's part of an unsharded (fused) parameter."""
+    if not tp.active:
+        return full
+    sizes = [shape[0] for shape in _part_shapes(cfg, ours, tuple(full.shape), nparts)]
+    parts = full.split(sizes) if nparts > 1 else [full]
+    return torch.cat([take(p, part_slice(cfg, tp, ours, i)) for i, p in enumerate(parts)])
 
 
 def _part_shapes(cfg: ModelConfig, ours: str, shape: tuple, nparts: int) -> list[tuple]:
@@ -243,18 +272,22 @@ def _synthetic_config(spec: dict, max_seq_len: int) -> tuple[int, ModelConfig]:
     return seed, ModelConfig.from_hf(hf, source="model.synthetic", max_seq_len=max_seq_len)
 
 
-def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet) -> LoadedModel:
+def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
+                    tp: TPGroup = TPGroup()) -> LoadedModel:
     seed, cfg = _synthetic_config(spec, max_seq_len)
-    model = _empty_model(cfg, dtype, device, max_seq_len, ops)
+    model = _empty_model(cfg, dtype, device, max_seq_len, ops, tp, source="model.synthetic")
+    params, nparts = dict(model.named_parameters()), {k: len(v) for k, v in _hf_sources(cfg).items()}
     gen = torch.Generator(device=device).manual_seed(seed)
-    for name, p in sorted(model.named_parameters()):
+    # Every rank draws the whole model in the same order and keeps its shard, so a sharded
+    # synthetic model holds exactly the single-process weights.
+    for name, shape in sorted(_full_shapes(cfg).items()):
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
         if "norm" in name:  # norms near 1, like a trained model's
-            p.data.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32))
+            x = 1.0 + 0.1 * x
         else:
-            std = 0.02 if "embed" in name else 1.0 / p.shape[-1] ** 0.5
-            if name.endswith("bias"):
-                std = 0.02
-            p.data.copy_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) * std)
+            x = x * (0.02 if "embed" in name or name.endswith("bias") else 1.0 / shape[-1] ** 0.5)
+        params[name].data.copy_(_shard(x, cfg, tp, name, nparts[name]))
     fp = model_fingerprint(ModelSource(synthetic=spec), dtype, max_seq_len)
-    assert fp["parameter_count"] == sum(p.numel() for p in model.parameters())
+    if not tp.active:
+        assert fp["parameter_count"] == sum(p.numel() for p in model.parameters())
     return LoadedModel(model, cfg, fp, None)
