@@ -224,11 +224,11 @@ def test_missing_prompts_file(tmp_path, no_engine):
     assert "Traceback" not in result.output and no_engine == []
 
 
-def test_good_file_does_reach_the_engine(tmp_path, no_engine):
+def test_good_file_does_reach_the_engine(default_artifacts, tmp_path, no_engine):
     """The patch above is effective: a good file gets as far as building the engine."""
     path = tmp_path / "good.jsonl"
     path.write_text(GOOD + "\n", encoding="utf-8")
-    result = invoke("--prompts", path, "--manifest", tmp_path)
+    result = invoke("--prompts", path, "--manifest", default_artifacts)
     assert len(no_engine) == 1
     assert result.exit_code == 1 and "ENGINE WAS BUILT" in result.output
 

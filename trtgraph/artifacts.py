@@ -31,7 +31,8 @@ TRITON_CACHE_DIR = "triton-cache"
 FORMAT_VERSION = 1
 FORMAT_CHANGELOG = {
     1: "first format: environment, model fingerprint, config, limits, kv_cache, buffers, keys "
-       "(capture order, seconds, pool bytes, replay and eager ms, parity), totals, artifact paths, digest",
+       "(capture order, seconds, pool bytes, replay and eager ms, parity), totals, artifact paths, "
+       "tensor-parallel ranks, digest",
 }
 
 
@@ -90,6 +91,7 @@ class Manifest:
     trtgraph_version: str = field(default_factory=trtgraph_version)
     format_version: int = FORMAT_VERSION
     paths: dict = field(default_factory=dict)  # resolved artifact paths (after load), all inside the directory
+    parallel: dict = field(default_factory=lambda: {"tensor_parallel_size": 1, "ranks": []})
 
     def to_json(self) -> dict:
         body = {
@@ -106,6 +108,7 @@ class Manifest:
             "keys": [k.to_json() for k in self.keys],
             "totals": self.totals,
             "paths": {"triton_cache": TRITON_CACHE_DIR},  # relative to the artifacts directory
+            "parallel": self.parallel,  # tensor-parallel size and each rank's shard
         }
         body["digest"] = _digest(body)
         return body
@@ -193,7 +196,7 @@ def load_manifest(path: str | Path) -> Manifest:
         raise ManifestError(f"{mpath}: the manifest was edited after capture (its digest does not match "
                             f"its content). Its numbers and keys can no longer be trusted. {recapture}")
     v = _FieldReader(mpath, recapture)
-    for name in ("environment", "model", "config", "kv_cache", "totals", "paths"):
+    for name in ("environment", "model", "config", "kv_cache", "totals", "paths", "parallel"):
         v.typed(body, name, dict)
     paths = {}
     for name, rel in body["paths"].items():
@@ -214,7 +217,7 @@ def load_manifest(path: str | Path) -> Manifest:
     manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
                         kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
                         created=str(body.get("created")), trtgraph_version=str(body.get("trtgraph_version")),
-                        format_version=version, paths=paths)
+                        format_version=version, paths=paths, parallel=body["parallel"])
     expected = set(BucketPlan.from_config(config).keys)
     got = {k.key for k in keys}
     if got != expected:
@@ -234,6 +237,9 @@ def load_manifest(path: str | Path) -> Manifest:
     v.int_field(totals, "totals.largest_key_pool_bytes", lo=0, hi=1 << 44)
     v.number(totals, "totals.warmup_seconds", hi=86400)
     v.number(totals, "totals.capture_seconds", hi=86400)
+    n = v.int_field(body["parallel"], "parallel.tensor_parallel_size", lo=1, hi=64)
+    if n != config.parallel.tensor_parallel_size:
+        v.fail("parallel.tensor_parallel_size", n, f"{config.parallel.tensor_parallel_size}, as its config says")
     nb = v.int_field(body["kv_cache"], "kv_cache.num_blocks", lo=2)
     v.int_field(body["kv_cache"], "kv_cache.block_size", lo=1)
     if nb > (1 << 24):

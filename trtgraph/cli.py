@@ -76,26 +76,47 @@ def capture(config_path, out_dir, device, as_json):
       trtgraph capture                                  # embedded default, CPU in seconds
       trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml
     """
-    from .compiler.pipeline import capture as run_capture
-
     config = _load_config(config_path)
     if device:
         config = config.replace(device=device)
-    bar = _KeyProgress()
-    try:
-        result = run_capture(config, Path(out_dir) if out_dir else None, progress=bar)
-    finally:
-        bar.close()
-    t = result.manifest.totals
+    out = Path(out_dir) if out_dir else None
+    world = config.parallel.tensor_parallel_size
+    if world > 1:
+        from .runtime.distributed import launch
+
+        path, t = launch(world, _capture_rank, config, out, use_cuda=_uses_cuda(config.device))
+    else:
+        path, t = _capture_rank(None, config, out)
     if as_json:
-        click.echo(json.dumps({"manifest": str(result.path), **t}, indent=2))
+        click.echo(json.dumps({"manifest": str(path), **t}, indent=2))
         return
     n = t["num_keys"]
     click.echo(f"captured {n} keys in {t['warmup_seconds'] + t['capture_seconds']:.2f} s "
                f"(warm-up {t['warmup_seconds']:.2f} s, capture {t['capture_seconds']:.2f} s, "
                f"{(t['warmup_seconds'] + t['capture_seconds']) / n:.4f} s/key); pool "
                f"{t['pool_bytes'] / MiB:.1f} MiB; parity ok on every key")
-    click.echo(f"manifest: {result.path}")
+    click.echo(f"manifest: {path}")
+
+
+def _uses_cuda(device: str) -> bool:
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def _capture_rank(tp, config, out):
+    """One rank's capture (tp None: the only process). Returns (manifest path, totals)."""
+    from .compiler.pipeline import capture as run_capture
+    from .models.parallel import TPGroup
+
+    tp = tp or TPGroup()
+    bar = _KeyProgress() if tp.rank == 0 else None
+    try:
+        result = run_capture(config, out, progress=bar, tp=tp)
+    finally:
+        if bar:
+            bar.close()
+    return str(result.path), result.manifest.totals
 
 
 class _KeyProgress:
@@ -173,21 +194,50 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
       trtgraph run --prompts prompts.jsonl --manifest out/ --output results.jsonl
       trtgraph run --prompts prompts.jsonl --output results.jsonl --resume
     """
-    import signal
-
-    from .runtime.engine import Engine
+    from .artifacts import load_manifest
     from .runtime.requests import finished_ids, read_prompts
 
     requests = read_prompts(prompts_path)  # the whole file, before any model work
-    done: set[str] = set()
     if resume:
         if not output:
             raise click.UsageError("--resume needs --output: the results file of the interrupted run")
         done = finished_ids(output)
         requests = [r for r in requests if r.id not in done]
         click.echo(f"resume: {len(done)} requests already in {output}, {len(requests)} to run", err=True)
+    world = load_manifest(manifest).parallel.get("tensor_parallel_size", 1)
+    args = (requests, manifest, output, eager, summary_json, resume, not no_speculative)
+    if world > 1:
+        from .runtime.distributed import launch
+
+        config = load_manifest(manifest).app_config()
+        code = launch(world, _run_rank, *args, use_cuda=_uses_cuda(config.device))
+    else:
+        code = _run_rank(None, *args)
+    if code:
+        sys.exit(code)
+
+
+def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative) -> int:
+    """One rank of `run` (tp None: the only process); rank 0 serves and writes, the others
+    replay what it broadcasts. Returns the exit code."""
+    import signal
+
+    from .models.parallel import TPGroup
+    from .runtime.engine import Engine
+
+    tp = tp or TPGroup()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
-    engine = Engine(manifest, eager=eager, speculative=not no_speculative)
+    engine = Engine(manifest, eager=eager, speculative=speculative, tp=tp)
+    if tp.rank != 0:
+        engine.follow()
+        return 0
+    try:
+        return _serve(engine, requests, output, eager, summary_json, resume)
+    finally:
+        engine.close()
+
+
+def _serve(engine, requests, output, eager, summary_json, resume) -> int:
     out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
     written: set[str] = set()
     try:
@@ -203,7 +253,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         click.echo(f"\ninterrupted: {len(written)} of {len(requests)} requests finished and written"
                    f"{' to ' + output if output else ''}; {len(missing)} did not finish: {shown}."
                    + (f" Continue with --resume --output {output}." if output else ""), err=True)
-        sys.exit(130)
+        return 130
     finally:
         if output:
             out.close()
@@ -211,6 +261,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     if summary_json:
         Path(summary_json).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     click.echo(_run_summary(stats, eager), err=True)
+    return 0
 
 
 def _run_summary(s: dict, eager: bool) -> str:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, use_
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import Config
 from ..errors import CaptureError
+from ..models.parallel import TPGroup
+from ..runtime.distributed import agree, gather
 from ..runtime.executor import Executor, resolve_device
 from ..runtime.kv_cache import kv_bytes_per_block
 from ..models import DTYPES
@@ -40,7 +43,10 @@ class CaptureResult:
 
 
 def capture(config: Config, out_dir: Path | None = None, device: torch.device | None = None,
-            progress: Progress | None = None, timing_repeats: int | None = None) -> CaptureResult:
+            progress: Progress | None = None, timing_repeats: int | None = None,
+            tp: TPGroup = TPGroup()) -> CaptureResult:
+    """Capture every key of the config's plan. With tensor parallelism every rank calls this
+    in lockstep; rank 0 writes the manifest."""
     out_dir = Path(out_dir or config.output)
     progress = progress or (lambda *a: None)
     plan = BucketPlan.from_config(config)
@@ -48,10 +54,12 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     if misses:
         raise CaptureError(f"{config.source}: the bucket plan does not cover {'; '.join(misses)}. "
                            f"Add those sizes to buckets.batch_sizes / context_batch_sizes, or lower the limits.")
+    # Before any collective: every rank must be about to capture the same keys.
+    agree(tp, "the config and its bucket plan", json.dumps([config.to_dict(), [str(k) for k in plan.keys]]))
     use_triton_cache(out_dir / TRITON_CACHE_DIR)
     device = device or resolve_device(config.device)
     try:
-        ex = Executor.build(config, plan, device)
+        ex = Executor.build(config, plan, device, tp=tp)
     except torch.cuda.OutOfMemoryError as exc:
         raise CaptureError(f"{config.source}: out of device memory loading the model and allocating the KV "
                            f"cache ({str(exc).splitlines()[0]}). No manifest was written. Set a smaller "
@@ -68,10 +76,15 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
         _sync(device)
         warmup_seconds = time.perf_counter() - t0
         # Largest first (by the memory its eager step peaked at): later keys reuse its pool.
+        # Ranks order by the largest peak any rank saw, so all capture in the same order.
+        peaks = gather(tp, [peak[k] for k in warm])
+        peak = {k: max(p[i] for p in peaks) for i, k in enumerate(warm)}
         order = sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k))
+        layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
 
         stats = {}
         for i, key in enumerate(order):
+            agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
             stats[key] = _guard(key, "capture", lambda: ex.capture(key))
             progress("capture", key, i + 1, len(order))
 
@@ -90,8 +103,12 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
                                      max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal))
             progress("verify", key, i + 1, len(order))
 
+    ranks = gather(tp, {"rank": tp.rank, "device": str(ex.device),
+                        "parameter_count": sum(p.numel() for p in ex.model.parameters()),
+                        "kv_cache_bytes": sum(t.numel() * t.element_size() for t in ex.kv_caches)})
     manifest = _manifest(config, ex, records, warmup_seconds)
-    path = write_manifest(out_dir, manifest)
+    manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
+    path = write_manifest(out_dir, manifest) if tp.rank == 0 else out_dir / "manifest.json"
     return CaptureResult(manifest, path, ex)
 
 
@@ -127,7 +144,7 @@ def _sync(device: torch.device) -> None:
 def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_seconds: float) -> Manifest:
     pool = sum(r.pool_bytes for r in records)
     capture_s = sum(r.capture_seconds for r in records)
-    block_bytes = kv_bytes_per_block(ex.loaded.config, ex.block_size, DTYPES[config.dtype])
+    block_bytes = kv_bytes_per_block(ex.model.local, ex.block_size, DTYPES[config.dtype])
     resolved = config.to_dict()
     resolved["kv_cache"]["num_blocks"] = ex.num_blocks
     return Manifest(

@@ -18,7 +18,9 @@ import torch
 from ..artifacts import load_manifest, manifest_path, use_triton_cache
 from ..errors import ManifestError, PromptError
 from ..models import load_tokenizer
+from ..models.parallel import TPGroup
 from .checks import check_manifest
+from .distributed import StepBroadcast, agree
 from .drafter import NgramDrafter
 from .executor import Executor, StepRow, resolve_device
 from .requests import Request, Result, parse_request
@@ -78,10 +80,18 @@ class RunStats:
 
 
 class Engine:
-    def __init__(self, path: str | Path = "trtgraph-artifacts", eager: bool = False, speculative: bool = True):
+    def __init__(self, path: str | Path = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
+                 tp: TPGroup = TPGroup()):
         """speculative=False ignores the manifest's speculative section (plain decode steps),
-        for A/B runs on the same capture."""
+        for A/B runs on the same capture. With tensor parallelism every rank builds an Engine;
+        rank 0 calls generate() and close(), the others follow()."""
         self.manifest = load_manifest(path)
+        captured_tp = self.manifest.parallel.get("tensor_parallel_size", 1)
+        if captured_tp != tp.world:
+            raise ManifestError(f"{manifest_path(path)}: captured with tensor_parallel_size {captured_tp}, "
+                                f"loaded on {tp.world} rank(s); `trtgraph run` starts the captured number itself.")
+        self.tp = tp
+        agree(tp, "the manifest", self.manifest.to_json()["digest"])
         self.artifacts_dir = manifest_path(path).parent
         config = self.manifest.app_config()
         device = resolve_device(config.device)
@@ -90,7 +100,7 @@ class Engine:
             raise ManifestError(_mismatch_message(manifest_path(path), diffs))
         use_triton_cache(self.manifest.paths["triton_cache"])
         self.eager = eager
-        self.executor = ex = Executor.build(config, self.manifest.plan(), device)
+        self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp)
         model_diffs = _model_differences(self.manifest, ex.loaded.fingerprint)
         if model_diffs:
             raise ManifestError(_mismatch_message(manifest_path(path), model_diffs))
@@ -99,6 +109,7 @@ class Engine:
                                 f"from the manifest's `buffers`. Recapture on this machine.")
         self.record_seconds = self._record()
         ex.runner.lock()
+        self.broadcast = StepBroadcast(tp, ex, self.manifest.capture_order) if tp.active else None
         self.tokenizer = load_tokenizer(ex.loaded.checkpoint_dir, ex.loaded.config.vocab_size,
                                         ex.loaded.config.bos_token_id)
         self.stop_ids = set(ex.loaded.config.eos_token_ids)
@@ -120,7 +131,8 @@ class Engine:
             if self.eager:
                 return time.perf_counter() - t0
             pool = 0
-            for key in order:
+            for i, key in enumerate(order):
+                agree(self.tp, f"graph key {i} and the buffer layout", f"{key}|{ex.buffers.layout()}")
                 if ex.metadata[key].num_tokens != key.num_tokens:
                     raise ManifestError(f"{key}: token count {ex.metadata[key].num_tokens} != {key.num_tokens}")
                 pool += ex.capture(key).pool_bytes
@@ -172,6 +184,7 @@ class Engine:
         ex.runner.check_weights()
         sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size, self.drafter,
                           self.config.limits.max_seq_len)
+        sched.pipelining = self.broadcast is None  # ranks follow one broadcast step at a time
         stats = self.stats = RunStats(requests=len(reqs), record_seconds=self.record_seconds)
         start = time.perf_counter()
         for i, req in enumerate(reqs):
@@ -203,12 +216,25 @@ class Engine:
         stats.preemptions = sched.num_preemptions
         stats.seconds = time.perf_counter() - start
 
+    def follow(self) -> int:
+        """Ranks other than 0: replay every step rank 0 broadcasts, until it closes."""
+        return self.broadcast.follow(self.eager)
+
+    def close(self) -> None:
+        """Rank 0: tell the other ranks to stop following."""
+        if self.broadcast is not None:
+            self.broadcast.stop()
+
     # ---- one step ------------------------------------------------------------------------
     def _launch(self, step: ScheduledStep, ahead: int = 0) -> "_InFlight":
         """Prepare and enqueue a step, and the non-blocking copy of its tokens to the host.
         `ahead`: tokens the step's rows are beyond what the scheduler has accounted."""
         ex, stats = self.executor, self.stats
+        if self.broadcast is not None:  # the other ranks get the full inputs every step
+            self._last = None
         self._last = self._prepare(step, self._last, ahead)
+        if self.broadcast is not None:
+            self.broadcast.send(step.key)
         events = None
         if self._timing:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

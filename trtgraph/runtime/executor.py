@@ -20,6 +20,7 @@ from ..errors import ConfigError, ReplayMismatchError
 from ..kernels import get_kernels
 from ..kernels import resolve as resolve_kernels
 from ..models import DTYPES, LoadedModel, load_model
+from ..models.parallel import TPGroup
 from . import sampler
 from .buffers import StepBuffers
 from .graph_runner import CaptureStats, GraphRunner
@@ -75,7 +76,7 @@ class Executor:
     num_eager_steps: int = 0
 
     def __post_init__(self):
-        cfg, lim = self.loaded.config, self.config.limits
+        cfg, lim = self.model.local, self.config.limits  # this rank's KV heads
         self.block_size = self.config.kv_cache.block_size
         self.max_blocks_per_seq = blocks_for_tokens(lim.max_seq_len, self.block_size)
         self.kv_caches = allocate_kv_caches(cfg, self.num_blocks, self.block_size, DTYPES[self.config.dtype],
@@ -102,21 +103,26 @@ class Executor:
 
     @classmethod
     def build(cls, config: Config, plan: BucketPlan, device: torch.device | None = None,
-              loaded: LoadedModel | None = None) -> "Executor":
+              loaded: LoadedModel | None = None, tp: TPGroup = TPGroup()) -> "Executor":
+        """With tensor parallelism (tp.world > 1), this rank's shard of the model and cache."""
         device = device or resolve_device(config.device)
         if loaded is None:
             kernels = get_kernels(resolve_kernels(config.kernels, device.type))
-            loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels)
+            loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels, tp)
         lim = config.limits
         num_blocks = config.kv_cache.num_blocks
         if num_blocks == AUTO:
-            num_blocks = auto_num_blocks(loaded.config, config.kv_cache.block_size, DTYPES[config.dtype], device,
+            num_blocks = auto_num_blocks(loaded.model.local, config.kv_cache.block_size, DTYPES[config.dtype], device,
                                          lim.max_batch_size, lim.max_seq_len)
         return cls(config=config, plan=plan, loaded=loaded, device=device, num_blocks=num_blocks)
 
     @property
     def model(self):
         return self.loaded.model
+
+    @property
+    def tp(self) -> TPGroup:
+        return self.model.tp
 
     @property
     def backend(self) -> str:

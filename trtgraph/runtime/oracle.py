@@ -21,7 +21,7 @@ class EagerSequence:
         self.device = model.cos_sin.device
         dtype = DTYPES[dtype] if dtype else model.embed_tokens.weight.dtype
         nblocks = blocks_for_tokens(max_len, block_size)
-        self.kv = allocate_kv_caches(loaded.config, nblocks + 1, block_size, dtype, self.device)
+        self.kv = allocate_kv_caches(loaded.model.local, nblocks + 1, block_size, dtype, self.device)
         # Blocks in a scrambled order, so block-table indexing is exercised for real.
         perm = torch.randperm(nblocks, generator=torch.Generator().manual_seed(nblocks)) + 1
         self.table = perm.to(torch.int64).view(1, -1).to(self.device)

@@ -74,6 +74,7 @@ class Scheduler:
         self.chunk_sizes = sorted({k.chunk_size for k in plan.keys if k.is_prefill})
         self.has_sampled = SAMPLED in {k.sampling for k in plan.keys}
         self.num_preemptions = 0
+        self.pipelining = True  # may extend_decode launch a step ahead
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -196,7 +197,8 @@ class Scheduler:
         needed); if so, reserve each row's block for that next token. A row that finishes in
         `step` wastes its slot in the next one; its blocks are freed when it finishes."""
         admissible = self.waiting and len(self.running) < self.plan.max_batch_size
-        if step.is_prefill or self.drafter is not None or admissible or step.seqs != self.running:
+        if not self.pipelining or step.is_prefill or self.drafter is not None or admissible \
+                or step.seqs != self.running:
             return False  # (with a drafter every step is planned afresh: drafts come from the last tokens)
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
