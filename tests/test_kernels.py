@@ -148,3 +148,25 @@ def test_gpu_kernels(dtype):
     run_rope_kv(dev, dtype)
     for q_len, batch in ((1, 1), (1, 5), (4, 3), (64, 2)):
         run_attention(dev, dtype, q_len, batch, seed=q_len + batch)
+    from trtgraph.runtime import sampler
+
+    seeds, positions = torch.arange(7, device=dev) * 977, torch.arange(7, device=dev) + 100
+    ids = torch.stack([torch.randperm(50000, device=dev) for _ in range(7)])
+    want = -torch.log(-torch.log(sampler._uniform_at(sampler.row_hash(seeds, positions), ids)))
+    torch.testing.assert_close(_tri().gumbel_noise(sampler.row_hash(seeds, positions), ids), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+def test_gumbel_noise_kernel_matches_the_sampler_hash():
+    """The fused Triton noise computes the torch sampler's bits (identical uniforms; the
+    logs agree to rounding)."""
+    from trtgraph.runtime import sampler
+
+    g = torch.Generator().manual_seed(3)
+    seeds = torch.randint(0, 2**62, (5,), generator=g)
+    positions = torch.randint(0, 4096, (5,), generator=g)
+    ids = torch.stack([torch.randperm(3000, generator=g) for _ in range(5)])
+    got = _tri().gumbel_noise(sampler.row_hash(seeds, positions), ids)
+    want = -torch.log(-torch.log(sampler.uniform_noise(seeds, positions, 3000).gather(1, ids)))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

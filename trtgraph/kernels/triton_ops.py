@@ -305,3 +305,39 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         _paged_attn_reduce_kernel[(batch * q_blocks, num_kv_heads)](part_acc, part_ml, out, positions, q.stride(0),
                                                                     q.stride(1), BLOCK_N=block_n, **common)
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Gumbel noise for the sampler: the same 32-bit hash as runtime/sampler.py, one pass
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mix32(x):
+    x = x & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+    x = ((x ^ (x >> 15)) * 0x646F1B35) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x5BD1E995) & 0xFFFFFFFF
+    return x ^ (x >> 15)
+
+
+@triton.jit
+def _gumbel_kernel(rows_ptr, ids_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    ids = tl.load(ids_ptr + r * n_cols + cols, mask=mask, other=0).to(tl.int64)
+    row = tl.load(rows_ptr + r)
+    bits = _mix32(row ^ _mix32(ids + 0x3C6EF372))
+    u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    tl.store(out_ptr + r * n_cols + cols, -tl.log(-tl.log(u)), mask=mask)
+
+
+def gumbel_noise(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """rows [R] int64 row hashes, ids [R, N] int64 vocab ids -> Gumbel noise [R, N] fp32."""
+    ids = ids.contiguous()
+    out = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
+    block = 1024
+    _gumbel_kernel[(ids.shape[0], triton.cdiv(ids.shape[1], block))](rows.contiguous(), ids, out, ids.shape[1],
+                                                                     BLOCK=block)
+    return out

@@ -25,12 +25,31 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
+def row_hash(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[R] int64 in [0, 2**32): what a row's noise depends on."""
+    return _mix32(_mix32(seeds ^ (seeds >> 32)) ^ (positions * 0x9E3779B1 & _MASK32))
+
+
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """U(0,1) fp32 of shape [R, V] from (seed [R], position [R], vocab id)."""
-    row = _mix32(_mix32(seeds ^ (seeds >> 32)) ^ (positions * 0x9E3779B1 & _MASK32))  # [R]
     vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = _mix32(row.unsqueeze(1) ^ _mix32(vocab + 0x3C6EF372).unsqueeze(0))  # [R, V]
+    return _uniform_at(row_hash(seeds, positions), vocab.unsqueeze(0))
+
+
+def _uniform_at(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    bits = _mix32(rows.unsqueeze(1) ^ _mix32(ids + 0x3C6EF372))  # [R, V]
     return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_at(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise [R, N] for vocab ids [R, N] (any order). On CUDA one fused Triton pass
+    computes the same bits; elsewhere torch ops (~20 passes over [R, N] int64)."""
+    rows = row_hash(seeds, positions)
+    if ids.is_cuda:
+        from ..kernels.triton_ops import gumbel_noise
+
+        return gumbel_noise(rows, ids)
+    return -torch.log(-torch.log(_uniform_at(rows, ids)))
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -54,7 +73,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens
     drop = drop | (before > top_p.unsqueeze(1))  # always keeps the best token
-    gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, V).gather(1, sorted_ids)))
+    gumbel = gumbel_at(seeds, positions, sorted_ids)  # the noise of each vocab id, in sorted order
     choice = (sorted_logits + gumbel).masked_fill(drop, float("-inf")).argmax(dim=-1, keepdim=True)
     drawn = sorted_ids.gather(1, choice).squeeze(1)
     return torch.where(is_greedy, logits.argmax(dim=-1), drawn)
