@@ -210,7 +210,10 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         from .runtime.distributed import launch
 
         config = load_manifest(manifest).app_config()
-        code = launch(world, _run_rank, *args, use_cuda=_uses_cuda(config.device))
+        try:
+            code = launch(world, _run_rank, *args, use_cuda=_uses_cuda(config.device))
+        except KeyboardInterrupt:  # rank 0 has already said what finished
+            code = 130
     else:
         code = _run_rank(None, *args)
     if code:
