@@ -68,39 +68,17 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
 
     with torch.inference_mode():
         t0 = time.perf_counter()
-        warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
-        peak = {}
-        for i, key in enumerate(warm):
-            peak[key] = _guard(key, "warm-up", lambda: _warmup_peak_bytes(ex, key))
-            progress("warmup", key, i + 1, len(warm))
-        _sync(device)
+        order = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
-        # Largest first (by the memory its eager step peaked at): later keys reuse its pool.
-        # Ranks order by the largest peak any rank saw, so all capture in the same order.
-        peaks = gather(tp, [peak[k] for k in warm])
-        peak = {k: max(p[i] for p in peaks) for i, k in enumerate(warm)}
-        order = sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k))
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
-
         stats = {}
         for i, key in enumerate(order):
             agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
             stats[key] = _guard(key, "capture", lambda: ex.capture(key))
             progress("capture", key, i + 1, len(order))
-
         records = []
         for i, key in enumerate(order):
-            parity = _guard(key, "verification", lambda: verify_key(ex, key, seed=i))
-            if not parity.ok:
-                raise CaptureError(f"{key}: replay differs from eager on the same inputs "
-                                   f"(max |logit diff| = {parity.max_abs_logit_diff:.3g}, tokens equal: "
-                                   f"{parity.tokens_equal}). No manifest was written.")
-            replay_ms = time_step(ex, key, eager=False, repeats=repeats)
-            eager_ms = time_step(ex, key, eager=True, repeats=max(2, repeats // 4))
-            records.append(KeyRecord(key=key, num_tokens=key.num_tokens, capture_index=i,
-                                     capture_seconds=stats[key].capture_seconds, pool_bytes=stats[key].pool_bytes,
-                                     replay_ms=replay_ms, eager_ms=eager_ms,
-                                     max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal))
+            records.append(_verify_and_time(ex, key, i, stats[key], repeats))
             progress("verify", key, i + 1, len(order))
 
     ranks = gather(tp, {"rank": tp.rank, "device": str(ex.device),
@@ -110,6 +88,36 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
     path = write_manifest(out_dir, manifest) if tp.rank == 0 else out_dir / "manifest.json"
     return CaptureResult(manifest, path, ex)
+
+
+def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress, tp: TPGroup) -> list[GraphKey]:
+    """Run every key eagerly once; return the capture order: largest first (by the memory its
+    eager step peaked at), so later keys reuse its pool. Ranks order by the largest peak any
+    rank saw, so all capture in the same order."""
+    warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
+    peak = {}
+    for i, key in enumerate(warm):
+        peak[key] = _guard(key, "warm-up", lambda: _warmup_peak_bytes(ex, key))
+        progress("warmup", key, i + 1, len(warm))
+    _sync(ex.device)
+    peaks = gather(tp, [peak[k] for k in warm])
+    peak = {k: max(p[i] for p in peaks) for i, k in enumerate(warm)}
+    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k))
+
+
+def _verify_and_time(ex: Executor, key: GraphKey, index: int, stats, repeats: int) -> KeyRecord:
+    """Replay vs eager on random inputs (a difference fails the capture), then step timings."""
+    parity = _guard(key, "verification", lambda: verify_key(ex, key, seed=index))
+    if not parity.ok:
+        raise CaptureError(f"{key}: replay differs from eager on the same inputs "
+                           f"(max |logit diff| = {parity.max_abs_logit_diff:.3g}, tokens equal: "
+                           f"{parity.tokens_equal}). No manifest was written.")
+    replay_ms = time_step(ex, key, eager=False, repeats=repeats)
+    eager_ms = time_step(ex, key, eager=True, repeats=max(2, repeats // 4))
+    return KeyRecord(key=key, num_tokens=key.num_tokens, capture_index=index,
+                     capture_seconds=stats.capture_seconds, pool_bytes=stats.pool_bytes,
+                     replay_ms=replay_ms, eager_ms=eager_ms,
+                     max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal)
 
 
 def _guard(key: GraphKey, stage: str, fn):

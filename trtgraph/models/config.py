@@ -105,24 +105,7 @@ class ModelConfig:
         if hf.get("mlp_bias") or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and hf.get("attention_bias")):
             raise WeightLoadError(f"{source}: mlp_bias/attention_bias on {arch} is not supported.")
 
-        # Transformers 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
-        rope = dict(hf.get("rope_parameters") or {})
-        theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-            raise WeightLoadError(f"{source}: config.json rope_theta = {theta!r}; expected a positive number.")
-        scaling = hf.get("rope_scaling") or rope
-        scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
-        rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise WeightLoadError(f"{source}: rope type {rope_type!r} is not supported; supported are "
-                                  f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
-        rope_scaling = None
-        if rope_type == "llama3":
-            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-            missing = [k for k in keys if k not in scaling]
-            if missing:
-                raise WeightLoadError(f"{source}: llama3 rope scaling lacks {', '.join(missing)}.")
-            rope_scaling = tuple(sorted((k, float(scaling[k])) for k in keys))
+        theta, rope_scaling = _rope(hf, source)
 
         max_pos = int(number("max_position_embeddings", 4096))
         if max_seq_len is not None and max_seq_len > max_pos:
@@ -156,3 +139,25 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+
+def _rope(hf: dict, source: str) -> tuple[float, tuple | None]:
+    """(rope_theta, llama3 scaling as sorted pairs or None). Transformers 5 writes
+    `rope_parameters`; older versions `rope_theta` + `rope_scaling`."""
+    rope = dict(hf.get("rope_parameters") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise WeightLoadError(f"{source}: config.json rope_theta = {theta!r}; expected a positive number.")
+    scaling = hf.get("rope_scaling") or rope
+    scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise WeightLoadError(f"{source}: rope type {rope_type!r} is not supported; supported are "
+                              f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+    if rope_type != "llama3":
+        return float(theta), None
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [k for k in keys if k not in scaling]
+    if missing:
+        raise WeightLoadError(f"{source}: llama3 rope scaling lacks {', '.join(missing)}.")
+    return float(theta), tuple(sorted((k, float(scaling[k])) for k in keys))
