@@ -30,6 +30,16 @@ def tiny_config(**changes) -> Config:
     return Config.from_dict(d, source="tiny_config")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy machine the OpenMP
+    workers of several threads make each op ~100x slower; restore the setting after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def default_artifacts(tmp_path_factory):
     """The embedded default captured once (static backend): the artifacts directory."""

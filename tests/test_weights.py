@@ -35,13 +35,8 @@ PROMPT = [5, 17, 250, 3, 99, 42, 7, 123, 64, 1, 200, 8, 31, 77, 150, 299, 0, 12,
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine the OpenMP
-    workers of several threads make each op ~100x slower; restore the setting after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Every test here runs with one intra-op thread (see conftest.one_torch_thread)."""
 
 
 def load(path: Path, max_seq_len: int = MAX_SEQ_LEN):
