@@ -20,9 +20,12 @@ from pathlib import Path
 
 import torch
 
+from . import manifest_schema as schema
 from .buckets import BucketPlan, GraphKey, uncovered_shapes
-from .config import SAMPLING_MODES, Config
-from .errors import ConfigError, ManifestError
+from .config import Config
+from .errors import ManifestError
+from .inputs import JSONProblem, is_int, loads_json, short, text_problem
+from .manifest_schema import FieldReader
 
 MANIFEST_NAME = "manifest.json"
 TRITON_CACHE_DIR = "triton-cache"
@@ -174,128 +177,92 @@ def artifact_path(artifacts_dir: Path, relative: str) -> Path:
     return target
 
 
+RECAPTURE = "Recapture with `trtgraph capture --config <your model.yaml>`."
+
+
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest. Any problem is a ManifestError naming the field."""
+    """Read and validate a manifest: every field (types, ranges, names) and every agreement
+    between sections (keys vs the bucket plan, totals vs keys, config vs the rest). Any
+    problem is a ManifestError naming the field."""
     mpath = manifest_path(path)
-    recapture = "Recapture with `trtgraph capture --config <your model.yaml>`."
+    body = _read_body(mpath)
+    v = FieldReader(mpath, RECAPTURE)
+    schema.check_header(v, body)
+    schema.check_environment(v, body["environment"])
+    config = schema.config_section(v, body["config"])
+    if body["limits"] != body["config"]["limits"]:
+        v.fail("limits", body["limits"], "the same as config.limits")
+    schema.check_model(v, body["model"], config)
+    schema.check_kv_cache(v, body["kv_cache"], config)
+    schema.check_buffers(v, body["buffers"])
+    paths = _paths(v, mpath, body["paths"])
+    keys = _keys(v, mpath, body["keys"], config)
+    schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
+    schema.check_parallel(v, body["parallel"], config)
+    manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
+                        kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
+                        created=body["created"], trtgraph_version=body["trtgraph_version"],
+                        format_version=body["format_version"], paths=paths, parallel=body["parallel"])
+    misses = uncovered_shapes(manifest.plan())
+    if misses:
+        raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {RECAPTURE}")
+    return manifest
+
+
+def _read_body(mpath: Path) -> dict:
+    """The manifest's JSON object, of a version this trtgraph reads, with a matching digest."""
     if not mpath.is_file():
         raise ManifestError(f"{mpath}: no manifest here. Run `trtgraph capture` first, or pass the "
                             f"artifacts directory it wrote.")
     try:
-        body = json.loads(mpath.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{mpath}: not valid JSON ({exc}); the file may be truncated. {recapture}") from None
+        body = loads_json(mpath.read_text(encoding="utf-8"), allow_nonfinite=False)
+    except (JSONProblem, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{mpath}: not valid JSON ({exc}); the file may be truncated. {RECAPTURE}") from None
+    except OSError as exc:
+        raise ManifestError(f"{mpath}: cannot read the manifest ({exc.strerror or exc}).") from None
     if not isinstance(body, dict):
-        raise ManifestError(f"{mpath}: expected a JSON object. {recapture}")
+        raise ManifestError(f"{mpath}: expected a JSON object. {RECAPTURE}")
     version = body.get("format_version")
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION or not is_int(version):
         known = ", ".join(f"{k} ({v.split(':')[0]})" for k, v in FORMAT_CHANGELOG.items())
-        raise ManifestError(f"{mpath}: format_version {version!r} is not one this trtgraph "
-                            f"{trtgraph_version()} reads (known: {known}). {recapture}")
+        raise ManifestError(f"{mpath}: format_version {short(version)} is not one this trtgraph "
+                            f"{trtgraph_version()} reads (known: {known}). {RECAPTURE}")
     if body.get("digest") != _digest(body):
         raise ManifestError(f"{mpath}: the manifest was edited after capture (its digest does not match "
-                            f"its content). Its numbers and keys can no longer be trusted. {recapture}")
-    v = _FieldReader(mpath, recapture)
-    for name in ("environment", "model", "config", "kv_cache", "totals", "paths", "parallel"):
-        v.typed(body, name, dict)
+                            f"its content). Its numbers and keys can no longer be trusted. {RECAPTURE}")
+    return body
+
+
+def _paths(v: FieldReader, mpath: Path, raw) -> dict[str, Path]:
+    """Artifact paths, resolved; each must stay inside the artifacts directory."""
+    if not isinstance(raw, dict) or set(raw) != {"triton_cache"}:
+        v.fail("paths", raw, "an object with triton_cache, a path relative to the artifacts directory")
     paths = {}
-    for name, rel in body["paths"].items():
-        if not isinstance(rel, str):
+    for name, rel in raw.items():
+        if text_problem(rel) or not rel:
             v.fail(f"paths.{name}", rel, "a path relative to the artifacts directory")
         paths[name] = artifact_path(mpath.parent, rel)
-    if "triton_cache" not in paths:
-        v.fail("paths.triton_cache", None, "a path relative to the artifacts directory")
-    v.typed(body, "buffers", list)
-    raw_keys = v.typed(body, "keys", list)
-    try:
-        config = Config.from_dict(body["config"], source=f"{mpath} config")
-    except ConfigError as exc:
-        raise ManifestError(f"{mpath}: its config section is invalid: {exc} {recapture}") from None
-    keys = [_key_record(v, i, rk) for i, rk in enumerate(raw_keys)]
+    return paths
+
+
+def _keys(v: FieldReader, mpath: Path, raw, config: Config) -> list[KeyRecord]:
+    """The key records: each valid, none twice, exactly the config's bucket plan, and the
+    capture order a permutation."""
+    if not isinstance(raw, list):
+        v.fail("keys", raw, "a JSON list")
+    keys = [KeyRecord(**schema.key_record_fields(v, i, rk)) for i, rk in enumerate(raw)]
     if len({k.key for k in keys}) != len(keys):
-        raise ManifestError(f"{mpath}: keys lists a graph key twice. {recapture}")
-    manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
-                        kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
-                        created=str(body.get("created")), trtgraph_version=str(body.get("trtgraph_version")),
-                        format_version=version, paths=paths, parallel=body["parallel"])
+        raise ManifestError(f"{mpath}: keys lists a graph key twice. {RECAPTURE}")
     expected = set(BucketPlan.from_config(config).keys)
     got = {k.key for k in keys}
     if got != expected:
         extra = ", ".join(str(k) for k in sorted(got - expected)) or "none"
         missing = ", ".join(str(k) for k in sorted(expected - got)) or "none"
         raise ManifestError(f"{mpath}: keys do not match the manifest's bucket plan (not in the plan: {extra}; "
-                            f"missing: {missing}). {recapture}")
+                            f"missing: {missing}). {RECAPTURE}")
     if sorted(k.capture_index for k in keys) != list(range(len(keys))):
-        raise ManifestError(f"{mpath}: keys' capture_index values are not 0..{len(keys) - 1}. {recapture}")
-    misses = uncovered_shapes(manifest.plan())
-    if misses:
-        raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {recapture}")
-    totals = body["totals"]
-    if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(keys):
-        v.fail("totals.num_keys", totals["num_keys"], f"{len(keys)}, the number of keys")
-    v.int_field(totals, "totals.pool_bytes", lo=0, hi=1 << 44)
-    v.int_field(totals, "totals.largest_key_pool_bytes", lo=0, hi=1 << 44)
-    v.number(totals, "totals.warmup_seconds", hi=86400)
-    v.number(totals, "totals.capture_seconds", hi=86400)
-    n = v.int_field(body["parallel"], "parallel.tensor_parallel_size", lo=1, hi=64)
-    if n != config.parallel.tensor_parallel_size:
-        v.fail("parallel.tensor_parallel_size", n, f"{config.parallel.tensor_parallel_size}, as its config says")
-    nb = v.int_field(body["kv_cache"], "kv_cache.num_blocks", lo=2)
-    v.int_field(body["kv_cache"], "kv_cache.block_size", lo=1)
-    if nb > (1 << 24):
-        raise ManifestError(f"{mpath}: kv_cache.num_blocks = {nb} is absurd. {recapture}")
-    return manifest
-
-
-class _FieldReader:
-    def __init__(self, path: Path, recapture: str):
-        self.path, self.recapture = path, recapture
-
-    def fail(self, field_name: str, value, expected: str):
-        raise ManifestError(f"{self.path}: {field_name} = {value!r}; expected {expected}. {self.recapture}")
-
-    def typed(self, body: dict, name: str, kind):
-        if not isinstance(body.get(name), kind):
-            self.fail(name, body.get(name), f"a JSON {'object' if kind is dict else 'list'}")
-        return body[name]
-
-    def int_field(self, d: dict, name: str, lo: int = 0, hi: int = 1 << 40) -> int:
-        val = d.get(name.rsplit(".", 1)[-1])
-        if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
-            self.fail(name, val, f"an integer in [{lo}, {hi}]")
-        return val
-
-    def number(self, d: dict, name: str, hi: float = 1e9) -> float:
-        val = d.get(name.rsplit(".", 1)[-1])
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val <= hi:
-            self.fail(name, val, f"a number in [0, {hi:g}]")
-        return float(val)
-
-
-def _key_record(v: _FieldReader, i: int, raw) -> KeyRecord:
-    where = f"keys[{i}]"
-    if not isinstance(raw, dict) or not isinstance(raw.get("key"), dict) or not isinstance(raw.get("parity"), dict):
-        v.fail(where, raw, "an object with key, num_tokens, capture_seconds, pool_bytes, replay_ms, parity")
-    k = raw["key"]
-    bs = v.int_field(k, f"{where}.key.batch_size", lo=1, hi=1 << 16)
-    dl = v.int_field(k, f"{where}.key.draft_len", lo=0, hi=1 << 10)
-    cs = v.int_field(k, f"{where}.key.chunk_size", lo=0, hi=1 << 22)
-    if k.get("sampling") not in SAMPLING_MODES:
-        v.fail(f"{where}.key.sampling", k.get("sampling"), f"one of {', '.join(SAMPLING_MODES)}")
-    key = GraphKey(bs, dl, cs, k["sampling"])
-    n = v.int_field(raw, f"{where}.num_tokens", lo=1, hi=1 << 24)
-    if n != key.num_tokens:
-        v.fail(f"{where}.num_tokens", n, f"{key.num_tokens} for {key}")
-    parity = raw["parity"]
-    if not isinstance(parity.get("tokens_equal"), bool):
-        v.fail(f"{where}.parity.tokens_equal", parity.get("tokens_equal"), "true or false")
-    return KeyRecord(key=key, num_tokens=n, capture_index=v.int_field(raw, f"{where}.capture_index", hi=1 << 20),
-                     capture_seconds=v.number(raw, f"{where}.capture_seconds", hi=86400),
-                     pool_bytes=v.int_field(raw, f"{where}.pool_bytes", lo=0, hi=1 << 44),
-                     replay_ms=v.number(raw, f"{where}.replay_ms", hi=1e7),
-                     eager_ms=v.number(raw, f"{where}.eager_ms", hi=1e7),
-                     max_abs_logit_diff=v.number(parity, f"{where}.parity.max_abs_logit_diff", hi=1e30),
-                     tokens_equal=parity["tokens_equal"])
+        raise ManifestError(f"{mpath}: keys' capture_index values are not 0..{len(keys) - 1}. {RECAPTURE}")
+    return keys
 
 
 def compare_environment(manifest: Manifest, env: dict) -> list[tuple[str, object, object]]:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .inputs import YAMLProblem, int_problem, is_int, key_lines, load_yaml, path_problem, short, text_problem
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("auto", "cuda", "cpu")
@@ -112,20 +113,12 @@ class Config:
     @classmethod
     def from_text(cls, text: str, source: str, base_dir: Path | None = None) -> "Config":
         try:
-            data = yaml.safe_load(text)
+            data, root = load_yaml(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            if mark is None and getattr(exc, "position", None) is not None:  # a reader error
-                line = text.count("\n", 0, exc.position)
-                mark = yaml.Mark(source, exc.position, line, exc.position - (text.rfind("\n", 0, exc.position) + 1),
-                                 None, None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
-            raise ConfigError(f"{source}{where}: not valid YAML: {problem}. "
-                              f"Fix the syntax and run again.") from None
+            raise ConfigError(_yaml_error_message(exc, text, source)) from None
         if data is None:
             data = {}
-        lines = _key_lines(text)
+        lines = key_lines(root)
         try:
             return cls.from_dict(data, source=source, base_dir=base_dir)
         except ConfigError as exc:
@@ -144,7 +137,6 @@ class Config:
         v = _Validator(source)
         top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "limits", "kv_cache", "buckets",
                                      "output", "speculative", "parallel"})
-        model = _parse_model(v, top.get("model"), base_dir)
         dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
         device = v.choice(top.get("device", AUTO), "device", DEVICES)
         kernels = v.choice(top.get("kernels", AUTO), "kernels", KERNELS)
@@ -159,6 +151,7 @@ class Config:
             v.fail("limits.max_num_tokens", limits.max_num_tokens,
                    f"at least limits.max_batch_size ({limits.max_batch_size}): a generation step of "
                    f"the largest batch needs one token per sequence")
+        model = _parse_model(v, top.get("model"), base_dir, limits.max_seq_len)
 
         kv = v.mapping(top.get("kv_cache", {}), "kv_cache", {"block_size", "num_blocks"})
         block_size = v.integer(kv.get("block_size", 16), "kv_cache.block_size", lo=1, hi=4096)
@@ -181,8 +174,8 @@ class Config:
         speculative = _parse_speculative(v, top.get("speculative"))
         buckets = _parse_buckets(v, top.get("buckets", {}), limits, speculative)
         output = top.get("output", "trtgraph-artifacts")
-        if not isinstance(output, str) or not output.strip():
-            v.fail("output", output, "a directory path (string)")
+        if path_problem(output):
+            v.fail("output", output, f"a directory: {path_problem(output)}")
         return cls(model=model, dtype=dtype, device=device, kernels=kernels, limits=limits, kv_cache=kv_cache,
                    buckets=buckets, output=output, speculative=speculative, parallel=parallel, source=source)
 
@@ -204,7 +197,7 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
-def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None) -> ModelSource:
+def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: int) -> ModelSource:
     if raw is None:
         v.fail("model", None, "a mapping with either `path` (a Hugging Face checkpoint directory) "
                               "or `synthetic` (config.json fields plus seed)")
@@ -213,8 +206,8 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None) -> ModelSourc
         v.fail("model", sorted(m), "exactly one of `path` or `synthetic`")
     if "path" in m:
         p = m["path"]
-        if not isinstance(p, str) or not p:
-            v.fail("model.path", p, "a directory path (string)")
+        if path_problem(p):
+            v.fail("model.path", p, f"a checkpoint directory: {path_problem(p)}")
         path = Path(p).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
@@ -228,9 +221,9 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None) -> ModelSourc
     for k in syn:
         if not isinstance(k, str):
             v.fail("model.synthetic", k, "string keys")
-    seed = syn.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        v.fail("model.synthetic.seed", seed, "a non-negative integer")
+    from .models.config import check_synthetic  # here: trtgraph.models imports this module
+
+    check_synthetic(syn, max_seq_len, source=v.source)  # every field given; the whole spec once complete
     return ModelSource(synthetic=copy.deepcopy(syn))
 
 
@@ -301,7 +294,7 @@ class _Validator:
     def mapping(self, raw: Any, path: str, allowed: set[str]) -> dict:
         if not isinstance(raw, dict):
             self.fail(path, raw, "a mapping")
-        unknown = sorted(str(k) for k in raw if k not in allowed)
+        unknown = sorted(str(k) if not text_problem(k) else short(k) for k in raw if k not in allowed)
         if unknown:
             where = f"{path}." if path else ""
             exc = ConfigError(f"{self.source}: unknown key{'s' if len(unknown) > 1 else ''} "
@@ -317,10 +310,9 @@ class _Validator:
         return raw
 
     def integer(self, raw: Any, path: str, lo: int, hi: int, allowed: str | None = None) -> int:
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            self.fail(path, raw, allowed or f"an integer in [{lo}, {hi}]")
-        if not lo <= raw <= hi:
-            self.fail(path, raw, allowed or f"an integer in [{lo}, {hi}]")
+        problem = int_problem(raw, lo, hi)
+        if problem:
+            self.fail(path, raw, allowed or problem)
         return raw
 
     def int_list(self, raw: Any, path: str, lo: int, hi: int, hi_name: str) -> tuple[int, ...]:
@@ -328,7 +320,7 @@ class _Validator:
             self.fail(path, raw, "a non-empty list of integers")
         out = []
         for i, x in enumerate(raw):
-            if isinstance(x, bool) or not isinstance(x, int):
+            if not is_int(x):
                 self.fail(f"{path}[{i}]", x, "an integer")
             if x < lo:
                 self.fail(f"{path}[{i}]", x, f"an integer >= {lo}")
@@ -340,25 +332,14 @@ class _Validator:
         return tuple(sorted(out))
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """Map dotted key paths to 1-based YAML line numbers, for error messages."""
-    out: dict[str, int] = {}
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return out
-
-    def walk(node, prefix):
-        if isinstance(node, yaml.MappingNode):
-            for k, val in node.value:
-                key = f"{prefix}.{k.value}" if prefix else str(k.value)
-                out[key] = k.start_mark.line + 1
-                walk(val, key)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                out[f"{prefix}[{i}]"] = item.start_mark.line + 1
-                walk(item, f"{prefix}[{i}]")
-
-    if root is not None:
-        walk(root, "")
-    return out
+def _yaml_error_message(exc: yaml.YAMLError, text: str, source: str) -> str:
+    """`model.yaml line 8, column 17: not valid YAML: <problem>. <what to do>`."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None and getattr(exc, "position", None) is not None:  # a reader error
+        line = text.count("\n", 0, exc.position)
+        mark = yaml.Mark(source, exc.position, line, exc.position - (text.rfind("\n", 0, exc.position) + 1),
+                         None, None)
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
+    advice = "Fix it and run again." if isinstance(exc, YAMLProblem) else "Fix the syntax and run again."
+    return f"{source}{where}: not valid YAML: {problem}. {advice}"

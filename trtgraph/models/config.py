@@ -3,7 +3,9 @@
 Only what the decoder implements is accepted; anything that would change the math and
 is not implemented (an unknown architecture, a sliding window shorter than the context,
 an unknown rope type, a non-SiLU activation) is refused with WeightLoadError, never run
-wrongly.
+wrongly. Every value read is checked for type and range (NaN, inf, sizes past any real
+model, a head count that does not divide): a ConfigError names the file (config.json, or
+the YAML for `model.synthetic`), the field, the value and the allowed range.
 """
 
 from __future__ import annotations
@@ -12,10 +14,28 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-from ..errors import WeightLoadError
+from ..errors import ConfigError, WeightLoadError
+from ..inputs import int_problem, number_problem, short
+from .tokenizer import BYTE_VOCAB_SIZE
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+# Integer sizes: (lowest, highest) accepted; the highs are well past any released model.
+SIZE_RANGES = {
+    "hidden_size": (1, 1 << 17), "intermediate_size": (1, 1 << 20), "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (2, 1024),
+    "vocab_size": (1, 1 << 22), "max_position_embeddings": (1, 1 << 24),
+}
+ROPE_THETA_RANGE = (1.0, 1e12)
+RMS_NORM_EPS_RANGE = (0.0, 1.0)  # open below
+TOKEN_ID_MAX = (1 << 31) - 1
+SEED_MAX = (1 << 64) - 1  # torch.Generator.manual_seed takes 64 bits
+REQUIRED_FIELDS = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "vocab_size")
+# Every config.json field from_hf reads; a synthetic spec may hold only these (plus seed).
+HF_FIELDS = ("architectures", *SIZE_RANGES, "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
+             "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "sliding_window",
+             "use_sliding_window", "bos_token_id", "eos_token_id")
 
 
 @dataclass(frozen=True)
@@ -66,98 +86,225 @@ class ModelConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     @classmethod
-    def from_hf(cls, hf: dict, source: str, max_seq_len: int | None = None) -> "ModelConfig":
-        """Build from a config.json dict. `source` names the file for error messages."""
-
-        def need(key, kind=int):
-            if key not in hf:
-                raise WeightLoadError(f"{source}: config.json has no `{key}`; it is required for "
-                                      f"{arch}. Is this a complete Hugging Face checkpoint?")
-            val = hf[key]
-            if kind is int and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
-                raise WeightLoadError(f"{source}: config.json `{key}` = {val!r}; expected a positive integer.")
-            return val
-
-        archs = hf.get("architectures") or ([hf["architecture"]] if "architecture" in hf else [])
-        if not archs or not isinstance(archs, list):
-            raise WeightLoadError(f"{source}: config.json names no `architectures`; supported are "
-                                  f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
-        arch = archs[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise WeightLoadError(f"{source}: architecture {arch!r} is not supported; supported are "
-                                  f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
-        def number(key, default):
-            val = hf.get(key, default)
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
-                raise WeightLoadError(f"{source}: config.json `{key}` = {val!r}; expected a positive number.")
-            return val
-
-        hidden = need("hidden_size")
-        heads = need("num_attention_heads")
-        kv_heads = need("num_key_value_heads") if "num_key_value_heads" in hf else heads
-        head_dim = need("head_dim") if hf.get("head_dim") is not None else hidden // heads
+    def from_hf(cls, hf: dict, source: str, max_seq_len: int | None = None, prefix: str = "") -> "ModelConfig":
+        """Build from a config.json dict. `source` names the file for error messages; `prefix`
+        the key path of the fields in it (`model.synthetic.` for a synthetic spec in a YAML)."""
+        r = _Fields(hf, source, prefix)
+        arch = _architecture(r)
+        hidden, heads = r.size("hidden_size", arch), r.size("num_attention_heads", arch)
+        kv_heads = r.size("num_key_value_heads", arch) if "num_key_value_heads" in hf else heads
         if heads % kv_heads:
-            raise WeightLoadError(f"{source}: num_attention_heads={heads} is not a multiple of "
-                                  f"num_key_value_heads={kv_heads}.")
-        act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise WeightLoadError(f"{source}: hidden_act={act!r} is not supported (only 'silu').")
-        if hf.get("mlp_bias") or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and hf.get("attention_bias")):
-            raise WeightLoadError(f"{source}: mlp_bias/attention_bias on {arch} is not supported.")
-
-        theta, rope_scaling = _rope(hf, source)
-
-        max_pos = int(number("max_position_embeddings", 4096))
+            r.fail("num_key_value_heads", kv_heads, f"a divisor of num_attention_heads ({heads})")
+        if hf.get("head_dim") is not None:
+            head_dim = r.size("head_dim", arch)
+        elif hidden % heads:
+            r.fail("num_attention_heads", heads, f"a divisor of hidden_size ({hidden}), as head_dim is not given")
+        else:
+            head_dim = hidden // heads
+        if head_dim % 2:
+            r.fail("head_dim", head_dim, "an even number (rotary embeddings rotate pairs of dimensions)")
+        _refuse_unsupported(r, arch)
+        theta, rope_scaling = _rope(r)
+        max_pos = r.size("max_position_embeddings", arch, default=4096)
         if max_seq_len is not None and max_seq_len > max_pos:
             raise WeightLoadError(f"{source}: limits.max_seq_len={max_seq_len} exceeds the model's "
                                   f"max_position_embeddings={max_pos}; lower limits.max_seq_len.")
-        window = hf.get("sliding_window")
-        uses_window = window is not None and (arch == "MistralForCausalLM" or hf.get("use_sliding_window"))
-        if uses_window and (max_seq_len is None or window < max_seq_len):
-            raise WeightLoadError(f"{source}: sliding_window={window} is shorter than limits.max_seq_len="
-                                  f"{max_seq_len}; sliding-window attention is not implemented, so this "
-                                  f"model would run wrongly. Set limits.max_seq_len <= {window}.")
-
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        _check_sliding_window(r, arch, max_seq_len)
         return cls(
-            architecture=arch,
-            hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
-            num_layers=need("num_hidden_layers"),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            vocab_size=need("vocab_size"),
-            rms_norm_eps=float(number("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
+            architecture=arch, hidden_size=hidden, intermediate_size=r.size("intermediate_size", arch),
+            num_layers=r.size("num_hidden_layers", arch), num_heads=heads, num_kv_heads=kv_heads,
+            head_dim=head_dim, vocab_size=r.size("vocab_size", arch),
+            rms_norm_eps=r.number("rms_norm_eps", 1e-6, *RMS_NORM_EPS_RANGE, lo_open=True),
+            rope_theta=theta, rope_scaling=rope_scaling, max_position_embeddings=max_pos,
+            tie_word_embeddings=r.flag("tie_word_embeddings"),
+            qkv_bias=arch == "Qwen2ForCausalLM" or r.flag("attention_bias"),
             qk_norm=arch == "Qwen3ForCausalLM",
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=eos_ids,
+            bos_token_id=r.token_ids("bos_token_id", many=False),
+            eos_token_ids=r.token_ids("eos_token_id", many=True),
         )
 
 
-def _rope(hf: dict, source: str) -> tuple[float, tuple | None]:
+def synthetic_model_config(spec: dict, max_seq_len: int, source: str,
+                           prefix: str = "model.synthetic.") -> tuple[int, ModelConfig]:
+    """(seed, ModelConfig) of a `model.synthetic` spec: config.json fields (`architecture`
+    may name the one architecture) plus `seed`. Synthetic models use the byte-level
+    tokenizer, so vocab_size must cover its 256 ids: refused here, at capture."""
+    seed, hf, r = _synthetic_fields(spec, max_seq_len, source, prefix)
+    cfg = ModelConfig.from_hf(hf, source=source, max_seq_len=max_seq_len, prefix=prefix)
+    if cfg.vocab_size < BYTE_VOCAB_SIZE:
+        r.fail("vocab_size", cfg.vocab_size, f"at least {BYTE_VOCAB_SIZE}: a synthetic model uses the byte-level "
+                                             f"tokenizer, whose {BYTE_VOCAB_SIZE} ids must all be in the vocabulary")
+    return seed, cfg
+
+
+def check_synthetic(spec: dict, max_seq_len: int, source: str, prefix: str = "model.synthetic.") -> None:
+    """What a config can check of a synthetic spec when it is read: every field present
+    (type and range) and, once every required field is given, the whole model config. A
+    required field that is missing is reported when the model is built, at capture."""
+    _seed, hf, r = _synthetic_fields(spec, max_seq_len, source, prefix)
+    if all(k in hf for k in REQUIRED_FIELDS):
+        synthetic_model_config(spec, max_seq_len, source, prefix)
+        return
+    for key in SIZE_RANGES:
+        if key in hf:
+            r.size(key, "")
+    if "rms_norm_eps" in hf:
+        r.number("rms_norm_eps", None, *RMS_NORM_EPS_RANGE, lo_open=True)
+    _rope(r)
+    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"):
+        r.flag(key)
+    r.token_ids("bos_token_id", many=False)
+    r.token_ids("eos_token_id", many=True)
+    _sliding_window(r)
+
+
+def _synthetic_fields(spec: dict, max_seq_len: int, source: str, prefix: str) -> tuple[int, dict, "_Fields"]:
+    """(seed, the spec as config.json fields, their reader); unknown keys and the seed checked."""
+    unknown = sorted(str(k) for k in spec if k not in HF_FIELDS and k not in ("seed", "architecture"))
+    if unknown:
+        exc = ConfigError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(prefix + k for k in unknown)}; valid keys under {prefix.rstrip('.')} are: "
+                          f"seed, architecture, {', '.join(HF_FIELDS)}.")
+        exc.key_path = prefix + unknown[0]
+        raise exc
+    hf = dict(spec)
+    seed = hf.pop("seed", 0)
+    r = _Fields(hf, source, prefix)
+    if int_problem(seed, 0, SEED_MAX):
+        r.fail("seed", seed, "a non-negative integer below 2**64")
+    if "architecture" in hf:
+        hf["architectures"] = [hf.pop("architecture")]
+    hf.setdefault("max_position_embeddings", max(max_seq_len, 4096))
+    return seed, hf, r
+
+
+class _Fields:
+    """Reads fields of one config.json dict; every error names the file and the field."""
+
+    def __init__(self, hf: dict, source: str, prefix: str):
+        self.hf, self.source, self.prefix = hf, source, prefix
+        # a checkpoint's config.json cannot be fixed by editing the YAML: that is a weight problem
+        self.unsupported_error = ConfigError if prefix else WeightLoadError
+
+    def fail(self, name: str, value, expected: str):
+        exc = ConfigError(f"{self.source}: {self.prefix}{name} = {short(value)} is not allowed; expected {expected}.")
+        exc.key_path = self.prefix + name
+        raise exc
+
+    def unsupported(self, message: str):
+        exc = self.unsupported_error(f"{self.source}: {message}")
+        exc.key_path = self.prefix.rstrip(".")
+        raise exc
+
+    def size(self, key: str, arch: str, default: int | None = None) -> int:
+        if key not in self.hf and default is None:
+            where = self.prefix.rstrip(".") or "config.json"
+            self.unsupported(f"{where} has no `{key}`; it is required for {arch}. Is this a complete "
+                             f"Hugging Face config?")
+        val = self.hf.get(key, default)
+        lo, hi = SIZE_RANGES[key]
+        if int_problem(val, lo, hi):
+            self.fail(key, val, int_problem(val, lo, hi))
+        return val
+
+    def number(self, key: str, default: float, lo: float, hi: float, lo_open: bool = False, d: dict | None = None,
+               name: str | None = None) -> float:
+        val = (self.hf if d is None else d).get(key, default)
+        problem = number_problem(val, lo, hi, lo_open)
+        if problem:
+            self.fail(name or key, val, problem)
+        return float(val)
+
+    def flag(self, key: str) -> bool:
+        val = self.hf.get(key)
+        if val is not None and not isinstance(val, bool):
+            self.fail(key, val, "true, false or null")
+        return bool(val)
+
+    def token_ids(self, key: str, many: bool):
+        val = self.hf.get(key)
+        items = val if many and isinstance(val, list) else [val]
+        if val is None:
+            return () if many else None
+        if any(int_problem(t, 0, TOKEN_ID_MAX) for t in items):
+            self.fail(key, val, f"a token id in [0, {TOKEN_ID_MAX}]{', a list of them' if many else ''} or null")
+        return tuple(items) if many else val
+
+
+def _architecture(r: _Fields) -> str:
+    archs = r.hf.get("architectures")
+    if not archs or not isinstance(archs, list):
+        r.unsupported(f"{r.prefix or 'config.json '}names no `architectures`; supported are "
+                      f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    arch = archs[0]
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHITECTURES:
+        r.unsupported(f"architecture {short(arch)} is not supported; supported are "
+                      f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    return arch
+
+
+def _refuse_unsupported(r: _Fields, arch: str) -> None:
+    act = r.hf.get("hidden_act", "silu")
+    if act != "silu":
+        r.unsupported(f"hidden_act={short(act)} is not supported (only 'silu').")
+    if r.flag("mlp_bias") or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and r.flag("attention_bias")):
+        r.unsupported(f"mlp_bias/attention_bias on {arch} is not supported.")
+
+
+def _sliding_window(r: _Fields) -> int | None:
+    window = r.hf.get("sliding_window")
+    if window is not None and int_problem(window, 1, 1 << 24):
+        r.fail("sliding_window", window, f"null or {int_problem(window, 1, 1 << 24)}")
+    return window
+
+
+def _check_sliding_window(r: _Fields, arch: str, max_seq_len: int | None) -> None:
+    window = _sliding_window(r)
+    if window is None:
+        return
+    if (arch == "MistralForCausalLM" or r.flag("use_sliding_window")) and (max_seq_len is None or window < max_seq_len):
+        r.unsupported(f"sliding_window={window} is shorter than limits.max_seq_len={max_seq_len}; sliding-window "
+                      f"attention is not implemented, so this model would run wrongly. Set limits.max_seq_len "
+                      f"<= {window}.")
+
+
+def _rope(r: _Fields) -> tuple[float, tuple | None]:
     """(rope_theta, llama3 scaling as sorted pairs or None). Transformers 5 writes
     `rope_parameters`; older versions `rope_theta` + `rope_scaling`."""
-    rope = dict(hf.get("rope_parameters") or {})
-    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise WeightLoadError(f"{source}: config.json rope_theta = {theta!r}; expected a positive number.")
-    scaling = hf.get("rope_scaling") or rope
-    scaling = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"}
+    for key in ("rope_parameters", "rope_scaling"):
+        if r.hf.get(key) is not None and not isinstance(r.hf[key], dict):
+            r.fail(key, r.hf[key], "a mapping or null")
+    rope = dict(r.hf.get("rope_parameters") or {})
+    theta_name = "rope_parameters.rope_theta" if "rope_theta" in rope else "rope_theta"
+    theta = r.number("rope_theta", r.hf.get("rope_theta", 10000.0), *ROPE_THETA_RANGE, d=rope, name=theta_name)
+    rope.pop("rope_theta", None)
+    name = "rope_scaling" if r.hf.get("rope_scaling") else "rope_parameters"
+    scaling = {k: v for k, v in (r.hf.get("rope_scaling") or rope).items() if k != "rope_theta"}
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise WeightLoadError(f"{source}: rope type {rope_type!r} is not supported; supported are "
-                              f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+    if not isinstance(rope_type, str) or rope_type not in SUPPORTED_ROPE_TYPES:
+        r.unsupported(f"rope type {short(rope_type)} is not supported; supported are "
+                      f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
     if rope_type != "llama3":
-        return float(theta), None
+        return theta, None
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [k for k in keys if k not in scaling]
     if missing:
-        raise WeightLoadError(f"{source}: llama3 rope scaling lacks {', '.join(missing)}.")
-    return float(theta), tuple(sorted((k, float(scaling[k])) for k in keys))
+        r.unsupported(f"llama3 rope scaling lacks {', '.join(missing)}.")
+    low = r.number("low_freq_factor", None, 0.0, 1e3, lo_open=True, d=scaling, name=f"{name}.low_freq_factor")
+    values = {
+        "factor": r.number("factor", None, 1.0, 1e3, d=scaling, name=f"{name}.factor"),
+        "low_freq_factor": low,
+        # the blend divides by high - low
+        "high_freq_factor": r.number("high_freq_factor", None, low, 1e3, lo_open=True, d=scaling,
+                                     name=f"{name}.high_freq_factor"),
+        "original_max_position_embeddings": float(_original_max_positions(r, scaling, name)),
+    }
+    return theta, tuple(sorted(values.items()))
+
+
+def _original_max_positions(r: _Fields, scaling: dict, name: str) -> int:
+    val = scaling["original_max_position_embeddings"]
+    lo, hi = SIZE_RANGES["max_position_embeddings"]
+    if int_problem(val, lo, hi):
+        r.fail(f"{name}.original_max_position_embeddings", val, int_problem(val, lo, hi))
+    return val

@@ -10,7 +10,6 @@ checkpoint can execute code.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,9 @@ from safetensors import safe_open
 
 from ..config import ModelSource
 from ..errors import WeightLoadError
+from ..inputs import JSONProblem, loads_json, short, text_problem
 from ..kernels import KernelSet
-from .config import ModelConfig
+from .config import ModelConfig, synthetic_model_config
 from .llama import CausalLM
 from .parallel import TPGroup, check_divisible, part_slice, take
 
@@ -73,8 +73,8 @@ def read_hf_config(ckpt: Path) -> dict:
         raise WeightLoadError(f"{ckpt}: no config.json. A Hugging Face checkpoint directory holds "
                               f"config.json and *.safetensors; point model.path at one.")
     try:
-        data = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = loads_json(cfg_path.read_text(encoding="utf-8"))
+    except (JSONProblem, UnicodeDecodeError) as exc:
         raise WeightLoadError(f"{cfg_path}: not valid JSON ({exc}).") from None
     if not isinstance(data, dict):
         raise WeightLoadError(f"{cfg_path}: expected a JSON object.")
@@ -86,10 +86,13 @@ def weight_files(ckpt: Path) -> list[Path]:
     index = ckpt / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = loads_json(index.read_text(encoding="utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        except (JSONProblem, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise WeightLoadError(f"{index}: not a valid shard index ({exc!r}).") from None
+        bad = next((n for n in names if text_problem(n) or not n), None)
+        if bad is not None:
+            raise WeightLoadError(f"{index}: shard name {short(bad)} is not a file name.")
         files = []
         for name in names:
             path = (ckpt / name).resolve()
@@ -263,13 +266,7 @@ def _list(items: list[str], limit: int = 12) -> str:
 
 
 def _synthetic_config(spec: dict, max_seq_len: int) -> tuple[int, ModelConfig]:
-    spec = dict(spec)
-    seed = spec.pop("seed", 0)
-    arch = spec.pop("architecture", None) or (spec.get("architectures") or [None])[0]
-    hf = {**spec, "architectures": [arch]}
-    if "max_position_embeddings" not in hf:
-        hf["max_position_embeddings"] = max(max_seq_len, 4096)
-    return seed, ModelConfig.from_hf(hf, source="model.synthetic", max_seq_len=max_seq_len)
+    return synthetic_model_config(spec, max_seq_len, source="model config")
 
 
 def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,

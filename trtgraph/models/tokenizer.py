@@ -7,13 +7,15 @@ from pathlib import Path
 
 from ..errors import WeightLoadError
 
+BYTE_VOCAB_SIZE = 256  # the byte-level tokenizer's ids: one per byte value
+
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids. Decoding skips ids that are not bytes."""
 
     def __init__(self, vocab_size: int, bos_token_id: int | None = None):
-        if vocab_size < 256:
-            raise WeightLoadError(f"a synthetic model needs vocab_size >= 256 for its byte-level "
+        if vocab_size < BYTE_VOCAB_SIZE:
+            raise WeightLoadError(f"a synthetic model needs vocab_size >= {BYTE_VOCAB_SIZE} for its byte-level "
                                   f"tokenizer; got {vocab_size}")
         self.vocab_size = vocab_size
         self.bos_token_id = bos_token_id

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PromptError
+from ..inputs import JSONProblem, int_problem, loads_json, short, text_problem
 
 FIELDS = ("id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 MAX_TOKENS_CAP = 1 << 20
@@ -57,17 +58,19 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     """One request from a dict. `where` names it in errors (`prompts.jsonl line 3`)."""
 
     def fail(field_name, value, expected):
-        raise PromptError(f"{where}: field `{field_name}` = {_short(value)} is not allowed; expected {expected}.")
+        raise PromptError(f"{where}: field `{field_name}` = {short(value)} is not allowed; expected {expected}.")
 
     if not isinstance(raw, dict):
         raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`).")
-    unknown = sorted(k for k in raw if k not in FIELDS)
+    unknown = sorted(short(k) if text_problem(k) else k for k in raw if k not in FIELDS)
     if unknown:
         raise PromptError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                           f"valid fields are {', '.join(FIELDS)}.")
     rid = raw.get("id")
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
-        fail("id", rid, "a non-empty string or an integer")
+    if not (isinstance(rid, str) or int_problem(rid, -(1 << 63), (1 << 63) - 1) is None) or rid == "":
+        fail("id", rid, "a non-empty string or an integer in [-2**63, 2**63)")
+    if isinstance(rid, str) and text_problem(rid):
+        fail("id", rid, text_problem(rid))
     has_text, has_ids = raw.get("prompt") is not None, raw.get("prompt_token_ids") is not None
     if has_text == has_ids:
         raise PromptError(f"{where}: give exactly one of `prompt` (text) or `prompt_token_ids` (a list of ints).")
@@ -76,6 +79,8 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
         prompt = raw["prompt"]
         if not isinstance(prompt, str) or not prompt:
             fail("prompt", prompt, "a non-empty string")
+        if text_problem(prompt):
+            fail("prompt", prompt, text_problem(prompt))
     else:
         ids = raw["prompt_token_ids"]
         if not isinstance(ids, list) or not ids:
@@ -119,18 +124,15 @@ def _stops(stop, fail) -> tuple[tuple[str, ...], tuple[int, ...]]:
         fail("stop", stop, "a string, a token id, or a list of them")
     strings, ids = [], []
     for s in items:
-        if isinstance(s, str) and s:
+        if isinstance(s, str) and s and not text_problem(s):
             strings.append(s)
+        elif isinstance(s, str) and s:
+            fail("stop", s, text_problem(s))
         elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
             ids.append(s)
         else:
             fail("stop", s, "non-empty strings or non-negative token ids")
     return tuple(strings), tuple(ids)
-
-
-def _short(value) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Request]:
@@ -150,10 +152,9 @@ def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Reques
         if not text.strip():
             continue
         try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PromptError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}). Each line must be "
-                              f"one JSON object.") from None
+            raw = loads_json(text)
+        except JSONProblem as exc:
+            raise PromptError(f"{where}: not valid JSON ({exc}). Each line must be one JSON object.") from None
         req = parse_request(raw, where, vocab_size)
         if req.id in seen:
             raise PromptError(f"{where}: duplicate id {req.id!r} (first on line {seen[req.id]}); ids must be unique.")

@@ -1,0 +1,243 @@
+"""Every field of a manifest, checked on load: types, ranges, names, and agreement between
+sections. The digest only proves the file was not edited by accident; a forged manifest
+whose digest was recomputed must still be refused field by field, before anything reads it.
+
+`artifacts.load_manifest` reads the file and calls these; each problem is a ManifestError
+naming the manifest, the field (`keys[3].pool_bytes`), the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+from typing import Any
+
+from .buckets import GraphKey
+from .config import DTYPES, SAMPLING_MODES, Config
+from .errors import ConfigError, ManifestError
+from .inputs import int_problem, is_int, number_problem, short, text_problem
+
+TOP_LEVEL = ("format_version", "format_changelog", "trtgraph_version", "created", "environment", "model",
+             "config", "limits", "kv_cache", "buffers", "keys", "totals", "paths", "parallel", "digest")
+ENVIRONMENT = ("python", "torch", "cuda", "triton", "backend", "device_name", "capability")
+BACKENDS = ("cuda", "static")
+MODEL = ("source", "architecture", "config_hash", "dtype", "parameter_count", "seed", "weight_files")
+BUFFER_DTYPES = ("int64", "int32", "float32", "float16", "bfloat16")
+MAX_BYTES = 1 << 44  # 16 TiB: more than any host or device holds
+MAX_SECONDS = 86400.0
+MAX_TEXT = 256  # versions, names, devices
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+class FieldReader:
+    """Checks that raise ManifestError naming the manifest and the dotted field path.
+    `name` is the full path; the value is looked up under its last part in `d`."""
+
+    def __init__(self, path: Path, recapture: str):
+        self.path, self.recapture = path, recapture
+
+    def fail(self, field_name: str, value: Any, expected: str):
+        raise ManifestError(f"{self.path}: {field_name} = {short(value)}; expected {expected}. {self.recapture}")
+
+    def obj(self, value: Any, name: str, allowed: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+        """A JSON object with exactly the `allowed` keys (those in `optional` may be absent)."""
+        if not isinstance(value, dict):
+            self.fail(name, value, "a JSON object")
+        unknown = sorted(short(k) for k in value if k not in allowed)
+        missing = [k for k in allowed if k not in value and k not in optional]
+        if unknown or missing:
+            self.fail(name, sorted(map(short, value)), f"the keys {', '.join(allowed)}"
+                      + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+                      + (f" (missing: {', '.join(missing)})" if missing else ""))
+        return value
+
+    def typed(self, body: dict, name: str, kind):
+        if not isinstance(body.get(name), kind):
+            self.fail(name, body.get(name), f"a JSON {'object' if kind is dict else 'list'}")
+        return body[name]
+
+    def int_field(self, d: dict, name: str, lo: int = 0, hi: int = 1 << 40) -> int:
+        val = d.get(name.rsplit(".", 1)[-1])
+        if int_problem(val, lo, hi):
+            self.fail(name, val, int_problem(val, lo, hi))
+        return val
+
+    def number(self, d: dict, name: str, hi: float = 1e9) -> float:
+        val = d.get(name.rsplit(".", 1)[-1])
+        if number_problem(val, 0, hi):
+            self.fail(name, val, f"a number in [0, {hi:g}]")
+        return float(val)
+
+    def text(self, d: dict, name: str, nullable: bool = False, choices: tuple[str, ...] | None = None) -> str | None:
+        val = d.get(name.rsplit(".", 1)[-1])
+        if val is None and nullable:
+            return None
+        problem = text_problem(val) or (None if 0 < len(val) <= MAX_TEXT else f"1 to {MAX_TEXT} characters")
+        if problem or (choices is not None and val not in choices):
+            self.fail(name, val, f"one of {', '.join(choices)}" if choices else
+                      problem + (" or null" if nullable else ""))
+        return val
+
+    def hex_digest(self, d: dict, name: str, length: int) -> str:
+        val = d.get(name.rsplit(".", 1)[-1])
+        if not isinstance(val, str) or len(val) != length or not _HEX.fullmatch(val):
+            self.fail(name, val, f"{length} lowercase hex digits")
+        return val
+
+
+def check_header(v: FieldReader, body: dict) -> None:
+    """Top-level keys, the version strings and the creation time."""
+    v.obj(body, "<manifest>", TOP_LEVEL)
+    if not isinstance(body["format_changelog"], dict):
+        v.fail("format_changelog", body["format_changelog"], "a JSON object")
+    v.text(body, "trtgraph_version")
+    v.hex_digest(body, "digest", 64)
+    created = v.text(body, "created")
+    try:
+        _dt.datetime.fromisoformat(created)
+    except ValueError:
+        v.fail("created", created, "an ISO 8601 time such as 2026-11-29T13:32:49+00:00")
+
+
+def check_environment(v: FieldReader, env: Any) -> None:
+    v.obj(env, "environment", ENVIRONMENT)
+    for name in ("python", "torch", "device_name"):
+        v.text(env, f"environment.{name}")
+    for name in ("cuda", "triton", "capability"):
+        v.text(env, f"environment.{name}", nullable=True)
+    v.text(env, "environment.backend", choices=BACKENDS)
+
+
+def config_section(v: FieldReader, raw: Any) -> Config:
+    """The embedded config, through the same validator as a model.yaml. Its model.path is
+    absolute (capture resolved it) and must still hold the checkpoint."""
+    model = raw.get("model") if isinstance(raw, dict) else None
+    path = model.get("path") if isinstance(model, dict) else None
+    if path is not None:
+        if text_problem(path) or not Path(path).is_absolute():
+            v.fail("config.model.path", path, "an absolute checkpoint directory (capture writes it resolved)")
+        if not Path(path).is_dir():
+            raise ManifestError(f"{v.path}: config.model.path = {short(path)}: the checkpoint captured from is not "
+                                f"there any more (moved or deleted). Put it back at that path, or {v.recapture[0].lower()}"
+                                f"{v.recapture[1:]}")
+    try:
+        return Config.from_dict(raw, source=f"{v.path} config")
+    except ConfigError as exc:
+        raise ManifestError(f"{v.path}: its config section is invalid: {exc} {v.recapture}") from None
+
+
+def check_model(v: FieldReader, model: Any, config: Config) -> None:
+    """The model fingerprint: what the weights were (compared with the weights found at run)."""
+    from .models.config import SUPPORTED_ARCHITECTURES, SEED_MAX
+
+    v.obj(model, "model", MODEL, optional=("seed",))
+    v.text(model, "model.source")
+    v.text(model, "model.architecture", choices=SUPPORTED_ARCHITECTURES)
+    v.hex_digest(model, "model.config_hash", 16)
+    if v.text(model, "model.dtype", choices=DTYPES) != config.dtype:
+        v.fail("model.dtype", model["dtype"], f"{config.dtype!r}, the config's dtype")
+    v.int_field(model, "model.parameter_count", lo=1, hi=MAX_BYTES)
+    if "seed" in model:
+        v.int_field(model, "model.seed", lo=0, hi=SEED_MAX)
+    files = model["weight_files"]
+    if not isinstance(files, list):
+        v.fail("model.weight_files", files, "a JSON list")
+    names = set()
+    for i, entry in enumerate(files):
+        where = f"model.weight_files[{i}]"
+        v.obj(entry, where, ("name", "bytes", "sha256"))
+        name = v.text(entry, f"{where}.name")
+        if "/" in name or "\\" in name or name in (".", "..") or name in names:
+            v.fail(f"{where}.name", name, "a file name of the checkpoint directory, listed once")
+        names.add(name)
+        v.int_field(entry, f"{where}.bytes", lo=0, hi=MAX_BYTES)
+        v.hex_digest(entry, f"{where}.sha256", 64)
+
+
+def check_kv_cache(v: FieldReader, kv: Any, config: Config) -> None:
+    v.obj(kv, "kv_cache", ("block_size", "num_blocks", "bytes"))
+    for name in ("block_size", "num_blocks"):
+        want = getattr(config.kv_cache, name)
+        if kv[name] != want or not is_int(kv[name]):
+            v.fail(f"kv_cache.{name}", kv[name], f"{want}, as the config section says")
+    v.int_field(kv, "kv_cache.bytes", lo=1, hi=MAX_BYTES)
+
+
+def check_buffers(v: FieldReader, buffers: Any) -> None:
+    """The persistent buffer layout (the runtime compares it with the one it builds)."""
+    if not isinstance(buffers, list) or not buffers:
+        v.fail("buffers", buffers, "a non-empty JSON list")
+    names = set()
+    for i, buf in enumerate(buffers):
+        where = f"buffers[{i}]"
+        v.obj(buf, where, ("name", "shape", "dtype"))
+        name = v.text(buf, f"{where}.name")
+        if name in names:
+            v.fail(f"{where}.name", name, "a name not listed before")
+        names.add(name)
+        shape = buf["shape"]
+        if not isinstance(shape, list) or not 1 <= len(shape) <= 4 or any(int_problem(n, 0, 1 << 32) for n in shape):
+            v.fail(f"{where}.shape", shape, "a list of 1 to 4 sizes in [0, 2**32]")
+        v.text(buf, f"{where}.dtype", choices=BUFFER_DTYPES)
+
+
+def key_record_fields(v: FieldReader, i: int, raw: Any) -> dict:
+    """The fields of keys[i], checked; GraphKey and num_tokens agree."""
+    where = f"keys[{i}]"
+    v.obj(raw, where, ("key", "num_tokens", "capture_index", "capture_seconds", "pool_bytes", "replay_ms",
+                       "eager_ms", "parity"))
+    k = v.obj(raw["key"], f"{where}.key", ("batch_size", "draft_len", "chunk_size", "sampling"))
+    key = GraphKey(v.int_field(k, f"{where}.key.batch_size", lo=1, hi=1 << 16),
+                   v.int_field(k, f"{where}.key.draft_len", lo=0, hi=1 << 10),
+                   v.int_field(k, f"{where}.key.chunk_size", lo=0, hi=1 << 22),
+                   v.text(k, f"{where}.key.sampling", choices=SAMPLING_MODES))
+    n = v.int_field(raw, f"{where}.num_tokens", lo=1, hi=1 << 24)
+    if n != key.num_tokens:
+        v.fail(f"{where}.num_tokens", n, f"{key.num_tokens} for {key}")
+    parity = v.obj(raw["parity"], f"{where}.parity", ("max_abs_logit_diff", "tokens_equal"))
+    if not isinstance(parity["tokens_equal"], bool):
+        v.fail(f"{where}.parity.tokens_equal", parity["tokens_equal"], "true or false")
+    return dict(key=key, num_tokens=n, capture_index=v.int_field(raw, f"{where}.capture_index", hi=1 << 20),
+                capture_seconds=v.number(raw, f"{where}.capture_seconds", hi=MAX_SECONDS),
+                pool_bytes=v.int_field(raw, f"{where}.pool_bytes", lo=0, hi=MAX_BYTES),
+                replay_ms=v.number(raw, f"{where}.replay_ms", hi=1e7),
+                eager_ms=v.number(raw, f"{where}.eager_ms", hi=1e7),
+                max_abs_logit_diff=v.number(parity, f"{where}.parity.max_abs_logit_diff", hi=1e30),
+                tokens_equal=parity["tokens_equal"])
+
+
+def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
+    """Totals agree with the keys they sum up."""
+    v.obj(totals, "totals", ("num_keys", "warmup_seconds", "capture_seconds", "pool_bytes",
+                             "largest_key_pool_bytes", "all_parity_ok"), optional=("all_parity_ok",))
+    if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(pool_bytes):
+        v.fail("totals.num_keys", totals["num_keys"], f"{len(pool_bytes)}, the number of keys")
+    if v.int_field(totals, "totals.pool_bytes", lo=0, hi=MAX_BYTES) != sum(pool_bytes):
+        v.fail("totals.pool_bytes", totals["pool_bytes"], f"{sum(pool_bytes)}, the sum of the keys' pool_bytes")
+    if v.int_field(totals, "totals.largest_key_pool_bytes", lo=0, hi=MAX_BYTES) != max(pool_bytes):
+        v.fail("totals.largest_key_pool_bytes", totals["largest_key_pool_bytes"],
+               f"{max(pool_bytes)}, the largest of the keys' pool_bytes")
+    v.number(totals, "totals.warmup_seconds", hi=MAX_SECONDS)
+    v.number(totals, "totals.capture_seconds", hi=MAX_SECONDS)
+    if "all_parity_ok" in totals and not isinstance(totals["all_parity_ok"], bool):
+        v.fail("totals.all_parity_ok", totals["all_parity_ok"], "true or false")
+
+
+def check_parallel(v: FieldReader, par: Any, config: Config) -> None:
+    """The tensor-parallel size (as the config says) and one record per rank, in order."""
+    v.obj(par, "parallel", ("tensor_parallel_size", "ranks"))
+    n = v.int_field(par, "parallel.tensor_parallel_size", lo=1, hi=64)
+    if n != config.parallel.tensor_parallel_size:
+        v.fail("parallel.tensor_parallel_size", n, f"{config.parallel.tensor_parallel_size}, as its config says")
+    ranks = par["ranks"]
+    if not isinstance(ranks, list) or len(ranks) != n:
+        v.fail("parallel.ranks", ranks, f"a list of {n} rank records")
+    for i, rank in enumerate(ranks):
+        where = f"parallel.ranks[{i}]"
+        v.obj(rank, where, ("rank", "device", "parameter_count", "kv_cache_bytes"))
+        if rank["rank"] != i or not is_int(rank["rank"]):
+            v.fail(f"{where}.rank", rank["rank"], str(i))
+        v.text(rank, f"{where}.device")
+        v.int_field(rank, f"{where}.parameter_count", lo=1, hi=MAX_BYTES)
+        v.int_field(rank, f"{where}.kv_cache_bytes", lo=1, hi=MAX_BYTES)
