@@ -14,8 +14,12 @@ instead of eating the machine's memory.
 from __future__ import annotations
 
 import json
+import os
 import re
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,8 @@ from trtgraph.errors import ConfigError, ManifestError, PromptError
 from trtgraph.models.config import ModelConfig
 from trtgraph.runtime.requests import parse_request, read_prompts
 
-DEFAULT_YAML = (Path(__file__).resolve().parent.parent / "trtgraph" / "default.yaml").read_text()
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_YAML = (REPO / "trtgraph" / "default.yaml").read_text()
 
 
 def yaml_with(old: str, new: str) -> str:
@@ -95,6 +100,20 @@ def test_hostile_yaml_is_refused_with_its_line(text, fragments, line):
     assert re.search(rf"model\.yaml line {line}\b", msg), msg
 
 
+def test_a_document_of_too_many_values_is_refused_while_composing():
+    text = "values: [" + ", ".join(["1"] * 20_000) + "]\n" + DEFAULT_YAML
+    msg = config_error(text)
+    assert "more than 10000 values in one document" in msg and "model.yaml line 1" in msg, msg
+
+
+def test_a_config_file_past_one_mib_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text(DEFAULT_YAML + ("# padding\n" * 120_000))
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(path)
+    assert str(path) in str(info.value) and "more than the 1048576" in str(info.value)
+
+
 def test_merge_keys_and_small_aliases_still_work():
     """Control: a merge key and an alias that expand to little are ordinary YAML."""
     text = ("_limits: &limits {max_batch_size: 8, max_seq_len: 256}\n" + DEFAULT_YAML).replace(
@@ -158,6 +177,10 @@ MODEL_CASES = [
     ("tie-embeddings-string", "    seed: 0", "    seed: 0\n    tie_word_embeddings: 'false'", "tie_word_embeddings",
      "'false'", "true, false or null"),
     ("eos-token-string", "    seed: 0", "    seed: 0\n    eos_token_id: '2'", "eos_token_id", "'2'", "token id"),
+    ("date-in-an-ignored-field", "    seed: 0", "    seed: 0\n    rope_scaling: {rope_type: default, when: 2001-01-01}",
+     "rope_scaling.when", "datetime.date(2001, 1, 1)", "a JSON value"),
+    ("nan-in-an-ignored-field", "    seed: 0", "    seed: 0\n    rope_scaling: {rope_type: default, factor: .nan}",
+     "rope_scaling.factor", "nan", "a finite number"),
     ("misspelled-field", "    seed: 0", "    seed: 0\n    rope_thetta: 500000.0", "rope_thetta", None,
      "unknown key"),
 ]
@@ -271,6 +294,25 @@ def test_hostile_prompt_lines_are_refused_up_front(tmp_path, line, field, fragme
         assert f"field `{field}`" in msg, msg
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_prompts_that_are_not_a_regular_file_fail_at_once(tmp_path, kind):
+    """Before: a FIFO blocked open() for ever, /dev/zero was read until memory ran out.
+    In a subprocess with a timeout, so a regression cannot hang or starve the test run."""
+    path = Path("/dev/zero") if kind == "device" else tmp_path / "prompts.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    code = ("from trtgraph.runtime.requests import read_prompts\n"
+            "from trtgraph.errors import PromptError\n"
+            f"try:\n    read_prompts({str(path)!r})\nexcept PromptError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=_limit_memory)
+    assert f"{path}: cannot read the prompts file (not a regular file)" in done.stdout, done.stdout + done.stderr
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
 def test_surrogate_pair_is_one_valid_character(tmp_path):
     """Control: an escaped pair (😀) is valid text, only a lone half is refused."""
     path = tmp_path / "prompts.jsonl"
@@ -337,11 +379,13 @@ def _first_key_pool(body):
 MANIFEST_CASES = [
     # (id, edit, fragments of the message)
     ("format-version-true", _set("format_version", True), ["format_version true"]),
-    ("unknown-top-level-key", _set("extra", 1), ["<manifest>", "unknown: 'extra'"]),
+    ("unknown-top-level-key", _set("extra", 1), ["its top level has unknown key(s) 'extra'"]),
     ("created-not-a-time", _set("created", "yesterday"), ["created = 'yesterday'", "ISO 8601"]),
     ("version-with-surrogate", _set("trtgraph_version", "0.1\ud800"), ["trtgraph_version", "lone surrogate"]),
     ("version-huge", _set("trtgraph_version", "9" * 100_000), ["trtgraph_version", "1 to 256 characters"]),
     ("environment-backend", _set("environment", "backend", "gpu"), ["environment.backend = 'gpu'", "cuda, static"]),
+    ("terminal-escape-in-device-name", _set("environment", "device_name", "cpu\x1b[2J"),
+     ["environment.device_name = 'cpu\\x1b[2J'", "control characters"]),
     ("environment-torch-number", _set("environment", "torch", 2.13), ["environment.torch = 2.13"]),
     ("model-dtype", _set("model", "dtype", "fp8"), ["model.dtype = 'fp8'", "float32"]),
     ("model-dtype-disagrees", _set("model", "dtype", "bfloat16"), ["model.dtype = 'bfloat16'", "config's dtype"]),
@@ -358,7 +402,7 @@ MANIFEST_CASES = [
     ("buffer-dtype", lambda b: b["buffers"][0].update(dtype="complex128"), ["buffers[0].dtype = 'complex128'"]),
     ("buffer-shape", lambda b: b["buffers"][0].update(shape=[-1]), ["buffers[0].shape = [-1]"]),
     ("buffers-empty", _set("buffers", []), ["buffers = []"]),
-    ("key-unknown-field", lambda b: b["keys"][0].update(note="x"), ["keys[0]", "unknown: 'note'"]),
+    ("key-unknown-field", lambda b: b["keys"][0].update(note="x"), ["keys[0] has unknown key(s) 'note'"]),
     ("totals-pool-disagrees", _first_key_pool, ["totals.pool_bytes", "sum of the keys' pool_bytes"]),
     ("parallel-ranks-missing", _set("parallel", "ranks", []), ["parallel.ranks = []", "1 rank records"]),
     ("parallel-rank-number", lambda b: b["parallel"]["ranks"][0].update(rank=3), ["parallel.ranks[0].rank = 3"]),
@@ -380,6 +424,15 @@ def test_forged_manifest_fields_are_refused(tmp_path, default_artifacts, edit, f
     msg = str(info.value)
     msg.encode("utf-8")
     assert str(art / "manifest.json") in msg and all(f in msg for f in fragments), msg
+
+
+def test_a_manifest_past_its_size_bound_is_refused_before_parsing(tmp_path, default_artifacts, monkeypatch):
+    import trtgraph.artifacts as artifacts
+
+    monkeypatch.setattr(artifacts, "MAX_MANIFEST_BYTES", 1000)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(default_artifacts)
+    assert "more than the 1000" in str(info.value)
 
 
 def test_nan_literal_in_a_manifest_is_refused(tmp_path, default_artifacts):

@@ -24,10 +24,11 @@ from . import manifest_schema as schema
 from .buckets import BucketPlan, GraphKey, uncovered_shapes
 from .config import Config
 from .errors import ManifestError
-from .inputs import JSONProblem, is_int, loads_json, short, text_problem
+from .inputs import InputTooLarge, JSONProblem, is_int, loads_json, read_bounded, short, text_problem
 from .manifest_schema import FieldReader
 
 MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest of thousands of keys is under 2 MiB
 TRITON_CACHE_DIR = "triton-cache"
 
 # Format versions, one line each. Bump on any change a reader must know about.
@@ -215,11 +216,12 @@ def _read_body(mpath: Path) -> dict:
         raise ManifestError(f"{mpath}: no manifest here. Run `trtgraph capture` first, or pass the "
                             f"artifacts directory it wrote.")
     try:
-        body = loads_json(mpath.read_text(encoding="utf-8"), allow_nonfinite=False)
+        body = loads_json(read_bounded(mpath, MAX_MANIFEST_BYTES).decode("utf-8"), allow_nonfinite=False)
     except (JSONProblem, UnicodeDecodeError) as exc:
         raise ManifestError(f"{mpath}: not valid JSON ({exc}); the file may be truncated. {RECAPTURE}") from None
-    except OSError as exc:
-        raise ManifestError(f"{mpath}: cannot read the manifest ({exc.strerror or exc}).") from None
+    except (OSError, InputTooLarge) as exc:
+        raise ManifestError(f"{mpath}: cannot read the manifest ({getattr(exc, 'strerror', None) or exc}). "
+                            f"{RECAPTURE}") from None
     if not isinstance(body, dict):
         raise ManifestError(f"{mpath}: expected a JSON object. {RECAPTURE}")
     version = body.get("format_version")

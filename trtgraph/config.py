@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .inputs import YAMLProblem, int_problem, is_int, key_lines, load_yaml, path_problem, short, text_problem
+from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, YAMLProblem, int_problem, is_int, key_lines, load_yaml,
+                     path_problem, read_bounded, short, text_problem)
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("auto", "cuda", "cpu")
@@ -105,8 +106,8 @@ class Config:
             raise ConfigError(f"{path}: no such config file. Pass an existing YAML file to "
                               f"--config, or leave --config out to use the embedded default.")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            text = read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8")
+        except (OSError, UnicodeDecodeError, InputTooLarge) as exc:
             raise ConfigError(f"{path}: cannot read the config file ({exc}).") from None
         return cls.from_text(text, source=str(path), base_dir=path.parent)
 
@@ -287,7 +288,8 @@ class _Validator:
 
     def fail(self, path: str, value: Any, allowed: str):
         where = path or "<top level>"
-        exc = ConfigError(f"{self.source}: {where} = {value!r} is not allowed; expected {allowed}.")
+        shown = repr(value) if value is None or isinstance(value, bool) else short(value)
+        exc = ConfigError(f"{self.source}: {where} = {shown} is not allowed; expected {allowed}.")
         exc.key_path = path
         raise exc
 

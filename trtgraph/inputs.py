@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import reprlib
+import stat
 from typing import Any
 
 import yaml
 
 MAX_YAML_DEPTH = 64  # nesting, counted through aliases
 MAX_YAML_NODES = 10_000  # nodes once every alias is expanded; a model.yaml has about a hundred
+MAX_CONFIG_BYTES = 1 << 20  # a model.yaml is a few hundred bytes
 MAX_INT_DIGITS = 4000  # below Python's default int-string limit (4300), so the message is ours
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -65,6 +68,28 @@ def text_problem(value: Any) -> str | None:
     return None
 
 
+def json_problem(value: Any, path: str) -> tuple[str, Any, str] | None:
+    """(where, the value there, what was expected) for the first part of `value` that JSON cannot round-trip: a key that
+    is not a string, a NaN or infinite float, a type JSON lacks (a YAML date, set, bytes)."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str) or text_problem(k):
+                    return where, k, "string keys (text)"
+                stack.append((v, f"{where}.{k}"))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            return where, item, "a finite number"
+        elif isinstance(item, str) and text_problem(item):
+            return where, item, text_problem(item)
+        elif item is not None and not isinstance(item, (str, int, float, bool)):
+            return where, item, f"a JSON value (a string, number, true/false, null, list or mapping), not a {type(item).__name__}"
+    return None
+
+
 def path_problem(value: Any) -> str | None:
     """A path the OS can open: non-empty text, no NUL character, no lone surrogate."""
     if not isinstance(value, str) or not value.strip():
@@ -90,6 +115,24 @@ def short(value: Any) -> str:
         return _repr.repr(value)
     except (ValueError, RecursionError):
         return f"<a {type(value).__name__}>"
+
+
+# ---------------------------------------------------------------------------- files
+
+class InputTooLarge(ValueError):
+    """A file is not a regular file, or larger than any valid one of its kind."""
+
+
+def read_bounded(path, max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular file (never a FIFO or a device such as /dev/zero, which would
+    block or never end), refused past max_bytes before it is read."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before open(): opening a FIFO blocks
+        raise InputTooLarge("not a regular file")
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise InputTooLarge(f"{st.st_size} bytes, more than the {max_bytes} any valid one needs")
+        return f.read()
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -145,15 +188,20 @@ class YAMLProblem(yaml.MarkedYAMLError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader whose composer stops at MAX_YAML_DEPTH levels (it recurses per level)."""
+    """SafeLoader whose composer stops at MAX_YAML_DEPTH levels (it recurses per level) and
+    MAX_YAML_NODES nodes, and whose integers stay within Python's digit limit."""
 
     def __init__(self, stream):
         super().__init__(stream)
-        self._depth = 0
+        self._depth = self._nodes = 0
 
     def compose_node(self, parent, index):
         self._depth += 1
+        self._nodes += 1
         try:
+            if self._nodes > MAX_YAML_NODES:
+                raise YAMLProblem(None, None, f"more than {MAX_YAML_NODES} values in one document",
+                                  self.peek_event().start_mark)
             if self._depth > MAX_YAML_DEPTH:
                 raise YAMLProblem(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
                                   self.peek_event().start_mark)

@@ -47,9 +47,10 @@ class FieldReader:
         unknown = sorted(short(k) for k in value if k not in allowed)
         missing = [k for k in allowed if k not in value and k not in optional]
         if unknown or missing:
-            self.fail(name, sorted(map(short, value)), f"the keys {', '.join(allowed)}"
-                      + (f" (unknown: {', '.join(unknown)})" if unknown else "")
-                      + (f" (missing: {', '.join(missing)})" if missing else ""))
+            problem = "; ".join(([f"unknown key(s) {', '.join(unknown)}"] if unknown else [])
+                                + ([f"missing {', '.join(missing)}"] if missing else []))
+            raise ManifestError(f"{self.path}: {name} has {problem}; a manifest holds exactly "
+                                f"{', '.join(allowed)} there. {self.recapture}")
         return value
 
     def typed(self, body: dict, name: str, kind):
@@ -74,6 +75,8 @@ class FieldReader:
         if val is None and nullable:
             return None
         problem = text_problem(val) or (None if 0 < len(val) <= MAX_TEXT else f"1 to {MAX_TEXT} characters")
+        if not problem and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in val):
+            problem = "text without control characters (they would reach the terminal)"
         if problem or (choices is not None and val not in choices):
             self.fail(name, val, f"one of {', '.join(choices)}" if choices else
                       problem + (" or null" if nullable else ""))
@@ -88,7 +91,7 @@ class FieldReader:
 
 def check_header(v: FieldReader, body: dict) -> None:
     """Top-level keys, the version strings and the creation time."""
-    v.obj(body, "<manifest>", TOP_LEVEL)
+    v.obj(body, "its top level", TOP_LEVEL)
     if not isinstance(body["format_changelog"], dict):
         v.fail("format_changelog", body["format_changelog"], "a JSON object")
     v.text(body, "trtgraph_version")

@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError, WeightLoadError
-from ..inputs import int_problem, number_problem, short
+from ..inputs import int_problem, json_problem, number_problem, short
 from .tokenizer import BYTE_VOCAB_SIZE
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -107,8 +107,8 @@ class ModelConfig:
         theta, rope_scaling = _rope(r)
         max_pos = r.size("max_position_embeddings", arch, default=4096)
         if max_seq_len is not None and max_seq_len > max_pos:
-            raise WeightLoadError(f"{source}: limits.max_seq_len={max_seq_len} exceeds the model's "
-                                  f"max_position_embeddings={max_pos}; lower limits.max_seq_len.")
+            r.unsupported(f"limits.max_seq_len={max_seq_len} exceeds the model's max_position_embeddings="
+                          f"{max_pos}; lower limits.max_seq_len.")
         _check_sliding_window(r, arch, max_seq_len)
         return cls(
             architecture=arch, hidden_size=hidden, intermediate_size=r.size("intermediate_size", arch),
@@ -144,7 +144,16 @@ def check_synthetic(spec: dict, max_seq_len: int, source: str, prefix: str = "mo
     _seed, hf, r = _synthetic_fields(spec, max_seq_len, source, prefix)
     if all(k in hf for k in REQUIRED_FIELDS):
         synthetic_model_config(spec, max_seq_len, source, prefix)
-        return
+    else:
+        _check_present_fields(r)
+    bad = json_problem(spec, prefix.rstrip("."))  # fields nothing reads, stored in the manifest as JSON
+    if bad:
+        r.fail(bad[0][len(prefix):], bad[1], bad[2])
+
+
+def _check_present_fields(r: "_Fields") -> None:
+    """Type and range of each field a partial spec gives."""
+    hf = r.hf
     for key in SIZE_RANGES:
         if key in hf:
             r.size(key, "")
@@ -187,8 +196,9 @@ class _Fields:
         self.unsupported_error = ConfigError if prefix else WeightLoadError
 
     def fail(self, name: str, value, expected: str):
-        exc = ConfigError(f"{self.source}: {self.prefix}{name} = {short(value)} is not allowed; expected {expected}.")
-        exc.key_path = self.prefix + name
+        where = (self.prefix + name).rstrip(".")
+        exc = ConfigError(f"{self.source}: {where} = {short(value)} is not allowed; expected {expected}.")
+        exc.key_path = where
         raise exc
 
     def unsupported(self, message: str):

@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from ..config import ModelSource
 from ..errors import WeightLoadError
-from ..inputs import JSONProblem, loads_json, short, text_problem
+from ..inputs import InputTooLarge, JSONProblem, loads_json, read_bounded, short, text_problem
 from ..kernels import KernelSet
 from .config import ModelConfig, synthetic_model_config
 from .llama import CausalLM
@@ -30,6 +30,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _ST_DTYPES = {"I8": "torch.int8", "I16": "torch.int16", "I32": "torch.int32", "I64": "torch.int64",
               "U8": "torch.uint8", "U16": "torch.uint16", "U32": "torch.uint32", "U64": "torch.uint64",
               "BOOL": "torch.bool"}
+MAX_JSON_BYTES = 64 << 20  # config.json and the shard index: kilobytes to a few MiB in real checkpoints
 # Tensors some checkpoints carry that hold nothing we need.
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
@@ -73,8 +74,8 @@ def read_hf_config(ckpt: Path) -> dict:
         raise WeightLoadError(f"{ckpt}: no config.json. A Hugging Face checkpoint directory holds "
                               f"config.json and *.safetensors; point model.path at one.")
     try:
-        data = loads_json(cfg_path.read_text(encoding="utf-8"))
-    except (JSONProblem, UnicodeDecodeError) as exc:
+        data = loads_json(read_bounded(cfg_path, MAX_JSON_BYTES).decode("utf-8"))
+    except (JSONProblem, UnicodeDecodeError, InputTooLarge, OSError) as exc:
         raise WeightLoadError(f"{cfg_path}: not valid JSON ({exc}).") from None
     if not isinstance(data, dict):
         raise WeightLoadError(f"{cfg_path}: expected a JSON object.")
@@ -86,9 +87,9 @@ def weight_files(ckpt: Path) -> list[Path]:
     index = ckpt / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = loads_json(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = loads_json(read_bounded(index, MAX_JSON_BYTES).decode("utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
-        except (JSONProblem, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+        except (JSONProblem, UnicodeDecodeError, InputTooLarge, OSError, KeyError, TypeError, AttributeError) as exc:
             raise WeightLoadError(f"{index}: not a valid shard index ({exc!r}).") from None
         bad = next((n for n in names if text_problem(n) or not n), None)
         if bad is not None:

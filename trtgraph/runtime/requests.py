@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PromptError
-from ..inputs import JSONProblem, int_problem, loads_json, short, text_problem
+from ..inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_bounded, short, text_problem
 
 FIELDS = ("id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 MAX_TOKENS_CAP = 1 << 20
@@ -139,9 +139,11 @@ def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Reques
     """Every request of a JSONL file, validated before anything runs. Blank lines are skipped."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_bounded(path)
     except OSError as exc:
         raise PromptError(f"{path}: cannot read the prompts file ({exc.strerror or exc}).") from None
+    except InputTooLarge as exc:
+        raise PromptError(f"{path}: cannot read the prompts file ({exc}); pass a JSONL file.") from None
     requests, seen = [], {}
     for n, line in enumerate(data.split(b"\n"), start=1):
         where = f"{path} line {n}"
