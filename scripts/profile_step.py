@@ -8,11 +8,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from trtgraph.bench import decode_rows
 from trtgraph.buckets import GraphKey
-from trtgraph.runtime.engine import Engine
+from trtgraph.artifacts import load_manifest
+from trtgraph.runtime.executor import Executor
 
-engine = Engine(sys.argv[1])
-ex = engine.executor
-for key in (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled")):
+manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
+ex = Executor.build(manifest.app_config(), manifest.plan())
+for key in (k for k in (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled"))
+            if k in ex.plan.keys):
     ex.prepare(key, decode_rows(ex, key.batch_size, 128))
     with torch.inference_mode():
         for _ in range(3):

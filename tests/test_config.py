@@ -146,7 +146,7 @@ def test_to_dict_round_trips(which, tmp_path, request):
         cfg = request.getfixturevalue("checkpoint_config")
     d = cfg.to_dict()
     assert "source" not in d
-    assert set(d) == {"model", "dtype", "device", "kernels", "limits", "kv_cache", "buckets", "output", "parallel"}
+    assert set(d) == {"model", "dtype", "device", "kernels", "deterministic", "limits", "kv_cache", "buckets", "output", "parallel"}
     again = Config.from_dict(d)
     assert without_source(again) == without_source(cfg)
     assert again.source == "<dict>"

@@ -118,3 +118,59 @@ def test_cuda_out_of_memory_during_capture_names_the_key(tmp_path, cuda):
         torch.cuda.empty_cache()
     assert "smaller plan" in str(err.value)
     assert not (tmp_path / MANIFEST_NAME).exists()
+
+
+def _1b_shapes(tmp_path, layers=2, **changes):
+    """Llama-3.2-1B layer shapes (bf16, synthetic weights) with fewer layers, captured."""
+    from trtgraph.compiler.pipeline import capture
+    from trtgraph.config import Config
+
+    d = Config.from_yaml("examples/llama-3.2-1b-synthetic.yaml").to_dict()
+    d["model"]["synthetic"]["num_hidden_layers"] = layers
+    d.update(deterministic=True, limits={"max_batch_size": 64, "max_seq_len": 1024, "max_num_tokens": 4096},
+             kv_cache={"block_size": 16, "num_blocks": 2048}, output=str(tmp_path), **changes)
+    return capture(Config.from_dict(d, source="1b-shapes"), tmp_path)
+
+
+def test_one_rows_logits_are_bitwise_equal_in_every_decode_bucket(tmp_path):
+    from trtgraph.bench import decode_rows
+
+    ex = _1b_shapes(tmp_path).executor
+    keys = sorted(k for k in ex.plan.keys if not k.is_prefill and k.draft_len == 0 and k.sampling == "greedy")
+    seen = []
+    for key in keys:
+        rows = decode_rows(ex, key.batch_size, 300)
+        for i, r in enumerate(rows[1:]):  # neighbours: other tokens, other context lengths
+            r.token_ids, r.start_pos = [(31 * i + 7) % 1000], 40 + (13 * i) % 250
+        ex.prepare(key, rows)
+        with torch.inference_mode():
+            seen.append((key, ex.execute(key).logits[0].clone(), ex.execute(key, eager=True).logits[0].clone()))
+    for key, replay, eager in seen:
+        assert torch.equal(replay, seen[0][1]), key
+        assert torch.equal(eager, seen[0][1]), key
+
+
+def test_32_requests_alone_in_crowds_replayed_and_eager_give_the_same_tokens(tmp_path):
+    from trtgraph.runtime.engine import Engine
+
+    _1b_shapes(tmp_path)
+    reqs = [{"id": f"r{i}", "prompt_token_ids": [(37 * i + 11 * j) % 5000 + 10 for j in range(3 + (53 * i) % 300)],
+             "max_tokens": 24, **({"temperature": 0.8, "top_p": 0.95, "seed": 100 + i} if i % 2 else {})}
+            for i in range(32)]
+    filler = [{"id": f"f{i}", "prompt_token_ids": [(7 * i + j) % 3000 + 5 for j in range(5 + (97 * i) % 400)],
+               "max_tokens": 5 + i % 30} for i in range(40)]
+    engine = Engine(tmp_path)
+
+    def tokens(batch):
+        return {r.id: r.token_ids for r in engine.generate(batch) if not r.id.startswith("f")}
+
+    alone = {}
+    for r in reqs:
+        alone.update(tokens([r]))
+    crowds = [reqs, filler[:20] + reqs[::-1] + filler[20:], [x for pair in zip(filler, reqs) for x in pair]]
+    for n, crowd in enumerate(crowds):
+        got = tokens(crowd)
+        same = sum(got[k] == alone[k] for k in alone)
+        assert same == len(reqs), f"crowd {n}: {same}/{len(reqs)} identical to alone"
+    eager = {r.id: r.token_ids for r in Engine(tmp_path, eager=True).generate(reqs)}
+    assert eager == alone

@@ -93,6 +93,49 @@ def run_attention(device, dtype, q_len, batch, seed=0):
     _close(got, want, dtype)
 
 
+def run_attention_batch_invariance(device, dtype, q_len=1):
+    """Row 0's attention output is bitwise the same alone, in a batch of 5 with longer
+    neighbours, and in a wider block table (a bigger bucket)."""
+    g = _gen(7)
+    hq, hkv, d, bs, width = 8, 2, 16, 4, 40
+    cache = torch.randn((2, 5 * width + 1, bs, hkv, d), generator=g).to(device, dtype)
+    tables = (torch.randperm(5 * width, generator=g) + 1).view(5, width).to(device)
+    lengths = [70, 150, 3, 99, 160]
+    positions = torch.tensor([p for n in lengths for p in range(n - q_len, n)], device=device)
+    q = torch.randn((5 * q_len, hq, d), generator=g).to(device, dtype)
+    scale = d ** -0.5
+    crowd = _tri().paged_attention(q, cache, tables, positions, q_len, scale)[:q_len]
+    alone = _tri().paged_attention(q[:q_len], cache, tables[:1, :20], positions[:q_len], q_len, scale)
+    assert torch.equal(alone, crowd)
+
+
+def _lin():
+    from trtgraph.kernels import linear
+
+    return linear
+
+
+def run_linear(device, dtype, m=5, n=40, k=48, seed=0):
+    """The Triton linear (with and without bias; k, n not multiples of the blocks) against torch."""
+    g = _gen(seed)
+    x = torch.randn((m, k), generator=g).to(device, dtype)
+    w = (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
+    bias = torch.randn(n, generator=g).to(device, dtype)
+    _close(_lin().triton_linear(x, w), ref.linear(x, w), dtype)
+    _close(_lin().triton_linear(x, w, bias), ref.linear(x, w, bias), dtype)
+    _close(_lin().triton_linear(x.view(m, 1, k), w), ref.linear(x, w).view(m, 1, n), dtype)
+
+
+def run_linear_batch_invariance(device, dtype, sizes=(1, 3, 8, 17), n=40, k=48):
+    """Each row's output is bitwise the same whatever the number of rows around it."""
+    g = _gen(1)
+    x = torch.randn((max(sizes), k), generator=g).to(device, dtype)
+    w = (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
+    full = _lin().triton_linear(x, w)
+    for m in sizes:
+        assert torch.equal(_lin().triton_linear(x[:m], w), full[:m]), m
+
+
 CPU = torch.device("cpu")
 
 
@@ -118,6 +161,21 @@ def test_rope_write_kv(device, dtype):
 @pytest.mark.parametrize("q_len,batch", [(1, 1), (1, 3), (3, 2), (8, 2)])
 def test_paged_attention(q_len, batch):
     run_attention(CPU, torch.float32, q_len, batch, seed=q_len * 10 + batch)
+
+
+@needs_triton
+def test_paged_attention_is_batch_invariant():
+    run_attention_batch_invariance(CPU, torch.float32)
+
+
+@needs_triton
+def test_linear_kernels_match_reference():
+    run_linear(CPU, torch.float32)
+
+
+@needs_triton
+def test_linear_kernels_are_batch_invariant():
+    run_linear_batch_invariance(CPU, torch.float32)
 
 
 @needs_triton
@@ -148,6 +206,10 @@ def test_gpu_kernels(dtype):
     run_rope_kv(dev, dtype)
     for q_len, batch in ((1, 1), (1, 5), (4, 3), (64, 2)):
         run_attention(dev, dtype, q_len, batch, seed=q_len + batch)
+    run_linear(dev, dtype, m=70, n=3072, k=2048)  # more rows than one block
+    run_linear(dev, dtype, m=3, n=300, k=200)  # ragged edges
+    run_attention_batch_invariance(dev, dtype)
+    run_linear_batch_invariance(dev, dtype, sizes=(1, 2, 3, 8, 17, 64, 65, 200, 2048), n=2048, k=8192)
     from trtgraph.runtime import sampler
 
     seeds, positions = torch.arange(7, device=dev) * 977, torch.arange(7, device=dev) + 100
@@ -170,3 +232,17 @@ def test_gumbel_noise_kernel_matches_the_sampler_hash():
     got = _tri().gumbel_noise(sampler.row_hash(seeds, positions), ids)
     want = -torch.log(-torch.log(sampler.uniform_noise(seeds, positions, 3000).gather(1, ids)))
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_deterministic_is_a_checked_boolean_and_cpu_gemms_stay_triton():
+    """`deterministic` must be a boolean; off a GPU every GEMM shape keeps the Triton kernel."""
+    from trtgraph.config import Config
+    from trtgraph.errors import ConfigError
+    from trtgraph.kernels import linear
+
+    d = Config.default().to_dict()
+    assert d["deterministic"] is False
+    with pytest.raises(ConfigError, match="deterministic"):
+        Config.from_dict({**d, "deterministic": "yes"})
+    assert linear.choose_backends({(40, 48): [1, 3]}, torch.float32, CPU, True) == {"40x48": "triton"}
+    assert linear.choose_backends({(40, 48): [1, 3]}, torch.float32, CPU, False) == {"40x48": "triton"}

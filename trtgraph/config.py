@@ -90,6 +90,7 @@ class Config:
     dtype: str = "bfloat16"
     device: str = AUTO
     kernels: str = AUTO  # auto: Triton on CUDA, the torch references on a CPU
+    deterministic: bool = False  # true: batch-invariant GEMMs, a row's tokens do not depend on its crowd
     limits: Limits = field(default_factory=Limits)
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
     buckets: BucketConfig = field(default_factory=BucketConfig)
@@ -136,11 +137,14 @@ class Config:
     @classmethod
     def from_dict(cls, data: Any, source: str = "<dict>", base_dir: Path | None = None) -> "Config":
         v = _Validator(source)
-        top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "limits", "kv_cache", "buckets",
-                                     "output", "speculative", "parallel"})
+        top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "deterministic", "limits",
+                                     "kv_cache", "buckets", "output", "speculative", "parallel"})
         dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
         device = v.choice(top.get("device", AUTO), "device", DEVICES)
         kernels = v.choice(top.get("kernels", AUTO), "kernels", KERNELS)
+        deterministic = top.get("deterministic", False)
+        if not isinstance(deterministic, bool):
+            v.fail("deterministic", deterministic, "true (batch-invariant GEMMs) or false (the fastest GEMM per shape)")
 
         lim = v.mapping(top.get("limits", {}), "limits", {f.name for f in dataclasses.fields(Limits)})
         limits = Limits(
@@ -177,8 +181,9 @@ class Config:
         output = top.get("output", "trtgraph-artifacts")
         if path_problem(output):
             v.fail("output", output, f"a directory: {path_problem(output)}")
-        return cls(model=model, dtype=dtype, device=device, kernels=kernels, limits=limits, kv_cache=kv_cache,
-                   buckets=buckets, output=output, speculative=speculative, parallel=parallel, source=source)
+        return cls(model=model, dtype=dtype, device=device, kernels=kernels, deterministic=deterministic,
+                   limits=limits, kv_cache=kv_cache, buckets=buckets, output=output, speculative=speculative,
+                   parallel=parallel, source=source)
 
     # ---- serialisation (the manifest stores the resolved config) ------------------
     def to_dict(self) -> dict:

@@ -24,6 +24,7 @@ from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, use_
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import Config
 from ..errors import CaptureError
+from ..kernels.linear import installed_backends
 from ..models.parallel import TPGroup
 from ..runtime.distributed import agree, gather
 from ..runtime.executor import Executor, resolve_device
@@ -169,5 +170,6 @@ def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_sec
             "pool_bytes": pool,
             "largest_key_pool_bytes": max((r.pool_bytes for r in records), default=0),
             "all_parity_ok": all(r.tokens_equal for r in records),
+            "linear_backends": installed_backends() if ex.model.ops.name == "triton" else {},  # per GEMM shape
         },
     )

@@ -21,6 +21,7 @@ class KernelSet:
     silu_and_mul: Callable
     rope_write_kv: Callable
     paged_attention: Callable
+    linear: Callable
 
 
 _REGISTRY: dict[str, Callable[[], KernelSet]] = {
@@ -31,16 +32,18 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         silu_and_mul=reference.silu_and_mul,
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
+        linear=reference.linear,
     ),
     "triton": lambda: _triton_set(),
 }
 
 
 def _triton_set() -> KernelSet:
+    from . import linear as lin
     from . import triton_ops as t
 
     return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
-                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention)
+                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear)
 
 
 def available() -> tuple[str, ...]:

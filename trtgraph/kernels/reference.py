@@ -86,3 +86,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     out = torch.matmul(probs, v.float())  # [B, Hkv, q_len*G, D]
     out = out.view(batch, num_kv_heads, q_len, group, head_dim).permute(0, 2, 1, 3, 4)
     return out.reshape(num_tokens, num_heads, head_dim).to(q.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias)."""
+    return torch.nn.functional.linear(x, weight, bias)

@@ -152,8 +152,9 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        q_stride_t, q_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
                        cache_head_stride, bt_stride, scale_log2,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
-                       NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                       NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, PAGE: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     b = pid // NUM_Q_BLOCKS
     qb = pid % NUM_Q_BLOCKS
@@ -172,10 +173,11 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                 mask=row_ok[:, None], other=0.0)
     ctx = tl.max(pos, axis=0) + 1
 
+    # Split s owns KV tiles [s * SPLIT_TILES, (s + 1) * SPLIT_TILES): where a row's KV range
+    # is cut depends on its own context length only, never on the rest of the step.
     tiles = tl.cdiv(ctx, BLOCK_N)
-    per_split = tl.cdiv(tiles, NUM_SPLITS)
-    start = split * per_split
-    end = tl.minimum(start + per_split, tiles)
+    start = split * SPLIT_TILES
+    end = tl.minimum(start + SPLIT_TILES, tiles) if NUM_SPLITS > 1 else tiles
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -214,8 +216,8 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
 @triton.jit
 def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, pos_ptr, q_stride_t, q_stride_h,
                               Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
-                              NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
+                              NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, HEAD_DIM: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
@@ -229,7 +231,7 @@ def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, pos_ptr, q_str
     # Only the splits the main kernel gave work to (short contexts leave most empty).
     ctx = tl.max(tl.load(pos_ptr + tok, mask=row_ok, other=-1), axis=0) + 1
     tiles = tl.cdiv(ctx, BLOCK_N)
-    used = tl.cdiv(tiles, tl.cdiv(tiles, NUM_SPLITS))
+    used = tl.cdiv(tiles, SPLIT_TILES)
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(used):
         rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -247,30 +249,22 @@ def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, pos_ptr, q_str
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-_NUM_SMS: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    if device not in _NUM_SMS:
-        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _NUM_SMS[device]
-
-
 def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
-                           device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, query blocks per sequence, KV splits): a pure function of the
-    key's shapes, so a recorded graph always launches the same grid."""
+                           device: torch.device) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, query blocks per sequence, KV splits, KV tiles per split): a pure
+    function of the key's shapes, so a recorded graph always launches the same grid.
+
+    Decode splits the KV range into fixed pieces of `tiles per split` tiles (flash-decoding),
+    so a row's reduction order depends on its own context length only: the same in every
+    bucket and whatever else shares the step. The grid holds enough splits for the longest
+    context the block table allows; splits past a row's context do no work."""
     rows = q_len * group
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
     block_n = 64 if device.type == "cuda" else 16
     q_blocks = triton.cdiv(rows, block_m)
-    programs = batch * q_blocks * num_kv_heads
-    max_tiles = triton.cdiv(max_len, block_n)
-    # Split the KV length until the grid fills the GPU about twice over (flash-decoding).
-    splits = 1 if q_len > 1 else max(1, min(max_tiles, 2 * _num_sms(device) // programs, 32))
-    return block_m, block_n, q_blocks, splits
+    split_tiles = 4 if device.type == "cuda" else 2
+    splits = 1 if q_len > 1 else triton.cdiv(triton.cdiv(max_len, block_n), split_tiles)
+    return block_m, block_n, q_blocks, splits, split_tiles
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -280,7 +274,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     tables = block_tables[:batch]
-    block_m, block_n, q_blocks, splits = attention_launch_shape(
+    block_m, block_n, q_blocks, splits, split_tiles = attention_launch_shape(
         batch, q_len, group, num_kv_heads, tables.shape[1] * page, q.device)
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -294,8 +288,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         part_acc = part_ml = out
     assert q.stride(0) == out.stride(0) and q.stride(1) == out.stride(1) and kv_cache.is_contiguous()
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-    common = dict(Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, NUM_SPLITS=splits, HEAD_DIM=head_dim,
-                  BLOCK_M=block_m)
+    common = dict(Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, NUM_SPLITS=splits, SPLIT_TILES=split_tiles,
+                  HEAD_DIM=head_dim, BLOCK_M=block_m)
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml,
                              q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,

@@ -68,7 +68,7 @@ class Attention(nn.Module):
     def forward(self, x, positions, cos_sin, kv_cache, meta, ops: KernelSet):
         cfg = self.cfg
         T = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) D]
+        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)  # [T, (Hq + 2 Hkv) D]
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
         k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
@@ -78,7 +78,7 @@ class Attention(nn.Module):
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         q = ops.rope_write_kv(q, k, v, cos_sin, positions, kv_cache, meta.slot_mapping[:T])
         out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
-        return self.tp.all_reduce(self.o_proj(out.reshape(T, cfg.q_size)))  # row-parallel o
+        return self.tp.all_reduce(ops.linear(out.reshape(T, cfg.q_size), self.o_proj.weight))  # row-parallel o
 
 
 class MLP(nn.Module):
@@ -89,7 +89,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x, ops: KernelSet):
-        return self.tp.all_reduce(self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))))  # row-parallel down
+        gate_up = ops.linear(x, self.gate_up_proj.weight)
+        return self.tp.all_reduce(ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight))  # row-parallel down
 
 
 class DecoderLayer(nn.Module):
@@ -154,6 +155,16 @@ class CausalLM(nn.Module):
         h, _ = self.ops.add_rms_norm(h, residual, self.norm.weight, self.norm.eps)
         return h
 
+    def linear_row_counts(self, step_tokens: list[int], logit_rows: list[int]) -> dict[tuple[int, int], list[int]]:
+        """Each linear weight shape [N, K] -> the row counts it multiplies in the given steps."""
+        first = self.layers[0]
+        counts: dict[tuple[int, int], list[int]] = {}
+        for w in (first.self_attn.qkv_proj.weight, first.self_attn.o_proj.weight, first.mlp.gate_up_proj.weight,
+                  first.mlp.down_proj.weight):
+            counts.setdefault(tuple(w.shape), []).extend(step_tokens)
+        counts.setdefault(tuple(self.lm_head_weight.shape), []).extend(logit_rows)
+        return counts
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = nn.functional.linear(hidden, self.lm_head_weight).float()  # [R, V / world]
+        logits = self.ops.linear(hidden, self.lm_head_weight).float()  # [R, V / world]
         return self.tp.all_gather_last(logits)  # [R, V], gathered before sampling

@@ -109,6 +109,12 @@ class Executor:
         if loaded is None:
             kernels = get_kernels(resolve_kernels(config.kernels, device.type))
             loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels, tp)
+        if loaded.model.ops.name == "triton":  # each GEMM shape's backend, batch-invariant where asked
+            from ..kernels.linear import choose_backends
+
+            counts = loaded.model.linear_row_counts([k.num_tokens for k in plan.keys],
+                                                    [k.num_logit_rows for k in plan.keys])
+            choose_backends(counts, DTYPES[config.dtype], device, config.deterministic)
         lim = config.limits
         num_blocks = config.kv_cache.num_blocks
         if num_blocks == AUTO:
