@@ -126,3 +126,47 @@ def test_triton_sample_reads_processed_rows(tri):
     mixed = torch.where(active.unsqueeze(1) != 0, processed, logits)
     want = sampler.sample(mixed, temp, top_k, top_p, seeds, pos, min_p)
     assert torch.equal(tri.sample(logits, temp, top_k, top_p, seeds, pos, min_p, processed, active), want)
+
+
+def random_state(gen, R, V, S=6, n_bias=300, n_stop=5):
+    counts = torch.randint(0, 3, (S, V), generator=gen, dtype=torch.int32)
+    counts |= (torch.rand(S, V, generator=gen) < 0.2).to(torch.int32) * sampler.PROMPT_BIT
+    bias_ids = torch.full((S, n_bias), -1, dtype=torch.int64)
+    bias_vals = torch.zeros(S, n_bias)
+    for s in range(S - 1):
+        n = s * 7
+        bias_ids[s, :n] = torch.randperm(V, generator=gen)[:n]
+        bias_vals[s, :n] = torch.rand(n, generator=gen) * 200 - 100
+    stop = torch.randint(0, V, (S, n_stop), generator=gen)
+    state = sampler.SlotState(counts, bias_ids, bias_vals, stop)
+    rows = sampler.RowParams(active=torch.randint(0, 2, (R,), generator=gen), slots=torch.randint(0, S, (R,), generator=gen),
+                             eos_until=torch.randint(0, 20, (R,), generator=gen),
+                             repetition=torch.rand(R, generator=gen) + 0.5, presence=torch.rand(R, generator=gen) * 4 - 2,
+                             frequency=torch.rand(R, generator=gen) * 4 - 2)
+    return state, rows, torch.randint(0, 20, (R,), generator=gen)
+
+
+def test_triton_process_equals_the_reference(tri):
+    gen = torch.Generator().manual_seed(4)
+    R, V = 12, 1500
+    logits = torch.randn(R, V, generator=gen) * 3
+    state, rows, pos = random_state(gen, R, V)
+    want = sampler.process(logits, rows, state, pos)
+    got = tri.process(logits, rows, state, pos)
+    active = rows.active != 0
+    assert active.sum() >= 3 and torch.equal(got[active], want[active])
+    assert torch.equal(want[~active], logits[~active])
+    assert (want == float("-inf")).any(), "no min_tokens mask applied: the test shows less"
+
+
+def test_triton_logprobs_equal_the_reference(tri):
+    gen = torch.Generator().manual_seed(5)
+    R, V = 6, 2100
+    logits = torch.randn(R, V, generator=gen) * 4
+    tokens = torch.randint(0, V, (R,), generator=gen)
+    want = torch.tensor([1, 0, 1, 1, 0, 1])
+    vals, ids = tri.top_logprobs(logits, tokens, want, 20)
+    ref_vals, ref_ids = sampler.top_logprobs(logits, tokens, want, 20)
+    rows = want != 0
+    assert torch.equal(ids[rows], ref_ids[rows])
+    torch.testing.assert_close(vals[rows], ref_vals[rows], rtol=0, atol=1e-5)

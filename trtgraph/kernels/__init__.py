@@ -21,6 +21,10 @@ class KernelSet:
     silu_and_mul: Callable
     rope_write_kv: Callable
     paged_attention: Callable
+    # the sampler (runtime/sampler.py is the torch reference, kernels/sampling.py the Triton twin)
+    sample: Callable
+    process_logits: Callable
+    top_logprobs: Callable
 
 
 _REGISTRY: dict[str, Callable[[], KernelSet]] = {
@@ -31,6 +35,7 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         silu_and_mul=reference.silu_and_mul,
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
+        **_torch_sampler(),
     ),
     "triton": lambda: _triton_set(),
 }
@@ -39,8 +44,17 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
 def _triton_set() -> KernelSet:
     from . import triton_ops as t
 
+    from . import sampling as s
+
     return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
-                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention)
+                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention,
+                     sample=s.sample, process_logits=s.process, top_logprobs=s.top_logprobs)
+
+
+def _torch_sampler() -> dict:
+    from ..runtime import sampler
+
+    return dict(sample=sampler.sample, process_logits=sampler.process, top_logprobs=sampler.top_logprobs)
 
 
 def available() -> tuple[str, ...]:

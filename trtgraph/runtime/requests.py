@@ -2,6 +2,15 @@
 
 A prompts file is validated whole before any model work; a bad line raises PromptError
 naming the file, the line number and the field.
+
+With `logprobs: N` a result carries `logprobs`: one entry per generated token,
+  {"token_id": int, "token": str, "logprob": float,
+   "top_logprobs": [{"token_id": int, "token": str, "logprob": float}, ... N, most likely first]}
+log-probabilities of the raw model logits (log_softmax before logit_bias, penalties,
+temperature and the filters; vLLM's default). `token` is the token decoded alone. OpenAI's
+completion format is `tokens` = [e.token], `token_logprobs` = [e.logprob], `top_logprobs` =
+[{t.token: t.logprob}]; its chat format is content = [{token, logprob, bytes, top_logprobs:
+[{token, logprob, bytes}]}].
 """
 
 from __future__ import annotations
@@ -180,7 +189,7 @@ class Result:
     prompt_tokens: int = 0
     ttft_ms: float | None = None
     tpot_ms: float | None = None
-    logprobs: list[dict] | None = None  # with `logprobs: N`: one entry per token (see runtime/logprobs.py)
+    logprobs: list[dict] | None = None  # with `logprobs: N`: one entry per token (module docstring)
 
     def to_json(self) -> dict:
         out = {"id": self.id, "text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,

@@ -60,14 +60,9 @@ def _uniform_at(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_at(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Gumbel noise [R, N] for vocab ids [R, N] (any order). On CUDA one fused Triton pass
-    computes the same bits; elsewhere torch ops (~20 passes over [R, N] int64)."""
-    rows = row_hash(seeds, positions)
-    if ids.is_cuda:
-        from ..kernels.triton_ops import gumbel_noise
-
-        return gumbel_noise(rows, ids)
-    return -torch.log(-torch.log(_uniform_at(rows, ids)))
+    """Gumbel noise [R, N] for vocab ids [R, N] (any order); kernels/sampling.py computes the
+    same bits inside its sampling kernel."""
+    return -torch.log(-torch.log(_uniform_at(row_hash(seeds, positions), ids)))
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -117,10 +112,13 @@ def scale(logits: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           seeds: torch.Tensor, positions: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [R, V] fp32 (processed); temperature, top_p, min_p [R] fp32; top_k, seeds,
+           seeds: torch.Tensor, positions: torch.Tensor, min_p: torch.Tensor | None = None,
+           processed: torch.Tensor | None = None, active: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [R, V] fp32 (rows with `active` set read `processed` instead); temperature, top_p, min_p [R] fp32; top_k, seeds,
     positions [R] int64. top_k <= 0 or >= V means no top-k; top_p >= 1 no top-p; min_p 0 no
     min-p. positions: the index in its sequence of the token being drawn."""
+    if processed is not None:
+        logits = torch.where(active.unsqueeze(1) != 0, processed, logits)
     R, V = logits.shape
     min_p = torch.zeros_like(top_p) if min_p is None else min_p
     is_greedy, x = scale(logits, temperature)
@@ -160,7 +158,8 @@ class RowParams:
 def process(logits: torch.Tensor, rows: RowParams, state: SlotState, positions: torch.Tensor) -> torch.Tensor:
     """Processed logits [R, V]: rows without `active` are the logits unchanged."""
     slots = rows.slots
-    x = logits.scatter_add(1, state.bias_ids[slots], state.bias_values[slots])
+    bias_ids = state.bias_ids[slots]  # -1: unused entry (value 0)
+    x = logits.scatter_add(1, bias_ids.clamp_min(0), state.bias_values[slots])
     counts = state.token_counts[slots]  # [R, V]
     generated = (counts & (PROMPT_BIT - 1)).to(torch.float32)
     rep = rows.repetition.unsqueeze(1)
@@ -179,9 +178,32 @@ def count_tokens(state: SlotState, slots: torch.Tensor, tokens: torch.Tensor) ->
     flat.index_add_(0, slots * V + tokens, torch.ones_like(tokens, dtype=flat.dtype))
 
 
-def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values [R, 1 + k] fp32: the drawn token's log-probability then the top k, ids [R, k])
-    of log_softmax(logits), the raw model logits."""
+    of log_softmax(logits), the raw model logits. `want` [R]: the rows that asked (the
+    reference computes every row)."""
     lp = torch.log_softmax(logits, dim=-1)
     top = lp.topk(k, dim=-1)
     return torch.cat([lp.gather(1, tokens.unsqueeze(1)), top.values], dim=1), top.indices
+
+
+def scan_prompt(state: SlotState, slots: torch.Tensor, prompt_lens: torch.Tensor, ids: torch.Tensor,
+                pos: torch.Tensor, last: torch.Tensor, q: int) -> None:
+    """Prefill keys, in the graph: a row starting at position 0 clears its slot; each real fed
+    token then sets the prompt bit (position < prompt length) or counts as generated (a
+    sequence recomputed after preemption feeds its generated tokens again). slots,
+    prompt_lens, last [B]; ids, pos [B * q]. Rows without a slot use the scratch slot."""
+    counts = state.token_counts
+    scratch, V = counts.shape[0] - 1, counts.shape[1]
+    starts = pos.view(-1, q)[:, 0] == 0
+    counts.index_fill_(0, torch.where(starts, slots, torch.full_like(slots, scratch)), 0)
+    idx = torch.arange(ids.shape[0], device=ids.device)
+    real = idx <= last.repeat_interleave(q)
+    tok_slot = torch.where(real, slots.repeat_interleave(q), torch.full_like(idx, scratch))
+    in_prompt = pos < prompt_lens.repeat_interleave(q)
+    flat = counts.view(-1)
+    to_scratch = scratch * V + ids
+    bits = torch.where(in_prompt, tok_slot * V + ids, to_scratch)
+    flat.index_put_((bits,), flat[bits] | PROMPT_BIT)
+    flat.index_add_(0, torch.where(in_prompt, to_scratch, tok_slot * V + ids), (~in_prompt).to(flat.dtype))
