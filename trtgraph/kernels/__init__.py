@@ -22,6 +22,10 @@ class KernelSet:
     rope_write_kv: Callable
     paged_attention: Callable
     linear: Callable
+    # the sampler (runtime/sampler.py is the torch reference, kernels/sampling.py the Triton twin)
+    sample: Callable
+    process_logits: Callable
+    top_logprobs: Callable
 
 
 _REGISTRY: dict[str, Callable[[], KernelSet]] = {
@@ -33,6 +37,7 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
         linear=reference.linear,
+        **_torch_sampler(),
     ),
     "triton": lambda: _triton_set(),
 }
@@ -42,8 +47,17 @@ def _triton_set() -> KernelSet:
     from . import linear as lin
     from . import triton_ops as t
 
+    from . import sampling as s
+
     return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
-                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear)
+                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
+                     sample=s.sample, process_logits=s.process, top_logprobs=s.top_logprobs)
+
+
+def _torch_sampler() -> dict:
+    from ..runtime import sampler
+
+    return dict(sample=sampler.sample, process_logits=sampler.process, top_logprobs=sampler.top_logprobs)
 
 
 def available() -> tuple[str, ...]:

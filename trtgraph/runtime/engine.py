@@ -22,6 +22,7 @@ from ..models.parallel import TPGroup
 from .checks import check_manifest
 from .distributed import StepBroadcast, agree
 from .drafter import NgramDrafter
+from .buffers import MAX_STOP_IDS
 from .executor import Executor, StepRow, resolve_device
 from .requests import Request, Result, parse_request
 from .scheduler import ScheduledStep, Scheduler, Sequence
@@ -158,12 +159,31 @@ class Engine:
             fail = (f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) = {len(ids) + req.max_tokens} "
                     f"exceeds the manifest's limits.max_seq_len ({lim.max_seq_len})")
         elif not req.is_greedy and not self.scheduler_has_sampled:
-            fail = ("temperature > 0 needs sampled graphs, but this manifest holds only greedy keys; "
-                    "recapture with buckets.sampling: [greedy, sampled], or send temperature 0")
+            fail = ("temperature > 0, a logits processor or logprobs need sampled graphs, but this manifest "
+                    "holds only greedy keys; recapture with buckets.sampling: [greedy, sampled], or send "
+                    "temperature 0 without them")
+        else:
+            fail = self._sampling_refusal(req)
         if fail:
             return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
         return Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
+
+    def _sampling_refusal(self, req: Request) -> str | None:
+        """Why this engine cannot serve the request's sampling fields exactly, or None."""
+        s, cfg = req.sampling, self.executor.loaded.config
+        if s.uses_penalties and self.drafter is not None:
+            return ("repetition / presence / frequency penalties are not supported with speculative decoding "
+                    "(draft tokens would count before they are accepted); run with speculative decoding off")
+        if (s.logit_bias or s.min_tokens) and self.tp.active:
+            return "logit_bias and min_tokens are not supported with tensor parallelism yet"
+        if s.min_tokens and len(set(cfg.eos_token_ids) | set(s.stop_token_ids)) > MAX_STOP_IDS:
+            return (f"min_tokens masks the EOS and stop token ids, at most {MAX_STOP_IDS} of them; this request "
+                    f"has {len(set(cfg.eos_token_ids) | set(s.stop_token_ids))}")
+        bad = [t for t, _ in s.logit_bias if t >= cfg.vocab_size]
+        if bad:
+            return f"logit_bias token id {bad[0]} is outside the vocabulary (size {cfg.vocab_size})"
+        return None
 
     @property
     def scheduler_has_sampled(self) -> bool:
@@ -252,6 +272,11 @@ class Engine:
             stats.verify_rows += n
             stats.drafted_rows += step.num_proposed
             stats.drafts_fed += n * step.key.draft_len
+        logprobs = None
+        if out.logprob_values is not None and any(q.request.logprobs is not None for q in step.seqs):
+            pin = ex.device.type == "cuda"  # copied now: a step launched ahead rewrites the device buffers
+            logprobs = tuple(torch.empty(t[:rows].shape, dtype=t.dtype, pin_memory=pin).copy_(t[:rows], non_blocking=True)
+                             for t in (out.logprob_values, out.logprob_ids))
         done = torch.cuda.Event() if ex.device.type == "cuda" else None
         if done is not None:
             done.record()
@@ -259,7 +284,8 @@ class Engine:
         stats.steps_per_key[step.key] += 1
         stats.real_tokens += sum(step.num_new)
         stats.padded_tokens += step.key.num_tokens
-        return _InFlight(step, host[:rows], host_accepted[:n] if step.drafts is not None else None, done, events)
+        return _InFlight(step, host[:rows], host_accepted[:n] if step.drafts is not None else None, done, events,
+                         logprobs)
 
     def _host_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Two pinned host buffer pairs used in turn: one step's results land while the
@@ -283,7 +309,10 @@ class Engine:
         if accepted is not None:
             self.stats.drafts_accepted += sum(accepted)
             self.stats.verify_tokens += sum(accepted) + len(accepted)
-        for seq, n_new in sched.advance(f.step, f.tokens.tolist(), accepted):
+        drew = sched.advance(f.step, f.tokens.tolist(), accepted)
+        if f.logprobs is not None:
+            self._keep_logprobs(f, drew)
+        for seq, n_new in drew:
             result = self._check_stop(seq, n_new, start)
             if result is not None:
                 sched.finish(seq)
@@ -307,24 +336,39 @@ class Engine:
             self.stats.fast_path_steps += 1
         else:
             assert ahead == 0, "a step launched ahead must be on the fast path"
+            for seq in step.seqs:
+                if step.is_prefill and seq.num_computed == 0 and (seq.request.logit_bias or seq.request.min_tokens):
+                    ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq.request))
             drafts = step.drafts or [None] * len(step.seqs)
             ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])
         return (step.key, ids) if plain_decode else None
 
+    def _masked_ids(self, req: Request) -> list[int]:
+        """What min_tokens masks: the model's EOS ids and the request's stop ids."""
+        return sorted(set(self.executor.loaded.config.eos_token_ids) | set(req.stop_token_ids))
+
     @staticmethod
     def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
-        r = seq.request
+        r, s = seq.request, seq.request.sampling
         fed = seq.all_ids[seq.num_computed:seq.num_computed + n] if drafts is None else [seq.all_ids[-1]] + drafts
+        prompt_len = len(seq.prompt_ids)
         return StepRow(token_ids=fed, start_pos=seq.num_computed,
                        block_table=seq.block_table, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                       seed=seq.seed)
+                       seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
+                       slot=seq.slot if s.uses_processors else None,
+                       counted=seq.num_computed + len(fed) >= len(seq.all_ids), prompt_len=prompt_len,
+                       eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
+                       repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+                       frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
 
     def _check_stop(self, seq: Sequence, n_new: int, start: float) -> Result | None:
         """Check the `n_new` tokens just appended, in order; at a stop, drop what follows."""
         req, out = seq.request, seq.output_ids
         reason, cut = None, len(out)
         for j in range(len(out) - n_new, len(out)):
-            if out[j] in self.stop_ids or out[j] in req.stop_token_ids:
+            stops = j + 1 >= req.min_tokens and (out[j] in req.stop_token_ids
+                                                 or (out[j] in self.stop_ids and not req.ignore_eos))
+            if stops:
                 reason, cut = "stop", j + 1
                 break
             if j + 1 >= req.max_tokens:
@@ -332,7 +376,7 @@ class Engine:
                 break
         out = out[:cut]
         text = None
-        if req.stop_strings:
+        if req.stop_strings and len(out) >= req.min_tokens:
             text = self.tokenizer.decode(out)
             hit = min((text.find(s) for s in req.stop_strings if s in text), default=-1)
             if hit >= 0:
@@ -345,8 +389,32 @@ class Engine:
             text = self.tokenizer.decode(out)
         n = len(out)
         tpot = (seq.last_token_time - seq.first_token_time) * 1e3 / (n - 1) if n > 1 else None
+        logprobs = self._logprob_entries(seq, len(out)) if req.logprobs is not None else None
         return Result(id=req.id, text=text, token_ids=list(out), finish_reason=reason,
-                      prompt_tokens=len(seq.prompt_ids), ttft_ms=(seq.first_token_time - start) * 1e3, tpot_ms=tpot)
+                      prompt_tokens=len(seq.prompt_ids), ttft_ms=(seq.first_token_time - start) * 1e3, tpot_ms=tpot,
+                      logprobs=logprobs)
+
+    # ---- logprobs ------------------------------------------------------------------------
+    @staticmethod
+    def _keep_logprobs(f: "_InFlight", drew: list) -> None:
+        """Each drawing sequence's rows of the step's log-probabilities, in token order."""
+        values, ids = f.logprobs
+        q = 1 if f.step.is_prefill else f.step.key.q_len
+        row_of = {id(seq): i * q for i, seq in enumerate(f.step.seqs)}
+        for seq, n_new in drew:
+            if seq.request.logprobs is not None:
+                r = row_of[id(seq)]
+                seq.logprobs += [(values[r + j].tolist(), ids[r + j].tolist()) for j in range(n_new)]
+
+    def _logprob_entries(self, seq: Sequence, n: int) -> list[dict]:
+        """One entry per generated token (runtime/requests.py documents the shape)."""
+        k, dec = seq.request.logprobs, self.tokenizer.decode
+        out = []
+        for token, (values, ids) in zip(seq.output_ids[:n], seq.logprobs[:n]):
+            out.append({"token_id": token, "token": dec([token]), "logprob": values[0],
+                        "top_logprobs": [{"token_id": t, "token": dec([t]), "logprob": v}
+                                         for t, v in zip(ids[:k], values[1:k + 1])]})
+        return out
 
 
 @dataclass
@@ -356,6 +424,7 @@ class _InFlight:
     accepted: torch.Tensor | None  # verify steps: host view of the accepted counts
     done: object  # CUDA event recorded after that copy (None on a CPU)
     events: tuple | None  # (begin, end) around the replay, with gpu_timing
+    logprobs: tuple | None = None  # (values [rows, 1 + K], ids [rows, K]) on the host, when a row asked
 
 
 def _model_differences(manifest, fingerprint: dict):

@@ -22,7 +22,7 @@ from ..kernels import resolve as resolve_kernels
 from ..models import DTYPES, LoadedModel, load_model
 from ..models.parallel import TPGroup
 from . import sampler
-from .buffers import StepBuffers
+from .buffers import ROW_DEFAULTS, StepBuffers
 from .graph_runner import CaptureStats, GraphRunner
 from .kv_cache import NULL_BLOCK, allocate_kv_caches, auto_num_blocks, blocks_for_tokens
 from .metadata import AttentionMetadata
@@ -38,6 +38,24 @@ class StepRow:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    min_p: float = 0.0
+    # logits processors (runtime/sampler.py); `processors` False leaves the logits untouched
+    processors: bool = False
+    slot: int | None = None  # the sequence's state slot (None: the scratch slot)
+    counted: bool = True  # whether the drawn token counts (False: a prefill chunk that is not the last)
+    prompt_len: int = 0
+    eos_until: int = 0  # stop ids masked while the drawn token's position is below this
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+
+
+# StepRow attribute -> per-row buffer field
+ROW_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seeds", "min_p": "min_p",
+              "processors": "processors", "prompt_len": "prompt_lens", "eos_until": "eos_until",
+              "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+              "frequency_penalty": "frequency_penalty", "logprobs": "logprobs"}
 
 
 @dataclass
@@ -45,6 +63,8 @@ class StepOutputs:
     logits: torch.Tensor  # [R, V] fp32 (graph-owned: read before the next step)
     tokens: torch.Tensor  # [R] int64, on the device
     accepted: torch.Tensor  # [B] int64: drafts accepted per row (verify keys; zeros otherwise)
+    logprob_values: torch.Tensor | None = None  # [R, 1 + K] fp32 (sampled keys; rows that asked)
+    logprob_ids: torch.Tensor | None = None  # [R, K] int64
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,6 +108,8 @@ class Executor:
             max_rows=max(k.num_logit_rows for k in keys),
             max_blocks_per_seq=self.max_blocks_per_seq,
             device=self.device,
+            vocab_size=self.model.cfg.vocab_size,
+            num_slots=self.plan.max_batch_size,
         )
         pin = self.device.type == "cuda"
         self._new_blocks_host = [torch.zeros((self.buffers.max_seqs, 3), dtype=torch.int64, pin_memory=pin)
@@ -153,21 +175,16 @@ class Executor:
         T, B, R = key.num_tokens, key.batch_size, key.num_logit_rows
         ids, pos = bufs.view("input_ids")[:T], bufs.view("positions")[:T]
         rows = bufs.view("logits_indices")[:B]
-        temp, top_p = bufs.view("temperature")[:R], bufs.view("top_p")[:R]
-        top_k, seeds = bufs.view("top_k")[:R], bufs.view("seeds")[:R]
         out, accepted = bufs.sampled[:R], bufs.accepted[:B]
         q = key.q_len
+        draw = self._sampled_draw(key) if key.sampling != GREEDY else None
 
         def step():
             hidden = model(ids, pos, meta)  # [T, H]
             if key.is_prefill:
                 hidden = hidden.index_select(0, rows)  # [B, H]: each sequence's last real token
             logits = model.compute_logits(hidden)  # [R, V]
-            if key.sampling == GREEDY:
-                tokens = sampler.greedy(logits)
-            else:
-                draw_pos = (pos.index_select(0, rows) if key.is_prefill else pos) + 1
-                tokens = sampler.sample(logits, temp, top_k, top_p, seeds, draw_pos)
+            tokens = sampler.greedy(logits) if draw is None else draw(logits)
             out.copy_(tokens)
             if key.draft_len:
                 # Verification: row i's token j is the model's own draw after its first j+1
@@ -180,6 +197,38 @@ class Executor:
             return logits, out, accepted
 
         return step
+
+    def _sampled_draw(self, key: GraphKey):
+        """The sampled keys' draw: processors, filters, Gumbel-max, the token counts and the
+        log-probabilities, through the model's KernelSet."""
+        ops, bufs = self.model.ops, self.buffers
+        T, B, R, q = key.num_tokens, key.batch_size, key.num_logit_rows, key.q_len
+        ids, pos, last = bufs.view("input_ids")[:T], bufs.view("positions")[:T], bufs.view("logits_indices")[:B]
+        v = {name: bufs.view(name)[:R] for name in ("temperature", "top_k", "top_p", "seeds", "min_p", "slots",
+                                                     "count_slots", "prompt_lens", "logprobs")}
+        params = sampler.RowParams(active=bufs.view("processors")[:R], slots=v["slots"],
+                                   eos_until=bufs.view("eos_until")[:R], repetition=bufs.view("repetition_penalty")[:R],
+                                   presence=bufs.view("presence_penalty")[:R], frequency=bufs.view("frequency_penalty")[:R])
+        st = bufs.state
+        state = sampler.SlotState(st["token_counts"], st["bias_ids"], st["bias_values"], st["stop_ids"])
+        lp_vals, lp_ids = st["logprob_values"][:R], st["logprob_ids"][:R]
+        k = lp_ids.shape[1]
+
+        def draw(logits):
+            draw_pos = (pos.index_select(0, last) if key.is_prefill else pos) + 1
+            if key.is_prefill:  # the fed tokens of sequences with a slot: prompt bits and generated counts
+                sampler.scan_prompt(state, v["slots"], v["prompt_lens"], ids, pos, last, q)
+            processed = ops.process_logits(logits, params, state, draw_pos)
+            tokens = ops.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["seeds"], draw_pos, v["min_p"],
+                                processed, params.active)
+            if not key.draft_len:
+                sampler.count_tokens(state, v["count_slots"], tokens)
+            vals, top = ops.top_logprobs(logits, tokens, v["logprobs"], k)
+            lp_vals.copy_(vals)
+            lp_ids.copy_(top)
+            return tokens
+
+        return draw
 
     def warmup(self, key: GraphKey) -> None:
         """One eager run on padding-only inputs: lazy library state and workspaces reach
@@ -201,7 +250,10 @@ class Executor:
             logits, tokens, accepted = self.step_fn(key)()
         else:
             logits, tokens, accepted = self.runner.replay(key, self.metadata[key], key.num_tokens, pos)
-        return StepOutputs(logits, tokens, accepted)
+        if key.sampling == GREEDY:
+            return StepOutputs(logits, tokens, accepted)
+        st, R = self.buffers.state, key.num_logit_rows
+        return StepOutputs(logits, tokens, accepted, st["logprob_values"][:R], st["logprob_ids"][:R])
 
     # ---- input preparation (full path) ------------------------------------------------
     def prepare(self, key: GraphKey, rows: list[StepRow]) -> None:
@@ -213,15 +265,13 @@ class Executor:
         b.staging_ready()
         ids, pos, slots = b.host_np("input_ids"), b.host_np("positions"), b.host_np("slot_mapping")
         last, tables = b.host_np("logits_indices"), b.host_np("block_tables")
-        temp, top_k, top_p, seeds = b.host_np("temperature"), b.host_np("top_k"), b.host_np("top_p"), b.host_np("seeds")
-        T, R = key.num_tokens, key.num_logit_rows
+        T = key.num_tokens
         # Padding first (every row of the key), then the real rows on top.
         ids[:T] = 0
         pos[:T] = 0
         slots[:T] = np.arange(T) % bs + NULL_BLOCK * bs
         last[:B] = np.arange(B) * q
         tables[:B] = NULL_BLOCK
-        temp[:R], top_k[:R], top_p[:R], seeds[:R] = 0.0, 0, 1.0, 0
         for i, row in enumerate(rows):
             n = len(row.token_ids)
             if not 1 <= n <= q:
@@ -236,9 +286,25 @@ class Executor:
             if n < q:  # a prefill chunk's tail: repeat the last position, write to the null block
                 pos[s + n:s + q] = p[-1]
             last[i] = s + n - 1
-            r = slice(i, i + 1) if key.is_prefill else slice(s, s + q)
-            temp[r], top_k[r], top_p[r], seeds[r] = row.temperature, row.top_k, row.top_p, row.seed
+        self._pack_sampling(key, rows)
         b.upload()
+
+    def _pack_sampling(self, key: GraphKey, rows: list[StepRow]) -> None:
+        """The per-row sampling fields: neutral values on every logit row of the key, then each
+        real row's values (one vector write per field; a decode row covers its q logit rows)."""
+        b, R = self.buffers, key.num_logit_rows
+        per = 1 if key.is_prefill else key.q_len
+        n = len(rows) * per
+        for attr, name in ROW_FIELDS.items():
+            arr = b.host_np(name)
+            arr[:R] = ROW_DEFAULTS[name]
+            arr[:n] = np.repeat([getattr(row, attr) for row in rows], per)
+        scratch = b.scratch_slot
+        slots = [scratch if r.slot is None else r.slot for r in rows]
+        b.host_np("slots")[:R] = scratch
+        b.host_np("slots")[:n] = np.repeat(slots, per)
+        b.host_np("count_slots")[:R] = scratch
+        b.host_np("count_slots")[:n] = np.repeat([s if r.counted else scratch for s, r in zip(slots, rows)], per)
 
     # ---- input preparation (steady-state fast path) -------------------------------------
     def advance_decode(self, num_real: int, new_blocks: list[tuple[int, int, int]]) -> None:

@@ -2,37 +2,182 @@
 
 A prompts file is validated whole before any model work; a bad line raises PromptError
 naming the file, the line number and the field.
+
+With `logprobs: N` a result carries `logprobs`: one entry per generated token,
+  {"token_id": int, "token": str, "logprob": float,
+   "top_logprobs": [{"token_id": int, "token": str, "logprob": float}, ... N, most likely first]}
+log-probabilities of the raw model logits (log_softmax before logit_bias, penalties,
+temperature and the filters; vLLM's default). `token` is the token decoded alone. OpenAI's
+completion format is `tokens` = [e.token], `token_logprobs` = [e.logprob], `top_logprobs` =
+[{t.token: t.logprob}]; its chat format is content = [{token, logprob, bytes, top_logprobs:
+[{token, logprob, bytes}]}].
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import PromptError
 from ..inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_bounded, short, text_problem
 
-FIELDS = ("id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
+FIELDS = ("id", "prompt", "prompt_token_ids") + SAMPLING_FIELDS
 MAX_TOKENS_CAP = 1 << 20
+LOGIT_BIAS_CAPACITY = 300  # entries per request (OpenAI's limit); the per-slot device table holds this many
+MAX_STOP_TOKEN_IDS = 16  # stop token ids per request (with min_tokens they are masked in the graph)
+MAX_LOGPROBS = 20  # alternatives per token; the graph computes this many for every row that asks
+# What an omitted temperature / top_p / top_k means until the checkpoint's generation_config
+# is consulted: greedy, no top-p, no top-k.
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+
+
+class _FieldError(PromptError):
+    """A bad sampling field; `detail` is the message without its location."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"SamplingParams: {detail}")
+        self.detail = detail
+
+
+def _bad(name, value, expected):
+    raise _FieldError(f"field `{name}` = {short(value)} is not allowed; expected {expected}.")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
+class SamplingParams:
+    """Every sampling field of a request, validated on construction exactly as a JSONL line's
+    fields are (the JSONL path builds one). temperature / top_p / top_k are None when omitted:
+    `resolved()` fills them from the model's defaults (greedy, 1.0, 0 until generation_config
+    is read). stop: strings and token ids. logit_bias: {token id: bias in [-100, 100]} (OpenAI),
+    at most LOGIT_BIAS_CAPACITY entries, kept as sorted (id, bias) pairs. logprobs: None (off)
+    or N in [0, 20] alternatives per generated token, from the raw model logits."""
+    max_tokens: int = 16
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple = ()
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logit_bias: tuple = ()
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= MAX_TOKENS_CAP:
+            _bad("max_tokens", self.max_tokens, f"an integer in [1, {MAX_TOKENS_CAP}]")
+        for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
+                             ("repetition_penalty", 0.0, 2.0), ("presence_penalty", -2.0, 2.0),
+                             ("frequency_penalty", -2.0, 2.0)):
+            val = getattr(self, name)
+            if val is None and name in SAMPLING_DEFAULTS:
+                continue
+            if not _is_num(val) or not lo <= val <= hi:
+                _bad(name, val, f"a number in [{lo:g}, {hi:g}]")
+            set_(self, name, float(val))
+        if self.top_p == 0.0:
+            _bad("top_p", self.top_p, "a number in (0, 1]")
+        if self.repetition_penalty == 0.0:
+            _bad("repetition_penalty", self.repetition_penalty, "a number in (0, 2] (1 = off)")
+        if self.top_k is not None and (not _is_int(self.top_k) or not 0 <= self.top_k <= 1 << 24):
+            _bad("top_k", self.top_k, "an integer >= 0 (0 = no top-k)")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 1 << 63):
+            _bad("seed", self.seed, "an integer in [0, 2**63)")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            _bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens = {self.max_tokens}]")
+        if not isinstance(self.ignore_eos, bool):
+            _bad("ignore_eos", self.ignore_eos, "true or false")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            _bad("logprobs", self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] (alternatives per token)")
+        set_(self, "stop", _stops(self.stop))
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            _bad("stop", self.stop, f"at most {MAX_STOP_TOKEN_IDS} token ids")
+        set_(self, "logit_bias", _logit_bias(self.logit_bias))
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return tuple(s for s in self.stop if isinstance(s, str))
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return tuple(s for s in self.stop if not isinstance(s, str))
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Needs the per-sequence token counts on the device."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def uses_processors(self) -> bool:
+        """Any logits processor that changes the logits before temperature (min_p is a filter)."""
+        return self.uses_penalties or bool(self.logit_bias) or self.min_tokens > 0
+
+    def resolved(self, defaults: dict | None = None) -> "SamplingParams":
+        """A copy with omitted temperature / top_p / top_k filled from `defaults` (the model's
+        generation_config), else SAMPLING_DEFAULTS."""
+        fill = {**SAMPLING_DEFAULTS, **(defaults or {})}
+        return replace(self, **{k: fill[k] for k in SAMPLING_DEFAULTS if getattr(self, k) is None})
+
+    @classmethod
+    def from_json(cls, raw: dict, where: str) -> "SamplingParams":
+        """The sampling fields of a request object; errors name `where`."""
+        try:
+            return cls(**{k: raw[k] for k in SAMPLING_FIELDS if raw.get(k) is not None})
+        except _FieldError as exc:
+            raise PromptError(f"{where}: {exc.detail}") from None
+
+
+@dataclass(frozen=True, init=False)
 class Request:
     id: str
-    prompt: str | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_strings: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...] | None
+    sampling: SamplingParams
+
+    def __init__(self, id: str, prompt: str | None = None, prompt_token_ids=None,
+                 sampling: SamplingParams | None = None, **fields):
+        """`fields`: SamplingParams fields given flat (Request(id=.., max_tokens=8, temperature=0.7));
+        stop_strings / stop_token_ids are accepted as well."""
+        stop = tuple(fields.pop("stop_strings", ())) + tuple(fields.pop("stop_token_ids", ()))
+        if stop:
+            fields["stop"] = stop
+        if sampling is None:
+            sampling = SamplingParams(**fields)
+        elif fields:
+            sampling = replace(sampling, **fields)
+        for name, val in (("id", id), ("prompt", prompt), ("sampling", sampling),
+                          ("prompt_token_ids", None if prompt_token_ids is None else tuple(prompt_token_ids))):
+            object.__setattr__(self, name, val)
+
+    def __getattr__(self, name):  # the resolved sampling fields: req.temperature, req.max_tokens, ...
+        if name in SAMPLING_DEFAULTS:
+            val = getattr(self.sampling, name)
+            return SAMPLING_DEFAULTS[name] if val is None else val
+        if name in SAMPLING_FIELDS or name in ("stop_strings", "stop_token_ids"):
+            return getattr(self.sampling, name)
+        raise AttributeError(name)
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """A pure argmax: temperature 0, no logits processor, no min_p, no logprobs. Anything
+        else runs on the sampled keys."""
+        s = self.sampling
+        return (self.temperature == 0.0 and not s.uses_processors and s.logprobs is None)
 
 
 @dataclass
@@ -45,13 +190,17 @@ class Result:
     prompt_tokens: int = 0
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    logprobs: list[dict] | None = None  # with `logprobs: N`: one entry per token (module docstring)
 
     def to_json(self) -> dict:
-        return {"id": self.id, "text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-                "error": self.error, "usage": {"prompt_tokens": self.prompt_tokens,
-                                               "completion_tokens": len(self.token_ids)},
-                "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 3),
-                "tpot_ms": None if self.tpot_ms is None else round(self.tpot_ms, 3)}
+        out = {"id": self.id, "text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+               "error": self.error, "usage": {"prompt_tokens": self.prompt_tokens,
+                                              "completion_tokens": len(self.token_ids)},
+               "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 3),
+               "tpot_ms": None if self.tpot_ms is None else round(self.tpot_ms, 3)}
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
 
 
 def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
@@ -75,6 +224,7 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     if has_text == has_ids:
         raise PromptError(f"{where}: give exactly one of `prompt` (text) or `prompt_token_ids` (a list of ints).")
     prompt, ids = None, None
+    hi = vocab_size if vocab_size is not None else 1 << 31
     if has_text:
         prompt = raw["prompt"]
         if not isinstance(prompt, str) or not prompt:
@@ -85,54 +235,52 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
         ids = raw["prompt_token_ids"]
         if not isinstance(ids, list) or not ids:
             fail("prompt_token_ids", ids, "a non-empty list of token ids")
-        hi = vocab_size if vocab_size is not None else 1 << 31
         for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < hi:
+            if not _is_int(t) or not 0 <= t < hi:
                 fail("prompt_token_ids", t, f"token ids in [0, {hi})")
         ids = tuple(ids)
-    max_tokens = raw.get("max_tokens", 16)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS_CAP:
-        fail("max_tokens", max_tokens, f"an integer in [1, {MAX_TOKENS_CAP}]")
-    temperature = _number(raw, "temperature", 0.0, 0.0, 100.0, fail)
-    top_p = _number(raw, "top_p", 1.0, 0.0, 1.0, fail)
-    if top_p == 0.0:
-        fail("top_p", top_p, "a number in (0, 1]")
-    top_k = raw.get("top_k", 0)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= 1 << 24:
-        fail("top_k", top_k, "an integer >= 0 (0 = no top-k)")
-    seed = raw.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
-        fail("seed", seed, "an integer in [0, 2**63)")
-    stop_strings, stop_ids = _stops(raw.get("stop"), fail)
-    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, max_tokens=max_tokens,
-                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                   stop_strings=stop_strings, stop_token_ids=stop_ids)
+    sampling = SamplingParams.from_json(raw, where)
+    for t, _bias in sampling.logit_bias:
+        if t >= hi:
+            fail("logit_bias", {str(t): _bias}, f"token ids in [0, {hi})")
+    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, sampling=sampling)
 
 
-def _number(raw, name, default, lo, hi, fail) -> float:
-    val = raw.get(name, default)
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or not lo <= val <= hi:
-        fail(name, val, f"a number in [{lo:g}, {hi:g}]")
-    return float(val)
-
-
-def _stops(stop, fail) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _stops(stop) -> tuple:
+    """Strings and token ids, in order."""
     if stop is None:
-        return (), ()
-    items = [stop] if isinstance(stop, (str, int)) and not isinstance(stop, bool) else stop
-    if not isinstance(items, list):
-        fail("stop", stop, "a string, a token id, or a list of them")
-    strings, ids = [], []
+        return ()
+    items = [stop] if isinstance(stop, str) or _is_int(stop) else stop
+    if not isinstance(items, (list, tuple)):
+        _bad("stop", stop, "a string, a token id, or a list of them")
     for s in items:
-        if isinstance(s, str) and s and not text_problem(s):
-            strings.append(s)
-        elif isinstance(s, str) and s:
-            fail("stop", s, text_problem(s))
-        elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
-            ids.append(s)
-        else:
-            fail("stop", s, "non-empty strings or non-negative token ids")
-    return tuple(strings), tuple(ids)
+        if not ((isinstance(s, str) and s) or (_is_int(s) and s >= 0)):
+            _bad("stop", s, "non-empty strings or non-negative token ids")
+        if isinstance(s, str) and text_problem(s):
+            _bad("stop", s, text_problem(s))
+    return tuple(items)
+
+
+def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """{token id (int or decimal string): bias} or (id, bias) pairs -> sorted unique pairs."""
+    pairs = bias.items() if isinstance(bias, dict) else bias
+    if not isinstance(pairs, (list, tuple)) and not isinstance(bias, dict):
+        _bad("logit_bias", bias, "an object {token id: bias}")
+    out = {}
+    for item in pairs:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            _bad("logit_bias", bias, "an object {token id: bias}")
+        tid, val = item
+        if isinstance(tid, str) and tid.isdigit():
+            tid = int(tid)
+        if not _is_int(tid) or tid < 0 or tid in out:
+            _bad("logit_bias", {str(tid): val}, "unique non-negative token ids as keys")
+        if not _is_num(val) or not -100 <= val <= 100:
+            _bad("logit_bias", {str(tid): val}, "biases in [-100, 100]")
+        out[tid] = float(val)
+    if len(out) > LOGIT_BIAS_CAPACITY:
+        _bad("logit_bias", f"{len(out)} entries", f"at most {LOGIT_BIAS_CAPACITY} entries")
+    return tuple(sorted(out.items()))
 
 
 def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Request]:

@@ -33,6 +33,8 @@ class Sequence:
     ngram: NgramIndex = field(default_factory=NgramIndex)  # the drafter's index of this sequence
     first_token_time: float | None = None
     last_token_time: float | None = None
+    slot: int | None = None  # the device state slot while running (runtime/buffers.py)
+    logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
 
     def __post_init__(self):
         self.all_ids = list(self.prompt_ids)
@@ -74,6 +76,7 @@ class Scheduler:
         self.chunk_sizes = sorted({k.chunk_size for k in plan.keys if k.is_prefill})
         self.has_sampled = SAMPLED in {k.sampling for k in plan.keys}
         self.num_preemptions = 0
+        self.free_slots = list(range(plan.max_batch_size - 1, -1, -1))  # popped from the end: 0 first
         self.pipelining = True  # may extend_decode launch a step ahead
 
     def add(self, seq: Sequence) -> None:
@@ -115,6 +118,7 @@ class Scheduler:
             if admitting:
                 self.waiting.remove(seq)
                 self._insert_running(seq)
+                seq.slot = self.free_slots.pop()
             chosen.append(seq)
             num_new.append(n)
         if not chosen:
@@ -181,7 +185,8 @@ class Scheduler:
         """Free all of `seq`'s blocks; it waits (in arrival order) to be recomputed."""
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
-        seq.block_table, seq.num_computed = [], 0
+        self.free_slots.append(seq.slot)
+        seq.block_table, seq.num_computed, seq.slot = [], 0, None
         seq.num_preemptions += 1
         self.num_preemptions += 1
         pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
@@ -212,7 +217,8 @@ class Scheduler:
         seq.finished = True
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
-        seq.block_table = []
+        self.free_slots.append(seq.slot)
+        seq.block_table, seq.slot = [], None
 
     # ---- after a step ----------------------------------------------------------------
     def advance(self, step: ScheduledStep, tokens: list[int], accepted: list[int] | None = None,

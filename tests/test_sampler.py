@@ -1,0 +1,172 @@
+"""The sort-free sampler against a sort-based reference of the same semantics, and the
+Triton kernels against the torch reference (TRITON_INTERPRET=1 on the CPU)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trtgraph.runtime import sampler
+
+
+def sorted_keep(x: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The semantics by sorting: a stable descending sort, ties share the rank and the
+    preceding mass of the first of their group."""
+    V = x.shape[0]
+    vals, order = x.sort(descending=True, stable=True)
+    first = torch.ones(V, dtype=torch.bool)
+    first[1:] = vals[1:] != vals[:-1]
+    group_start = torch.where(first, torch.arange(V), torch.zeros(V, dtype=torch.int64)).cummax(0).values
+    k = V if top_k <= 0 or top_k > V else top_k
+    keep = group_start < k  # fewer than k tokens strictly above
+    e = torch.exp(vals - vals[0])
+    ek = torch.where(keep, e, torch.zeros_like(e))
+    before = (ek.cumsum(0) - ek)[group_start]  # mass strictly above the tie group
+    if top_p < 1:
+        keep &= before <= top_p * ek.sum()
+    keep &= e >= min_p
+    out = torch.zeros(V, dtype=torch.bool)
+    out[order] = keep
+    return out
+
+
+def rows_strategy():
+    values = st.one_of(st.floats(-30, 30, width=32), st.sampled_from([0.0, -0.0, 1.0, 2.5, float("-inf")]))
+    return st.lists(values, min_size=2, max_size=48).filter(lambda r: any(v != float("-inf") for v in r))
+
+
+@settings(max_examples=300, deadline=None)
+@given(row=rows_strategy(), top_k=st.integers(-1, 50), top_p=st.sampled_from([1.0, 0.999, 0.9, 0.5, 0.1, 1e-6]),
+       min_p=st.sampled_from([0.0, 0.0, 0.05, 0.5, 1.0]))
+def test_keep_mask_equals_the_sort_based_reference(row, top_k, top_p, min_p):
+    x = torch.tensor([row], dtype=torch.float32)
+    got = sampler.keep_mask(x, torch.tensor([top_k]), torch.tensor([top_p]), torch.tensor([min_p]))[0]
+    assert torch.equal(got, sorted_keep(x[0], top_k, top_p, min_p))
+
+
+def random_batch(gen, R, V, ties=False):
+    logits = torch.randn(R, V, generator=gen) * 3
+    if ties:
+        logits = (logits * 2).round() / 2  # many exact ties
+    return (logits, torch.rand(R, generator=gen) * 1.5 + 0.2, torch.randint(-1, V + 3, (R,), generator=gen),
+            torch.rand(R, generator=gen).clamp_min(1e-6), torch.rand(R, generator=gen) * 0.3,
+            torch.randint(0, 2**62, (R,), generator=gen), torch.randint(0, 4096, (R,), generator=gen))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_sample_draws_the_gumbel_argmax_over_the_kept_set(ties):
+    gen = torch.Generator().manual_seed(1)
+    logits, temp, top_k, top_p, min_p, seeds, pos = random_batch(gen, 64, 300, ties)
+    top_p[::4], top_k[1::4], min_p[2::4] = 1.0, 0, 0.0
+    got = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
+    x = logits / temp.unsqueeze(1)
+    noise = -torch.log(-torch.log(sampler.uniform_noise(seeds, pos, 300)))
+    for r in range(64):
+        keep = sorted_keep(x[r], int(top_k[r]), float(top_p[r]), float(min_p[r]))
+        want = (x[r] + noise[r]).masked_fill(~keep, float("-inf")).argmax()
+        assert int(got[r]) == int(want), f"row {r}"
+    assert (got != logits.argmax(-1)).sum() > 10, "nearly greedy: the test would show little"
+
+
+def test_extreme_filters_reduce_to_the_argmax():
+    gen = torch.Generator().manual_seed(2)
+    logits, temp, _k, _p, _m, seeds, pos = random_batch(gen, 32, 500)
+    one, ones = torch.ones(32, dtype=torch.int64), torch.ones(32)
+    best = logits.argmax(-1)
+    assert torch.equal(sampler.sample(logits, temp, one, ones, seeds, pos), best)  # top_k = 1
+    assert torch.equal(sampler.sample(logits, temp, 0 * one, ones * 1e-7, seeds, pos), best)  # top_p tiny
+    assert torch.equal(sampler.sample(logits, temp, 0 * one, ones, seeds, pos, ones), best)  # min_p = 1
+    assert torch.equal(sampler.sample(logits, 0 * temp, 0 * one, ones, seeds, pos), best)  # temperature 0
+
+
+def test_min_p_equals_the_transformers_warper():
+    from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 400, generator=gen) * 2
+    for min_p in (0.01, 0.1, 0.3):
+        want = MinPLogitsWarper(min_p)(None, TopKLogitsWarper(40)(None, x.clone())) != float("-inf")
+        got = sampler.keep_mask(x, torch.full((16,), 40), torch.ones(16), torch.full((16,), min_p))
+        assert torch.equal(got, want)
+
+
+@pytest.fixture(scope="module")
+def tri():
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    from trtgraph.kernels import sampling
+
+    return sampling
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("V", [300, 2500])
+def test_triton_sample_equals_the_reference(tri, ties, V):
+    gen = torch.Generator().manual_seed(V + ties)
+    R = 24
+    logits, temp, top_k, top_p, min_p, seeds, pos = random_batch(gen, R, V, ties)
+    # every filter combination, and greedy rows
+    top_k[0::3] = 0
+    top_p[1::3] = 1.0
+    min_p[::2] = 0.0
+    temp[5::7] = 0.0
+    top_k[7], top_p[8], top_k[9], top_p[9] = 1, 1e-7, 50, 0.95
+    want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
+    got = tri.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
+    assert torch.equal(got, want)
+
+
+def test_triton_sample_reads_processed_rows(tri):
+    gen = torch.Generator().manual_seed(9)
+    logits, temp, top_k, top_p, min_p, seeds, pos = random_batch(gen, 8, 700)
+    processed = torch.randn(8, 700, generator=gen) * 3
+    active = torch.tensor([1, 0] * 4)
+    mixed = torch.where(active.unsqueeze(1) != 0, processed, logits)
+    want = sampler.sample(mixed, temp, top_k, top_p, seeds, pos, min_p)
+    assert torch.equal(tri.sample(logits, temp, top_k, top_p, seeds, pos, min_p, processed, active), want)
+
+
+def random_state(gen, R, V, S=6, n_bias=300, n_stop=5):
+    counts = torch.randint(0, 3, (S, V), generator=gen, dtype=torch.int32)
+    counts |= (torch.rand(S, V, generator=gen) < 0.2).to(torch.int32) * sampler.PROMPT_BIT
+    bias_ids = torch.full((S, n_bias), -1, dtype=torch.int64)
+    bias_vals = torch.zeros(S, n_bias)
+    for s in range(S - 1):
+        n = s * 7
+        bias_ids[s, :n] = torch.randperm(V, generator=gen)[:n]
+        bias_vals[s, :n] = torch.rand(n, generator=gen) * 200 - 100
+    stop = torch.randint(0, V, (S, n_stop), generator=gen)
+    state = sampler.SlotState(counts, bias_ids, bias_vals, stop)
+    rows = sampler.RowParams(active=torch.randint(0, 2, (R,), generator=gen), slots=torch.randint(0, S, (R,), generator=gen),
+                             eos_until=torch.randint(0, 20, (R,), generator=gen),
+                             repetition=torch.rand(R, generator=gen) + 0.5, presence=torch.rand(R, generator=gen) * 4 - 2,
+                             frequency=torch.rand(R, generator=gen) * 4 - 2)
+    return state, rows, torch.randint(0, 20, (R,), generator=gen)
+
+
+def test_triton_process_equals_the_reference(tri):
+    gen = torch.Generator().manual_seed(4)
+    R, V = 12, 1500
+    logits = torch.randn(R, V, generator=gen) * 3
+    state, rows, pos = random_state(gen, R, V)
+    want = sampler.process(logits, rows, state, pos)
+    got = tri.process(logits, rows, state, pos)
+    active = rows.active != 0
+    assert active.sum() >= 3 and torch.equal(got[active], want[active])
+    assert torch.equal(want[~active], logits[~active])
+    assert (want == float("-inf")).any(), "no min_tokens mask applied: the test shows less"
+
+
+def test_triton_logprobs_equal_the_reference(tri):
+    gen = torch.Generator().manual_seed(5)
+    R, V = 6, 2100
+    logits = torch.randn(R, V, generator=gen) * 4
+    tokens = torch.randint(0, V, (R,), generator=gen)
+    want = torch.tensor([1, 0, 1, 1, 0, 1])
+    vals, ids = tri.top_logprobs(logits, tokens, want, 20)
+    ref_vals, ref_ids = sampler.top_logprobs(logits, tokens, want, 20)
+    rows = want != 0
+    assert torch.equal(ids[rows], ref_ids[rows])
+    torch.testing.assert_close(vals[rows], ref_vals[rows], rtol=0, atol=1e-5)

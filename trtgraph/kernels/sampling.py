@@ -1,0 +1,293 @@
+"""Triton twins of the sampler's torch reference (runtime/sampler.py), same signatures.
+
+`sample`: one program per row, the row streamed in blocks (it stays in L2 between passes).
+Instead of the reference's fixed bitwise threshold searches it finds the same token by
+rejection: the Gumbel-max candidate over all tokens is checked against the filters (one
+counting pass: tokens strictly above it, their mass, and the best candidate among them);
+a rejected candidate proves the threshold lies above it, so the next candidate is the best
+one strictly above. The first accepted candidate is the argmax of logits/T + noise over the
+kept set, exactly the reference's token. Top-k together with top-p also needs the top-k
+set's mass: a bisection on the order-preserving keys between the last rejected and the
+accepted candidate. A row without filters costs one pass; a greedy row one pass.
+
+`process`: rows without a processor return at once; others get the penalties in one pass
+and then their logit_bias / min_tokens entries. `top_logprobs`: rows that asked only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_ops import _mix32
+
+BLOCK = 1024
+
+
+@triton.jit
+def _keys(x):
+    """fp32 -> int64 in [0, 2**32) with the order of the values (-0.0 == +0.0)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2147483648
+
+
+@triton.jit
+def _gumbel(row_hash, cols):
+    bits = _mix32(row_hash ^ _mix32(cols.to(tl.int64) + 0x3C6EF372))
+    u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _first_pass(src, V, t, row_hash, BLOCK: tl.constexpr):
+    """(max of x = l/t, argmax of l, argmax of x + noise), first index on ties."""
+    m = -float("inf")
+    best_l = -float("inf")
+    arg_l = 0
+    best_y = -float("inf")
+    arg_y = 0
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < V
+        lg = tl.load(src + cols, mask=inside, other=-float("inf"))
+        x = lg / t
+        m = tl.maximum(m, tl.max(x, 0))
+        bl = tl.max(lg, 0)
+        il = tl.min(tl.where(lg == bl, cols, V), 0)
+        take_l = bl > best_l
+        arg_l = tl.where(take_l, il, arg_l)
+        best_l = tl.where(take_l, bl, best_l)
+        y = tl.where(inside, x + _gumbel(row_hash, cols), -float("inf"))
+        by = tl.max(y, 0)
+        iy = tl.min(tl.where(y == by, cols, V), 0)
+        take_y = by > best_y
+        arg_y = tl.where(take_y, iy, arg_y)
+        best_y = tl.where(take_y, by, best_y)
+    return m, arg_l, arg_y
+
+
+@triton.jit
+def _round(src, V, t, m, row_hash, above, BLOCK: tl.constexpr):
+    """Over tokens with key > above: (count, sum of exp(x - m), argmax of x + noise)."""
+    cnt = 0
+    mass = 0.0
+    best = -float("inf")
+    arg = 0
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < V
+        x = tl.load(src + cols, mask=inside, other=-float("inf")) / t
+        sel = inside & (_keys(x) > above)
+        cnt += tl.sum(sel.to(tl.int64), 0)
+        mass += tl.sum(tl.where(sel, tl.exp(x - m), 0.0), 0)
+        y = tl.where(sel, x + _gumbel(row_hash, cols), -float("inf"))
+        b = tl.max(y, 0)
+        i = tl.min(tl.where(y == b, cols, V), 0)
+        take = b > best
+        arg = tl.where(take, i, arg)
+        best = tl.where(take, b, best)
+    return cnt, mass, arg
+
+
+@triton.jit
+def _count_mass(src, V, t, m, above, BLOCK: tl.constexpr):
+    cnt = 0
+    mass = 0.0
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < V
+        x = tl.load(src + cols, mask=inside, other=-float("inf")) / t
+        sel = inside & (_keys(x) > above)
+        cnt += tl.sum(sel.to(tl.int64), 0)
+        mass += tl.sum(tl.where(sel, tl.exp(x - m), 0.0), 0)
+    return cnt, mass
+
+
+@triton.jit
+def _top_k_mass(src, V, t, m, k, lo, lo_cnt, lo_mass, hi, hi_cnt, BLOCK: tl.constexpr):
+    """The mass of the top-k set {key > lo} once (lo, hi] holds at most one token or one key
+    (P(v) = count(key > v) < k is false at lo and true at hi)."""
+    while (lo_cnt - hi_cnt > 1) & (hi - lo > 1):
+        mid = lo + (hi - lo) // 2
+        cnt, mass = _count_mass(src, V, t, m, mid, BLOCK)
+        if cnt < k:
+            hi = mid
+            hi_cnt = cnt
+        else:
+            lo = mid
+            lo_cnt = cnt
+            lo_mass = mass
+    return lo_mass
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, hash_ptr,
+                   out_ptr, V, stride, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    src = logits_ptr + r * stride
+    if tl.load(active_ptr + r) != 0:
+        src = proc_ptr + r * stride
+    temp = tl.load(temp_ptr + r)
+    greedy = temp <= 0
+    t = tl.where(greedy, 1.0, tl.maximum(temp, 1e-6))
+    row_hash = tl.load(hash_ptr + r)
+    k = tl.load(top_k_ptr + r)
+    top_p = tl.load(top_p_ptr + r)
+    min_p = tl.load(min_p_ptr + r)
+    k_on = (k > 0) & (k < V)
+    p_on = top_p < 1.0
+    m, arg_l, c = _first_pass(src, V, t, row_hash, BLOCK)
+    if (temp > 0) & (k_on | p_on | (min_p > 0.0)):
+        z = 0.0
+        if p_on & (k_on == 0):
+            _n, z = _count_mass(src, V, t, m, tl.full((), -1, tl.int64), BLOCK)
+        need_z = p_on & k_on
+        lo = tl.full((), -1, tl.int64)
+        lo_cnt = tl.full((), 0, tl.int64) + V
+        lo_mass = z
+        go = True
+        while go:
+            xc = tl.load(src + c) / t
+            kc = _keys(xc)
+            cnt, mass, nxt = _round(src, V, t, m, row_hash, kc, BLOCK)
+            in_k = (cnt < k) | (k_on == 0)
+            if in_k & need_z:
+                z = _top_k_mass(src, V, t, m, k, lo, lo_cnt, lo_mass, kc, cnt, BLOCK)
+            need_z = need_z & (in_k == 0)
+            ok = in_k & ((mass <= top_p * z) | (p_on == 0)) & (tl.exp(xc - m) >= min_p)
+            if ok == 0:
+                if in_k == 0:
+                    lo = kc
+                    lo_cnt = cnt
+                    lo_mass = mass
+                c = nxt
+            go = ok == 0
+    tl.store(out_ptr + r, tl.where(greedy, arg_l, c).to(tl.int64))
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           seeds: torch.Tensor, positions: torch.Tensor, min_p: torch.Tensor | None = None,
+           processed: torch.Tensor | None = None, active: torch.Tensor | None = None) -> torch.Tensor:
+    """runtime/sampler.sample's tokens. With `processed` [R, V] and `active` [R], rows whose
+    active flag is set read `processed` instead of `logits`."""
+    from ..runtime.sampler import row_hash
+
+    R, V = logits.shape
+    logits = logits.contiguous()
+    if processed is None:
+        processed, active = logits, torch.zeros(R, dtype=torch.int64, device=logits.device)
+    min_p = torch.zeros_like(top_p) if min_p is None else min_p
+    out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    _sample_kernel[(R,)](logits, processed.contiguous(), active, temperature.float().contiguous(), top_k.contiguous(),
+                         top_p.float().contiguous(), min_p.float().contiguous(),
+                         row_hash(seeds, positions).contiguous(), out, V, V, BLOCK=BLOCK)
+    return out
+
+
+# ---- logits processors ------------------------------------------------------------------------
+
+
+@triton.jit
+def _penalised(x, counts, rep, presence, frequency):
+    """The reference's arithmetic, in its order: repetition, then frequency and presence."""
+    gen = (counts & 0xFFFFFF).to(tl.float32)
+    x = tl.where(counts != 0, tl.where(x > 0, x / rep, x * rep), x)
+    return x - frequency * gen - presence * (gen > 0).to(tl.float32)
+
+
+@triton.jit
+def _process_kernel(logits_ptr, out_ptr, active_ptr, slots_ptr, counts_ptr, bias_ids_ptr, bias_vals_ptr,
+                    stop_ids_ptr, pos_ptr, until_ptr, rep_ptr, pres_ptr, freq_ptr, V, n_bias, n_stop,
+                    BLOCK: tl.constexpr, BIAS_BLOCK: tl.constexpr, STOP_BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    if tl.load(active_ptr + r) != 0:
+        slot = tl.load(slots_ptr + r)
+        rep = tl.load(rep_ptr + r)
+        presence = tl.load(pres_ptr + r)
+        frequency = tl.load(freq_ptr + r)
+        src, dst, cnt = logits_ptr + r * V, out_ptr + r * V, counts_ptr + slot * V
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            inside = cols < V
+            x = tl.load(src + cols, mask=inside, other=0.0)
+            c = tl.load(cnt + cols, mask=inside, other=0)
+            tl.store(dst + cols, _penalised(x, c, rep, presence, frequency), mask=inside)
+        tl.debug_barrier()
+        j = tl.arange(0, BIAS_BLOCK)
+        ids = tl.load(bias_ids_ptr + slot * n_bias + j, mask=j < n_bias, other=-1)
+        listed = ids >= 0
+        b = tl.load(bias_vals_ptr + slot * n_bias + j, mask=listed, other=0.0)
+        x = tl.load(src + ids, mask=listed, other=0.0) + b
+        c = tl.load(cnt + ids, mask=listed, other=0)
+        tl.store(dst + ids, _penalised(x, c, rep, presence, frequency), mask=listed)
+        tl.debug_barrier()
+        if tl.load(pos_ptr + r) < tl.load(until_ptr + r):
+            s = tl.arange(0, STOP_BLOCK)
+            stop = tl.load(stop_ids_ptr + slot * n_stop + s, mask=s < n_stop, other=0)
+            tl.store(dst + stop, tl.full((STOP_BLOCK,), -float("inf"), tl.float32), mask=s < n_stop)
+
+
+def process(logits: torch.Tensor, rows, state, positions: torch.Tensor) -> torch.Tensor:
+    """runtime/sampler.process for the rows with `active` set; the other rows of the result
+    are left unwritten (the sampler reads `logits` for them)."""
+    R, V = logits.shape
+    logits = logits.contiguous()
+    out = torch.empty_like(logits)
+    n_bias, n_stop = state.bias_ids.shape[1], state.stop_ids.shape[1]
+    _process_kernel[(R,)](logits, out, rows.active, rows.slots, state.token_counts, state.bias_ids, state.bias_values,
+                          state.stop_ids, positions, rows.eos_until, rows.repetition, rows.presence, rows.frequency,
+                          V, n_bias, n_stop, BLOCK=BLOCK, BIAS_BLOCK=triton.next_power_of_2(n_bias),
+                          STOP_BLOCK=triton.next_power_of_2(n_stop))
+    return out
+
+
+# ---- logprobs ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _logprobs_kernel(logits_ptr, tokens_ptr, want_ptr, vals_ptr, ids_ptr, V, K: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows that asked: log_softmax at the drawn token, then the top K in (value desc, id asc)
+    order, one pass each (the row stays in L2)."""
+    r = tl.program_id(0).to(tl.int64)
+    if tl.load(want_ptr + r) != 0:
+        src = logits_ptr + r * V
+        m = -float("inf")
+        z = 0.0
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(src + cols, mask=cols < V, other=-float("inf"))
+            m_new = tl.maximum(m, tl.max(x, 0))
+            z = z * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+        log_z = m + tl.log(z)
+        tl.store(vals_ptr + r * (K + 1), tl.load(src + tl.load(tokens_ptr + r)) - log_z)
+        prev_v = float("inf")
+        prev_i = -1
+        for j in range(K):
+            best = -float("inf")
+            arg = V
+            for start in range(0, V, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                x = tl.load(src + cols, mask=cols < V, other=-float("inf"))
+                after = (x < prev_v) | ((x == prev_v) & (cols > prev_i))
+                y = tl.where(after & (cols < V), x, -float("inf"))
+                b = tl.max(y, 0)
+                i = tl.min(tl.where((y == b) & after & (cols < V), cols, V), 0)
+                take = (b > best) | ((b == best) & (i < arg))
+                arg = tl.where(take, i, arg)
+                best = tl.where(take, b, best)
+            tl.store(vals_ptr + r * (K + 1) + 1 + j, best - log_z)
+            tl.store(ids_ptr + r * K + j, arg.to(tl.int64))
+            prev_v = best
+            prev_i = arg
+
+
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor, k: int):
+    """runtime/sampler.top_logprobs for the rows with `want` set (others left unwritten)."""
+    R, V = logits.shape
+    logits = logits.contiguous()
+    vals = torch.empty(R, 1 + k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(R, k, dtype=torch.int64, device=logits.device)
+    _logprobs_kernel[(R,)](logits, tokens.contiguous(), want, vals, ids, V, K=k, BLOCK=BLOCK)
+    return vals, ids
