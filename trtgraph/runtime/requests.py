@@ -12,8 +12,9 @@ from pathlib import Path
 
 from ..errors import PromptError
 
-FIELDS = ("id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+FIELDS = ("id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
 MAX_TOKENS_CAP = 1 << 20
+MAX_N = 16  # completions of one prompt (`n`)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Request:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    n: int = 1  # completions of this prompt; completion i draws with seed + i
 
     @property
     def is_greedy(self) -> bool:
@@ -44,13 +46,28 @@ class Result:
     prompt_tokens: int = 0
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    choices: list[Result] | None = None  # n > 1: the n completions, in index order
 
     def to_json(self) -> dict:
+        if self.choices is not None:
+            return _choices_json(self)
         return {"id": self.id, "text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
                 "error": self.error, "usage": {"prompt_tokens": self.prompt_tokens,
                                                "completion_tokens": len(self.token_ids)},
                 "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 3),
                 "tpot_ms": None if self.tpot_ms is None else round(self.tpot_ms, 3)}
+
+
+def _choices_json(result: Result) -> dict:
+    """n > 1: one line with a `choices` list (index, text, token_ids, finish_reason, timings)."""
+    choices = []
+    for i, c in enumerate(result.choices):
+        one = c.to_json()
+        del one["id"], one["error"], one["usage"]
+        choices.append({"index": i, **one})
+    return {"id": result.id, "choices": choices, "error": None,
+            "usage": {"prompt_tokens": result.prompt_tokens,
+                      "completion_tokens": sum(len(c.token_ids) for c in result.choices)}}
 
 
 def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
@@ -99,9 +116,12 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
         fail("seed", seed, "an integer in [0, 2**63)")
     stop_strings, stop_ids = _stops(raw.get("stop"), fail)
+    n = raw.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        fail("n", n, f"an integer in [1, {MAX_N}]")
     return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, max_tokens=max_tokens,
                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                   stop_strings=stop_strings, stop_token_ids=stop_ids)
+                   stop_strings=stop_strings, stop_token_ids=stop_ids, n=n)
 
 
 def _number(raw, name, default, lo, hi, fail) -> float:
