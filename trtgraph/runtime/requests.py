@@ -7,6 +7,7 @@ naming the file, the line number and the field.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,15 +155,28 @@ def _short(value) -> str:
 
 
 def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Request]:
-    """Every request of a JSONL file, validated before anything runs. Blank lines are skipped."""
-    path = Path(path)
+    """Every request of a JSONL file ('-': standard input), validated before anything runs.
+    Blank lines are skipped."""
+    name, data = read_input(path)
+    return parse_prompts(json_lines(data, name), name, vocab_size)
+
+
+def read_input(path: str | Path) -> tuple[str, bytes]:
+    """(the name errors use, the bytes) of a prompts file, or of standard input for '-'."""
+    if str(path) == "-":
+        return "<stdin>", sys.stdin.buffer.read()
     try:
-        data = path.read_bytes()
+        return str(path), Path(path).read_bytes()
     except OSError as exc:
         raise PromptError(f"{path}: cannot read the prompts file ({exc.strerror or exc}).") from None
-    requests, seen = [], {}
+
+
+def json_lines(data: bytes, name: str) -> list[tuple[int, object]]:
+    """(line number, decoded JSON value) of each non-blank line; the first line that is not
+    UTF-8 JSON raises PromptError naming it."""
+    rows = []
     for n, line in enumerate(data.split(b"\n"), start=1):
-        where = f"{path} line {n}"
+        where = f"{name} line {n}"
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -170,23 +184,32 @@ def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Reques
         if not text.strip():
             continue
         try:
-            raw = json.loads(text)
+            rows.append((n, json.loads(text)))
         except json.JSONDecodeError as exc:
             raise PromptError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}). Each line must be "
                               f"one JSON object.") from None
+    if not rows:
+        raise PromptError(f"{name}: no requests (the file is empty).")
+    return rows
+
+
+def parse_prompts(rows: list[tuple[int, object]], name: str, vocab_size: int | None = None) -> list[Request]:
+    """Native requests from json_lines' rows; ids must be unique."""
+    requests, seen = [], {}
+    for n, raw in rows:
+        where = f"{name} line {n}"
         req = parse_request(raw, where, vocab_size)
         if req.id in seen:
             raise PromptError(f"{where}: duplicate id {req.id!r} (first on line {seen[req.id]}); ids must be unique.")
         seen[req.id] = n
         requests.append(req)
-    if not requests:
-        raise PromptError(f"{path}: no requests (the file is empty).")
     return requests
 
 
-def finished_ids(path: str | Path) -> set[str]:
-    """Ids already in a results file. A last line cut short by a hard kill is removed, so
-    the file stays valid JSONL and that request runs again."""
+def finished_ids(path: str | Path, key: str = "id") -> set[str]:
+    """Ids already in a results file (the `key` field of each line: `custom_id` in an OpenAI
+    batch output). A last line cut short by a hard kill is removed, so the file stays valid
+    JSONL and that request runs again."""
     path = Path(path)
     if not path.exists():
         return set()
@@ -195,7 +218,7 @@ def finished_ids(path: str | Path) -> set[str]:
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         if line.strip():
             try:
-                ids.add(str(json.loads(line)["id"]))
+                ids.add(str(json.loads(line)[key]))
             except (ValueError, KeyError, TypeError):
                 if line.endswith(b"\n"):
                     raise PromptError(f"{path} line {number}: not a result line; --resume needs the output "
