@@ -171,11 +171,13 @@ def inspect(path, as_json, check):
 
 
 @main.command()
-@click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
-              help="JSONL, one request per line: id, prompt or prompt_token_ids, max_tokens, temperature, top_p, top_k, seed, stop.")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="JSONL, one request per line ('-': standard input): native requests (id, prompt or "
+                   "prompt_token_ids, max_tokens, temperature, top_p, top_k, seed, stop, n) or OpenAI batch lines.")
 @click.option("--manifest", "manifest", default="trtgraph-artifacts", show_default=True, type=click.Path(),
               help="Artifacts directory (or manifest.json) written by `trtgraph capture`.")
-@click.option("--output", "output", type=click.Path(dir_okay=False), help="Write results JSONL here (default: stdout).")
+@click.option("--output", "output", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write results JSONL here ('-' or not given: standard output).")
 @click.option("--eager", is_flag=True, help="Run the same scheduler eagerly instead of replaying graphs (A/B checks).")
 @click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
 @click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append the rest.")
@@ -195,15 +197,17 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
       trtgraph run --prompts prompts.jsonl --output results.jsonl --resume
     """
     from .artifacts import load_manifest
-    from .runtime.requests import finished_ids, read_prompts
+    from .formats.batch import read_requests
+    from .runtime.requests import finished_ids
 
-    requests = read_prompts(prompts_path)  # the whole file, before any model work
+    output = None if output == "-" else output
+    requests = read_requests(prompts_path)  # the whole file (native or OpenAI batch), before any model work
     if resume:
         if not output:
             raise click.UsageError("--resume needs --output: the results file of the interrupted run")
-        done = finished_ids(output)
-        requests = [r for r in requests if r.id not in done]
-        click.echo(f"resume: {len(done)} requests already in {output}, {len(requests)} to run", err=True)
+        done = finished_ids(output, key=requests.id_field)
+        requests = requests.without(done)
+        click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
     world = load_manifest(manifest).parallel.get("tensor_parallel_size", 1)
     args = (requests, manifest, output, eager, summary_json, resume, not no_speculative)
     if world > 1:
@@ -243,17 +247,19 @@ def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, specu
 def _serve(engine, requests, output, eager, summary_json, resume) -> int:
     out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
     written: set[str] = set()
+    ids = requests.ids  # a RequestFile: native requests or OpenAI batch lines
+    token_text = lambda t: engine.tokenizer.decode([t])  # noqa: E731
     try:
-        with click.progressbar(length=len(requests), label="requests", file=sys.stderr, show_pos=True) as bar:
-            for result in engine.generate(requests):
-                out.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+        with click.progressbar(length=len(ids), label="requests", file=sys.stderr, show_pos=True) as bar:
+            for rid, line in requests.lines(engine.generate(requests.requests), token_text):
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
                 out.flush()
-                written.add(result.id)
+                written.add(rid)
                 bar.update(1)
     except KeyboardInterrupt:
-        missing = [r.id for r in requests if r.id not in written]
+        missing = [i for i in ids if i not in written]
         shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
-        click.echo(f"\ninterrupted: {len(written)} of {len(requests)} requests finished and written"
+        click.echo(f"\ninterrupted: {len(written)} of {len(ids)} requests finished and written"
                    f"{' to ' + output if output else ''}; {len(missing)} did not finish: {shown}."
                    + (f" Continue with --resume --output {output}." if output else ""), err=True)
         return 130

@@ -146,7 +146,7 @@ class Engine:
         return time.perf_counter() - t0
 
     # ---- requests ----------------------------------------------------------------------
-    def _admit(self, req: Request, arrival: int) -> Sequence | Result:
+    def _admit(self, req: Request, arrival: float) -> Sequence | Result:
         """A Sequence, or an error Result when no recorded key can serve the request."""
         cfg, lim = self.executor.loaded.config, self.config.limits
         ids = list(req.prompt_token_ids) if req.prompt_token_ids is not None else self.tokenizer.encode(req.prompt)
@@ -219,6 +219,7 @@ class Engine:
         if self._timing:
             stats.gpu_busy_seconds = 0.0
         self._last = None
+        self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
         with torch.inference_mode():
             inflight = None
             while inflight is not None or sched.has_work:
@@ -313,12 +314,38 @@ class Engine:
         if f.logprobs is not None:
             self._keep_logprobs(f, drew)
         for seq, n_new in drew:
+            self._fork(seq, sched)
             result = self._check_stop(seq, n_new, start)
             if result is not None:
                 sched.finish(seq)
                 self.stats.completion_tokens += len(result.token_ids)
                 self.stats.seconds = time.perf_counter() - start
-                yield result
+                result = self._gather(seq, result)
+                if result is not None:
+                    yield result
+
+    # ---- n > 1: fork after the prompt, gather the n completions -------------------------
+    def _fork(self, seq: Sequence, sched: Scheduler) -> None:
+        """When completion 0 of an n > 1 request has drawn its first token (its prompt is in
+        the cache), start completions 1..n-1; completion i draws with seed + i (mod 2**63)."""
+        req = seq.request
+        if req.n == 1 or req.id in self._choices:
+            return
+        self._choices[req.id] = [None] * req.n
+        sched.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])
+
+    def _gather(self, seq: Sequence, result: Result) -> Result | None:
+        """n > 1: hold each finished completion until all n have; then one Result carrying
+        them as `choices`."""
+        if seq.request.n == 1:
+            return result
+        slots = self._choices[seq.request.id]
+        slots[seq.index] = result
+        if any(r is None for r in slots):
+            return None
+        del self._choices[seq.request.id]
+        return Result(id=result.id, prompt_tokens=result.prompt_tokens, choices=slots,
+                      finish_reason=slots[0].finish_reason, ttft_ms=min(r.ttft_ms for r in slots))
 
     def _prepare(self, step: ScheduledStep, last: tuple | None, ahead: int = 0) -> tuple:
         """Fast path when the same generation rows repeat in the same order; otherwise

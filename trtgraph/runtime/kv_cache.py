@@ -8,6 +8,7 @@ entries point at it. The cache is zero-filled once so nothing read through a mas
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 
@@ -45,11 +46,16 @@ def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype
 
 
 class BlockAllocator:
-    """Free list of KV blocks 1..num_blocks-1. Lowest ids first, so runs are reproducible."""
+    """Reference-counted KV blocks 1..num_blocks-1. Lowest ids first, so runs are reproducible.
+
+    A block is held by every sequence whose block table lists it (n completions of one prompt
+    share its full blocks); it returns to the free list when the last holder frees it."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, NULL_BLOCK, -1))  # pop() gives the lowest id
+        self._refs = [0] * num_blocks
+        self.peak_used = 0  # the most blocks held at once
 
     @property
     def num_free(self) -> int:
@@ -58,12 +64,37 @@ class BlockAllocator:
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise MemoryError(f"asked for {n} KV blocks, {len(self._free)} free")
-        return [self._free.pop() for _ in range(n)]
+        blocks = [self._free.pop() for _ in range(n)]
+        for b in blocks:
+            self._refs[b] = 1
+        self.peak_used = max(self.peak_used, self.num_blocks - 1 - len(self._free))
+        return blocks
+
+    def share(self, blocks: list[int]) -> list[int]:
+        """One more holder of each (already held) block; returns them for the new block table."""
+        for b in blocks:
+            self._check(b)
+            if self._refs[b] == 0:
+                raise ValueError(f"block {b} is free; only held blocks can be shared")
+            self._refs[b] += 1
+        return list(blocks)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
 
     def free(self, blocks: list[int]) -> None:
+        """Drop one hold on each block; a block nobody holds any more is free again."""
+        for b, times in Counter(blocks).items():
+            self._check(b)
+            if self._refs[b] < times:
+                raise ValueError(f"block {b} was freed twice")
+        released = []
         for b in blocks:
-            if not NULL_BLOCK < b < self.num_blocks:
-                raise ValueError(f"block {b} is not an allocatable block")
-        self._free.extend(reversed(blocks))
-        if len(self._free) > self.num_blocks - 1:
-            raise ValueError("a block was freed twice")
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                released.append(b)
+        self._free.extend(reversed(released))
+
+    def _check(self, block: int) -> None:
+        if not NULL_BLOCK < block < self.num_blocks:
+            raise ValueError(f"block {block} is not an allocatable block")

@@ -16,6 +16,7 @@ completion format is `tokens` = [e.token], `token_logprobs` = [e.logprob], `top_
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from ..inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_b
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
-FIELDS = ("id", "prompt", "prompt_token_ids") + SAMPLING_FIELDS
+FIELDS = ("id", "prompt", "prompt_token_ids", "n") + SAMPLING_FIELDS
 MAX_TOKENS_CAP = 1 << 20
+MAX_N = 16  # completions of one prompt (`n`)
 LOGIT_BIAS_CAPACITY = 300  # entries per request (OpenAI's limit); the per-slot device table holds this many
 MAX_STOP_TOKEN_IDS = 16  # stop token ids per request (with min_tokens they are masked in the graph)
 MAX_LOGPROBS = 20  # alternatives per token; the graph computes this many for every row that asks
@@ -148,9 +150,10 @@ class Request:
     prompt: str | None
     prompt_token_ids: tuple[int, ...] | None
     sampling: SamplingParams
+    n: int  # completions of this prompt; completion i draws with seed + i
 
     def __init__(self, id: str, prompt: str | None = None, prompt_token_ids=None,
-                 sampling: SamplingParams | None = None, **fields):
+                 sampling: SamplingParams | None = None, n: int = 1, **fields):
         """`fields`: SamplingParams fields given flat (Request(id=.., max_tokens=8, temperature=0.7));
         stop_strings / stop_token_ids are accepted as well."""
         stop = tuple(fields.pop("stop_strings", ())) + tuple(fields.pop("stop_token_ids", ()))
@@ -160,7 +163,7 @@ class Request:
             sampling = SamplingParams(**fields)
         elif fields:
             sampling = replace(sampling, **fields)
-        for name, val in (("id", id), ("prompt", prompt), ("sampling", sampling),
+        for name, val in (("id", id), ("prompt", prompt), ("sampling", sampling), ("n", n),
                           ("prompt_token_ids", None if prompt_token_ids is None else tuple(prompt_token_ids))):
             object.__setattr__(self, name, val)
 
@@ -191,8 +194,11 @@ class Result:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     logprobs: list[dict] | None = None  # with `logprobs: N`: one entry per token (module docstring)
+    choices: list[Result] | None = None  # n > 1: the n completions, in index order
 
     def to_json(self) -> dict:
+        if self.choices is not None:
+            return _choices_json(self)
         out = {"id": self.id, "text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
                "error": self.error, "usage": {"prompt_tokens": self.prompt_tokens,
                                               "completion_tokens": len(self.token_ids)},
@@ -201,6 +207,18 @@ class Result:
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
         return out
+
+
+def _choices_json(result: Result) -> dict:
+    """n > 1: one line with a `choices` list (index, text, token_ids, finish_reason, timings)."""
+    choices = []
+    for i, c in enumerate(result.choices):
+        one = c.to_json()
+        del one["id"], one["error"], one["usage"]
+        choices.append({"index": i, **one})
+    return {"id": result.id, "choices": choices, "error": None,
+            "usage": {"prompt_tokens": result.prompt_tokens,
+                      "completion_tokens": sum(len(c.token_ids) for c in result.choices)}}
 
 
 def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
@@ -243,7 +261,10 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     for t, _bias in sampling.logit_bias:
         if t >= hi:
             fail("logit_bias", {str(t): _bias}, f"token ids in [0, {hi})")
-    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, sampling=sampling)
+    n = raw.get("n", 1)
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        fail("n", n, f"an integer in [1, {MAX_N}]")
+    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, sampling=sampling, n=n)
 
 
 def _stops(stop) -> tuple:
@@ -284,17 +305,30 @@ def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
 
 
 def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Request]:
-    """Every request of a JSONL file, validated before anything runs. Blank lines are skipped."""
-    path = Path(path)
+    """Every request of a JSONL file ('-': standard input), validated before anything runs.
+    Blank lines are skipped."""
+    name, data = read_input(path)
+    return parse_prompts(json_lines(data, name), name, vocab_size)
+
+
+def read_input(path: str | Path) -> tuple[str, bytes]:
+    """(the name errors use, the bytes) of a prompts file, or of standard input for '-'."""
+    if str(path) == "-":
+        return "<stdin>", sys.stdin.buffer.read()
     try:
-        data = read_bounded(path)
+        return str(path), read_bounded(path)
     except OSError as exc:
         raise PromptError(f"{path}: cannot read the prompts file ({exc.strerror or exc}).") from None
     except InputTooLarge as exc:
         raise PromptError(f"{path}: cannot read the prompts file ({exc}); pass a JSONL file.") from None
-    requests, seen = [], {}
+
+
+def json_lines(data: bytes, name: str) -> list[tuple[int, object]]:
+    """(line number, decoded JSON value) of each non-blank line; the first line that is not
+    UTF-8 JSON raises PromptError naming it."""
+    rows = []
     for n, line in enumerate(data.split(b"\n"), start=1):
-        where = f"{path} line {n}"
+        where = f"{name} line {n}"
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -302,22 +336,31 @@ def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Reques
         if not text.strip():
             continue
         try:
-            raw = loads_json(text)
+            rows.append((n, loads_json(text)))
         except JSONProblem as exc:
             raise PromptError(f"{where}: not valid JSON ({exc}). Each line must be one JSON object.") from None
+    if not rows:
+        raise PromptError(f"{name}: no requests (the file is empty).")
+    return rows
+
+
+def parse_prompts(rows: list[tuple[int, object]], name: str, vocab_size: int | None = None) -> list[Request]:
+    """Native requests from json_lines' rows; ids must be unique."""
+    requests, seen = [], {}
+    for n, raw in rows:
+        where = f"{name} line {n}"
         req = parse_request(raw, where, vocab_size)
         if req.id in seen:
             raise PromptError(f"{where}: duplicate id {req.id!r} (first on line {seen[req.id]}); ids must be unique.")
         seen[req.id] = n
         requests.append(req)
-    if not requests:
-        raise PromptError(f"{path}: no requests (the file is empty).")
     return requests
 
 
-def finished_ids(path: str | Path) -> set[str]:
-    """Ids already in a results file. A last line cut short by a hard kill is removed, so
-    the file stays valid JSONL and that request runs again."""
+def finished_ids(path: str | Path, key: str = "id") -> set[str]:
+    """Ids already in a results file (the `key` field of each line: `custom_id` in an OpenAI
+    batch output). A last line cut short by a hard kill is removed, so the file stays valid
+    JSONL and that request runs again."""
     path = Path(path)
     if not path.exists():
         return set()
@@ -326,7 +369,7 @@ def finished_ids(path: str | Path) -> set[str]:
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         if line.strip():
             try:
-                ids.add(str(json.loads(line)["id"]))
+                ids.add(str(json.loads(line)[key]))
             except (ValueError, KeyError, TypeError):
                 if line.endswith(b"\n"):
                     raise PromptError(f"{path} line {number}: not a result line; --resume needs the output "

@@ -5,6 +5,12 @@ generation. Requests wait in a FIFO queue; KV blocks are allocated as sequences 
 blocks run out the newest running sequence is preempted (its blocks freed) and later
 recomputed from its prompt plus what it has generated. No step is larger than the largest
 recorded key, so every step selects a key. Pure host logic: no tensors here.
+
+n completions of one prompt: the prompt is prefilled once (completion 0, the parent), then
+`fork` starts completions 1..n-1, each holding the prompt's full KV blocks by reference and
+computing the rest of the prompt (less than one block) itself, so each draws its first token
+with its own seed. A completion writes only into blocks it alone holds, so nothing is ever
+copied on the device, and preempting one frees only its own holds.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from .requests import Request
 @dataclass(eq=False)
 class Sequence:
     request: Request
-    arrival: int  # order of submission; the newest is preempted first
+    arrival: float  # order of submission; the newest is preempted first
     prompt_ids: list[int]
     seed: int
+    index: int = 0  # which of the request's n completions
     all_ids: list[int] = field(init=False)  # prompt + generated
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the cache
@@ -212,6 +219,26 @@ class Scheduler:
             if n > 0:
                 seq.block_table += self.allocator.allocate(n)
         return True
+
+    def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
+        """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the
+        prompt's full blocks and feeds the prompt's remaining tokens (at least the last one)
+        itself. They run now where the batch has room; others wait, holding nothing, and
+        compute the whole prompt when admitted. Arrival orders them just after the parent."""
+        shared = (len(parent.prompt_ids) - 1) // self.block_size  # full blocks before the last prompt token
+        children = []
+        for i, seed in enumerate(seeds, start=1):
+            child = Sequence(request=parent.request, arrival=parent.arrival + i / (len(seeds) + 1),
+                             prompt_ids=parent.prompt_ids, seed=seed, index=i)
+            if len(self.running) < self.plan.max_batch_size and shared:
+                child.block_table = self.allocator.share(parent.block_table[:shared])
+                child.num_computed = shared * self.block_size
+                self._insert_running(child)
+            else:
+                pos = next((j for j, w in enumerate(self.waiting) if w.arrival > child.arrival), len(self.waiting))
+                self.waiting.insert(pos, child)
+            children.append(child)
+        return children
 
     def finish(self, seq: Sequence) -> None:
         seq.finished = True
