@@ -213,7 +213,8 @@ def key_record_fields(v: FieldReader, i: int, raw: Any) -> dict:
 def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     """Totals agree with the keys they sum up."""
     v.obj(totals, "totals", ("num_keys", "warmup_seconds", "capture_seconds", "pool_bytes",
-                             "largest_key_pool_bytes", "all_parity_ok"), optional=("all_parity_ok",))
+                             "largest_key_pool_bytes", "all_parity_ok", "linear_backends"),
+          optional=("all_parity_ok", "linear_backends"))
     if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(pool_bytes):
         v.fail("totals.num_keys", totals["num_keys"], f"{len(pool_bytes)}, the number of keys")
     if v.int_field(totals, "totals.pool_bytes", lo=0, hi=MAX_BYTES) != sum(pool_bytes):
@@ -225,6 +226,11 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     v.number(totals, "totals.capture_seconds", hi=MAX_SECONDS)
     if "all_parity_ok" in totals and not isinstance(totals["all_parity_ok"], bool):
         v.fail("totals.all_parity_ok", totals["all_parity_ok"], "true or false")
+    backends = totals.get("linear_backends", {})
+    if not isinstance(backends, dict) or len(backends) > 64 or any(
+            not isinstance(k, str) or not re.fullmatch(r"[0-9]{1,7}x[0-9]{1,7}", k) or b not in ("triton", "cublas")
+            for k, b in backends.items()):
+        v.fail("totals.linear_backends", backends, 'an object {"NxK": "triton" | "cublas"} per GEMM shape')
 
 
 def check_parallel(v: FieldReader, par: Any, config: Config) -> None:
