@@ -411,6 +411,9 @@ MANIFEST_CASES = [
      ["config.model.path = 'ckpt'", "absolute"]),
     ("moved-checkpoint", _moved_checkpoint,
      ["config.model.path = '/nonexistent/trtgraph-test/ckpt'", "moved or deleted", "Put it back"]),
+    ("synthetic-seed-disagrees", _set("model", "seed", 7), ["model.seed = 7", "expected 0, from the synthetic spec"]),
+    ("synthetic-spec-incomplete", lambda b: b["config"]["model"]["synthetic"].pop("hidden_size"),
+     ["its config section is invalid", "model.synthetic has no `hidden_size`"]),
     ("config-synthetic-rope-theta", _set("config", "model", "synthetic", "rope_theta", 0.5),
      ["its config section is invalid", "model.synthetic.rope_theta = 0.5"]),
 ]

@@ -218,7 +218,8 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: 
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_dir():
-            v.fail("model.path", p, f"an existing checkpoint directory ({path} does not exist); "
+            state = "is not a directory" if path.exists() else "does not exist"
+            v.fail("model.path", p, f"an existing checkpoint directory ({path} {state}); "
                                     f"download the checkpoint there or fix the path")
         return ModelSource(path=str(path.resolve()))
     syn = m["synthetic"]

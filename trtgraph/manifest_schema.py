@@ -15,7 +15,7 @@ from typing import Any
 
 from .buckets import GraphKey
 from .config import DTYPES, SAMPLING_MODES, Config
-from .errors import ConfigError, ManifestError
+from .errors import ConfigError, ManifestError, TrtgraphError
 from .inputs import int_problem, is_int, number_problem, short, text_problem
 
 TOP_LEVEL = ("format_version", "format_changelog", "trtgraph_version", "created", "environment", "model",
@@ -131,8 +131,9 @@ def config_section(v: FieldReader, raw: Any) -> Config:
 
 
 def check_model(v: FieldReader, model: Any, config: Config) -> None:
-    """The model fingerprint: what the weights were (compared with the weights found at run)."""
-    from .models.config import SUPPORTED_ARCHITECTURES, SEED_MAX
+    """The model fingerprint: what the weights were (compared with the weights found at run).
+    A synthetic model is known from the config alone: its spec is complete and matches."""
+    from .models.config import SEED_MAX, SUPPORTED_ARCHITECTURES
 
     v.obj(model, "model", MODEL, optional=("seed",))
     v.text(model, "model.source")
@@ -156,6 +157,23 @@ def check_model(v: FieldReader, model: Any, config: Config) -> None:
         names.add(name)
         v.int_field(entry, f"{where}.bytes", lo=0, hi=MAX_BYTES)
         v.hex_digest(entry, f"{where}.sha256", 64)
+    if config.model.is_synthetic:
+        _check_synthetic_model(v, model, config)
+
+
+def _check_synthetic_model(v: FieldReader, model: dict, config: Config) -> None:
+    from .models.config import synthetic_model_config
+
+    try:
+        seed, cfg = synthetic_model_config(config.model.synthetic, config.limits.max_seq_len,
+                                           source=f"{v.path} config")
+    except TrtgraphError as exc:
+        raise ManifestError(f"{v.path}: its config section is invalid: {exc} {v.recapture}") from None
+    expected = {"source": "synthetic", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
+                "parameter_count": cfg.parameter_count(), "seed": seed, "weight_files": []}
+    for name, want in expected.items():
+        if model.get(name) != want:
+            v.fail(f"model.{name}", model.get(name), f"{short(want)}, from the synthetic spec in its config")
 
 
 def check_kv_cache(v: FieldReader, kv: Any, config: Config) -> None:
