@@ -70,7 +70,7 @@ def _first_pass(src, V, t, row_hash, BLOCK: tl.constexpr):
 @triton.jit
 def _round(src, V, t, m, row_hash, above, BLOCK: tl.constexpr):
     """Over tokens with key > above: (count, sum of exp(x - m), argmax of x + noise)."""
-    cnt = 0
+    cnt = tl.full((), 0, tl.int64)
     mass = 0.0
     best = -float("inf")
     arg = 0
@@ -92,7 +92,7 @@ def _round(src, V, t, m, row_hash, above, BLOCK: tl.constexpr):
 
 @triton.jit
 def _count_mass(src, V, t, m, above, BLOCK: tl.constexpr):
-    cnt = 0
+    cnt = tl.full((), 0, tl.int64)
     mass = 0.0
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -146,7 +146,7 @@ def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_
         lo = tl.full((), -1, tl.int64)
         lo_cnt = tl.full((), 0, tl.int64) + V
         lo_mass = z
-        go = True
+        go = temp > 0  # true here
         while go:
             xc = tl.load(src + c) / t
             kc = _keys(xc)
