@@ -94,6 +94,7 @@ def main():
              "|---|---|" + "---|" * len(SETTINGS)]
     for key in keys:
         ex.capture(key)
+        print(f"captured {key}", file=sys.stderr, flush=True)
     bias = tuple((t, 1.0) for t in range(0, 3000, 10))
     for slot in range(ex.buffers.num_slots):
         ex.buffers.write_slot(slot, bias, list(ex.loaded.config.eos_token_ids))
@@ -110,6 +111,7 @@ def main():
                     torch.cuda.synchronize()
                 ms = 1e3 * statistics.median(_timed(ex.device, lambda: ex.execute(key), 10) for _ in range(5))
             cells.append(ms)
+            print(f"{key} {rows_kw}: {ms:.3f} ms", file=sys.stderr, flush=True)
         lines.append(f"| {b} | {cells[0]:.3f} | " + " | ".join(f"{c:.3f} ({c / cells[0]:.2f}x)" for c in cells[1:])
                      + " |")
     if ex.device.type == "cuda":
