@@ -66,8 +66,8 @@ def graph_time(fn) -> float:
 def sampler_alone(V: int) -> list[str]:
     from trtgraph.kernels import sampling
 
-    lines = ["", "| sampler alone, fp32 logits [bs, V] | bs | argmax ms | sort-based ms | sort-free Triton ms |",
-             "|---|---|---|---|---|"]
+    lines = ["", "| sampler alone, fp32 logits [bs, V] | bs | argmax ms | sort-based ms | sort-free torch ms | sort-free Triton ms | Triton, T only ms |",
+             "|---|---|---|---|---|---|---|"]
     for bs in BATCHES:
         gen = torch.Generator(device="cuda").manual_seed(bs)
         logits = torch.randn(bs, V, device="cuda", generator=gen) * 3
@@ -79,7 +79,9 @@ def sampler_alone(V: int) -> list[str]:
         mins = torch.linspace(0, 0.2, bs, device="cuda")
         same = torch.equal(sampling.sample(logits, t, k, p, seeds, pos, mins), sampler.sample(logits, t, k, p, seeds, pos, mins))
         times = [graph_time(lambda: logits.argmax(-1)), graph_time(lambda: sort_sampler(logits, t, k, p, seeds, pos)),
-                 graph_time(lambda: sampling.sample(logits, t, k, p, seeds, pos))]
+                 graph_time(lambda: sampler.sample(logits, t, k, p, seeds, pos)),
+                 graph_time(lambda: sampling.sample(logits, t, k, p, seeds, pos)),
+                 graph_time(lambda: sampling.sample(logits, t, 0 * k, 1 + 0 * p, seeds, pos))]
         lines.append(f"| top-k 50 top-p 0.9 T 0.8 (Triton == torch reference: {same}; == sort-based: {agree:.2f}) | {bs} | "
                      + " | ".join(f"{x:.3f}" for x in times) + " |")
     return lines
@@ -92,6 +94,9 @@ def main():
     ex = Executor.build(cfg, plan)
     lines = [f"kernels: {ex.model.ops.name}", "", "| bs | greedy ms | " + " | ".join(SETTINGS) + " |",
              "|---|---|" + "---|" * len(SETTINGS)]
+    with torch.inference_mode():
+        for key in keys:
+            ex.warmup(key)
     for key in keys:
         ex.capture(key)
         print(f"captured {key}", file=sys.stderr, flush=True)
