@@ -119,15 +119,8 @@ def _count_mass(src, V, t, m, above, BLOCK: tl.constexpr):
 def _top_k_mass(src, V, t, m, k, lo, lo_cnt, lo_mass, hi, hi_cnt, BLOCK: tl.constexpr):
     """The mass of the top-k set {key > lo} once (lo, hi] holds at most one token or one key
     (P(v) = count(key > v) < k is false at lo and true at hi)."""
-    turn = 0
     while (lo_cnt - hi_cnt > 1) & (hi - lo > 1):
-        # alternate interpolation on the counts (few passes on smooth rows) and bisection
-        # (at most 64 passes on any row)
-        span = hi - lo
-        frac = (lo_cnt - k).to(tl.float32) / (lo_cnt - hi_cnt).to(tl.float32)
-        guess = lo + (span.to(tl.float32) * frac).to(tl.int64)
-        mid = tl.where(turn % 2 == 0, guess, lo + span // 2)
-        mid = tl.minimum(tl.maximum(mid, lo + 1), hi - 1)
+        mid = lo + (hi - lo) // 2
         cnt, mass = _count_mass(src, V, t, m, mid, BLOCK)
         if cnt < k:
             hi = mid
@@ -136,7 +129,6 @@ def _top_k_mass(src, V, t, m, k, lo, lo_cnt, lo_mass, hi, hi_cnt, BLOCK: tl.cons
             lo = mid
             lo_cnt = cnt
             lo_mass = mass
-        turn += 1
     return lo_mass
 
 
