@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "__version__"]
+__all__ = ["LLM", "SamplingParams", "__version__"]
 
 
 def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use of LLM
@@ -10,4 +10,8 @@ def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use
         from .runtime.llm import LLM
 
         return LLM
+    if name == "SamplingParams":
+        from .runtime.requests import SamplingParams
+
+        return SamplingParams
     raise AttributeError(f"module 'trtgraph' has no attribute {name!r}")

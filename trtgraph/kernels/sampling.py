@@ -20,9 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_ops import _mix32
-
-BLOCK = 1024
+# Vocabulary elements per loop iteration and warps per row: one program streams a whole row,
+# so few, wide iterations (each ends in block reductions) keep a pass short.
+BLOCK = 8192
+NUM_WARPS = 16
 
 
 @triton.jit
@@ -33,8 +34,18 @@ def _keys(x):
 
 
 @triton.jit
+def _mix32(x):
+    """runtime/sampler._mix32 in native uint32 arithmetic (products wrap mod 2**32, as the
+    reference's masks make them): the same bits, without 64-bit multiplies."""
+    x = (x ^ (x >> 16)) * 0x7FEB352D
+    x = (x ^ (x >> 15)) * 0x646F1B35
+    x = (x ^ (x >> 16)) * 0x5BD1E995
+    return x ^ (x >> 15)
+
+
+@triton.jit
 def _gumbel(row_hash, cols):
-    bits = _mix32(row_hash ^ _mix32(cols.to(tl.int64) + 0x3C6EF372))
+    bits = _mix32(row_hash.to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x3C6EF372))
     u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     return -tl.log(-tl.log(u))
 
@@ -70,7 +81,7 @@ def _first_pass(src, V, t, row_hash, BLOCK: tl.constexpr):
 @triton.jit
 def _round(src, V, t, m, row_hash, above, BLOCK: tl.constexpr):
     """Over tokens with key > above: (count, sum of exp(x - m), argmax of x + noise)."""
-    cnt = 0
+    cnt = tl.full((), 0, tl.int64)
     mass = 0.0
     best = -float("inf")
     arg = 0
@@ -92,7 +103,7 @@ def _round(src, V, t, m, row_hash, above, BLOCK: tl.constexpr):
 
 @triton.jit
 def _count_mass(src, V, t, m, above, BLOCK: tl.constexpr):
-    cnt = 0
+    cnt = tl.full((), 0, tl.int64)
     mass = 0.0
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -146,7 +157,7 @@ def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_
         lo = tl.full((), -1, tl.int64)
         lo_cnt = tl.full((), 0, tl.int64) + V
         lo_mass = z
-        go = True
+        go = temp > 0  # true here
         while go:
             xc = tl.load(src + c) / t
             kc = _keys(xc)
@@ -168,9 +179,10 @@ def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            seeds: torch.Tensor, positions: torch.Tensor, min_p: torch.Tensor | None = None,
-           processed: torch.Tensor | None = None, active: torch.Tensor | None = None) -> torch.Tensor:
+           processed: torch.Tensor | None = None, active: torch.Tensor | None = None,
+           block: int = BLOCK) -> torch.Tensor:
     """runtime/sampler.sample's tokens. With `processed` [R, V] and `active` [R], rows whose
-    active flag is set read `processed` instead of `logits`."""
+    active flag is set read `processed` instead of `logits`. `block`: elements per iteration."""
     from ..runtime.sampler import row_hash
 
     R, V = logits.shape
@@ -181,7 +193,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     out = torch.empty(R, dtype=torch.int64, device=logits.device)
     _sample_kernel[(R,)](logits, processed.contiguous(), active, temperature.float().contiguous(), top_k.contiguous(),
                          top_p.float().contiguous(), min_p.float().contiguous(),
-                         row_hash(seeds, positions).contiguous(), out, V, V, BLOCK=BLOCK)
+                         row_hash(seeds, positions).contiguous(), out, V, V, BLOCK=block,
+                         num_warps=NUM_WARPS)
     return out
 
 
@@ -237,7 +250,7 @@ def process(logits: torch.Tensor, rows, state, positions: torch.Tensor) -> torch
     n_bias, n_stop = state.bias_ids.shape[1], state.stop_ids.shape[1]
     _process_kernel[(R,)](logits, out, rows.active, rows.slots, state.token_counts, state.bias_ids, state.bias_values,
                           state.stop_ids, positions, rows.eos_until, rows.repetition, rows.presence, rows.frequency,
-                          V, n_bias, n_stop, BLOCK=BLOCK, BIAS_BLOCK=triton.next_power_of_2(n_bias),
+                          V, n_bias, n_stop, BLOCK=BLOCK, num_warps=NUM_WARPS, BIAS_BLOCK=triton.next_power_of_2(n_bias),
                           STOP_BLOCK=triton.next_power_of_2(n_stop))
     return out
 
@@ -289,5 +302,6 @@ def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor,
     logits = logits.contiguous()
     vals = torch.empty(R, 1 + k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(R, k, dtype=torch.int64, device=logits.device)
-    _logprobs_kernel[(R,)](logits, tokens.contiguous(), want, vals, ids, V, K=k, BLOCK=BLOCK)
+    _logprobs_kernel[(R,)](logits, tokens.contiguous(), want, vals, ids, V, K=k, BLOCK=BLOCK,
+                           num_warps=NUM_WARPS)
     return vals, ids

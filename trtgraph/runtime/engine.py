@@ -363,8 +363,8 @@ class Engine:
             self.stats.fast_path_steps += 1
         else:
             assert ahead == 0, "a step launched ahead must be on the fast path"
-            for seq in step.seqs:
-                if step.is_prefill and seq.num_computed == 0 and (seq.request.logit_bias or seq.request.min_tokens):
+            for seq in step.seqs:  # a sequence entering its slot: its tables replace the last occupant's
+                if step.is_prefill and seq.num_computed == 0 and seq.request.sampling.uses_processors:
                     ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq.request))
             drafts = step.drafts or [None] * len(step.seqs)
             ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])

@@ -75,10 +75,10 @@ def ordered_keys(x: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + (1 << 31)
 
 
-def _largest_key_where(pred) -> torch.Tensor:
+def _largest_key_where(pred, device: torch.device) -> torch.Tensor:
     """Per row, the largest v in [0, 2**32) with pred(v) true, for a predicate that is true
     below some point and false above; -1 where pred(0) is false. 32 passes."""
-    found = pred(torch.zeros(1, dtype=torch.int64))
+    found = pred(torch.zeros(1, dtype=torch.int64, device=device))
     ans = torch.zeros_like(found, dtype=torch.int64)
     for bit in range(31, -1, -1):
         cand = ans | (1 << bit)
@@ -92,13 +92,13 @@ def keep_mask(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: 
     key = ordered_keys(x)
     k = torch.where((top_k <= 0) | (top_k > V), torch.full_like(top_k, V), top_k)
     # top-k: the k-th largest key is the largest v with at least k keys >= v
-    kth = _largest_key_where(lambda v: (key >= v.unsqueeze(-1)).sum(-1) >= k)
+    kth = _largest_key_where(lambda v: (key >= v.unsqueeze(-1)).sum(-1) >= k, x.device)
     keep = key >= kth.unsqueeze(1)
     e = torch.exp(x - x.max(dim=-1, keepdim=True).values)  # the max is 1
     kept_e = torch.where(keep, e, torch.zeros_like(e))
     budget = top_p * kept_e.sum(-1)
     # top-p: the smallest v whose strictly-greater mass fits the budget
-    over = _largest_key_where(lambda v: (kept_e * (key > v.unsqueeze(-1))).sum(-1) > budget) + 1
+    over = _largest_key_where(lambda v: (kept_e * (key > v.unsqueeze(-1))).sum(-1) > budget, x.device) + 1
     keep &= (key >= over.unsqueeze(1)) | (top_p >= 1).unsqueeze(1)
     return keep & (e >= min_p.unsqueeze(1))
 
