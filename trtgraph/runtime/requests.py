@@ -6,14 +6,16 @@ naming the file, the line number and the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PromptError
 
-FIELDS = ("id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+FIELDS = ("id", "prompt", "prompt_token_ids", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 MAX_TOKENS_CAP = 1 << 20
+CHAT_ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
@@ -21,17 +23,35 @@ class Request:
     id: str
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
+    messages: tuple[tuple[str, str], ...] | None = None  # chat: (role, content) pairs
     max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    # None: the request left it out; the model's generation_config.json decides at
+    # admission (resolve_sampling_defaults), else greedy, top_p 1, no top-k.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return not self.temperature
+
+    @property
+    def chat_messages(self) -> list[dict]:
+        return [{"role": r, "content": c} for r, c in self.messages or ()]
+
+
+def resolve_sampling_defaults(req: Request, defaults=None) -> Request:
+    """Fill the sampling fields a request left out from the model's generation defaults
+    (a models.config.GenerationDefaults, or None: greedy, top_p 1, no top-k)."""
+    temperature = defaults.default_temperature if defaults is not None else 0.0
+    top_p = defaults.top_p if defaults is not None and defaults.top_p is not None else 1.0
+    top_k = defaults.top_k if defaults is not None and defaults.top_k is not None else 0
+    return dataclasses.replace(req, temperature=temperature if req.temperature is None else req.temperature,
+                               top_p=top_p if req.top_p is None else req.top_p,
+                               top_k=top_k if req.top_k is None else req.top_k)
 
 
 @dataclass
@@ -60,7 +80,8 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
         raise PromptError(f"{where}: field `{field_name}` = {_short(value)} is not allowed; expected {expected}.")
 
     if not isinstance(raw, dict):
-        raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`).")
+        raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`, "
+                          f"or `messages`).")
     unknown = sorted(k for k in raw if k not in FIELDS)
     if unknown:
         raise PromptError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
@@ -68,11 +89,15 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     rid = raw.get("id")
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
         fail("id", rid, "a non-empty string or an integer")
-    has_text, has_ids = raw.get("prompt") is not None, raw.get("prompt_token_ids") is not None
-    if has_text == has_ids:
-        raise PromptError(f"{where}: give exactly one of `prompt` (text) or `prompt_token_ids` (a list of ints).")
-    prompt, ids = None, None
-    if has_text:
+    given = [k for k in ("prompt", "prompt_token_ids", "messages") if raw.get(k) is not None]
+    if len(given) != 1:
+        raise PromptError(f"{where}: give exactly one of `prompt` (text), `prompt_token_ids` (a list of ints) or "
+                          f"`messages` (a chat: a list of {{role, content}})" + (f"; got {', '.join(given)}." if given else "."))
+    has_text, has_ids = given == ["prompt"], given == ["prompt_token_ids"]
+    prompt, ids, messages = None, None, None
+    if given == ["messages"]:
+        messages = _messages(raw["messages"], fail)
+    elif has_text:
         prompt = raw["prompt"]
         if not isinstance(prompt, str) or not prompt:
             fail("prompt", prompt, "a non-empty string")
@@ -88,27 +113,45 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     max_tokens = raw.get("max_tokens", 16)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS_CAP:
         fail("max_tokens", max_tokens, f"an integer in [1, {MAX_TOKENS_CAP}]")
-    temperature = _number(raw, "temperature", 0.0, 0.0, 100.0, fail)
-    top_p = _number(raw, "top_p", 1.0, 0.0, 1.0, fail)
+    temperature = _number(raw, "temperature", None, 0.0, 100.0, fail)
+    top_p = _number(raw, "top_p", None, 0.0, 1.0, fail)
     if top_p == 0.0:
         fail("top_p", top_p, "a number in (0, 1]")
-    top_k = raw.get("top_k", 0)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= 1 << 24:
+    top_k = raw.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= 1 << 24):
         fail("top_k", top_k, "an integer >= 0 (0 = no top-k)")
     seed = raw.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
         fail("seed", seed, "an integer in [0, 2**63)")
     stop_strings, stop_ids = _stops(raw.get("stop"), fail)
-    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, max_tokens=max_tokens,
+    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, messages=messages, max_tokens=max_tokens,
                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                    stop_strings=stop_strings, stop_token_ids=stop_ids)
 
 
-def _number(raw, name, default, lo, hi, fail) -> float:
+def _number(raw, name, default, lo, hi, fail) -> float | None:
     val = raw.get(name, default)
+    if val is None:
+        return None
     if isinstance(val, bool) or not isinstance(val, (int, float)) or not lo <= val <= hi:
         fail(name, val, f"a number in [{lo:g}, {hi:g}]")
     return float(val)
+
+
+def _messages(raw, fail) -> tuple[tuple[str, str], ...]:
+    """A chat as OpenAI sends it: a non-empty list of {role, content} with string content."""
+    if not isinstance(raw, list) or not raw:
+        fail("messages", raw, "a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or set(m) - {"role", "content"}:
+            fail(f"messages[{i}]", m, "an object with exactly `role` and `content`")
+        if m.get("role") not in CHAT_ROLES:
+            fail(f"messages[{i}].role", m.get("role"), f"one of {', '.join(CHAT_ROLES)}")
+        if not isinstance(m.get("content"), str):
+            fail(f"messages[{i}].content", m.get("content"), "a string")
+        out.append((m["role"], m["content"]))
+    return tuple(out)
 
 
 def _stops(stop, fail) -> tuple[tuple[str, ...], tuple[int, ...]]:
