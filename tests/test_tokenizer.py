@@ -23,9 +23,10 @@ CORPUS = [
 ]
 
 
-def _byte_level(path: Path, add_bos_token=None) -> Path:
+def byte_level_tokenizer(path: Path, add_bos_token=None, extra_specials=(), eos="<|eot_id|>") -> Path:
     """Llama-3 / Qwen style: GPT-2 byte-level pre-tokenizer and decoder, BOS by the post-processor."""
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|user|>", "<|assistant|>"]
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
+                *extra_specials]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -37,14 +38,14 @@ def _byte_level(path: Path, add_bos_token=None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
-           "eos_token": "<|eot_id|>", "clean_up_tokenization_spaces": True}
+           "eos_token": eos, "clean_up_tokenization_spaces": True}
     if add_bos_token is not None:
         cfg["add_bos_token"] = add_bos_token
     (path / "tokenizer_config.json").write_text(json.dumps(cfg))
     return path
 
 
-def _byte_fallback(path: Path, tokenizer_class="PreTrainedTokenizerFast", add_bos_token=True,
+def byte_fallback_tokenizer(path: Path, tokenizer_class="PreTrainedTokenizerFast", add_bos_token=True,
                    add_eos_token=False) -> Path:
     """Llama-2 / Mistral style: characters merged by BPE, unknown characters as <0xNN> byte
     tokens, spaces as ▁ (prepended once), BOS/EOS by the post-processor and (as real
@@ -77,10 +78,10 @@ def _byte_fallback(path: Path, tokenizer_class="PreTrainedTokenizerFast", add_bo
 
 
 FAMILIES = {
-    "byte-level": lambda p: _byte_level(p),
-    "byte-level-no-bos": lambda p: _byte_level(p, add_bos_token=False),
-    "byte-fallback": lambda p: _byte_fallback(p),
-    "byte-fallback-bos-eos": lambda p: _byte_fallback(p, add_eos_token=True),
+    "byte-level": lambda p: byte_level_tokenizer(p),
+    "byte-level-no-bos": lambda p: byte_level_tokenizer(p, add_bos_token=False),
+    "byte-fallback": lambda p: byte_fallback_tokenizer(p),
+    "byte-fallback-bos-eos": lambda p: byte_fallback_tokenizer(p, add_eos_token=True),
 }
 
 
@@ -130,8 +131,8 @@ def test_the_families_really_differ_where_it_matters(tmp_path):
     assert fallback.decode(ids) == "🦙"
 
 
-@pytest.mark.parametrize("cls,family", [("LlamaTokenizer", _byte_fallback), ("LlamaTokenizerFast", _byte_fallback),
-                                        ("Qwen2Tokenizer", _byte_level)])
+@pytest.mark.parametrize("cls,family", [("LlamaTokenizer", byte_fallback_tokenizer), ("LlamaTokenizerFast", byte_fallback_tokenizer),
+                                        ("Qwen2Tokenizer", byte_level_tokenizer)])
 def test_named_tokenizer_classes_match_too(cls, family, tmp_path):
     """Real checkpoints name a class (Llama-2 and Mistral `LlamaTokenizer`, Qwen2.5
     `Qwen2Tokenizer`); transformers 5 builds its own pipeline for some of them."""

@@ -25,33 +25,35 @@ class Request:
     prompt_token_ids: tuple[int, ...] | None = None
     messages: tuple[tuple[str, str], ...] | None = None  # chat: (role, content) pairs
     max_tokens: int = 16
-    # None: the request left it out; the model's generation_config.json decides at
-    # admission (resolve_sampling_defaults), else greedy, top_p 1, no top-k.
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # Sampling fields the request left out: the model's generation_config.json decides them
+    # at admission (resolve_sampling_defaults); without one they keep the values above.
+    omitted: frozenset[str] = frozenset()
 
     @property
     def is_greedy(self) -> bool:
-        return not self.temperature
+        return self.temperature == 0.0
 
     @property
     def chat_messages(self) -> list[dict]:
         return [{"role": r, "content": c} for r, c in self.messages or ()]
 
 
-def resolve_sampling_defaults(req: Request, defaults=None) -> Request:
-    """Fill the sampling fields a request left out from the model's generation defaults
-    (a models.config.GenerationDefaults, or None: greedy, top_p 1, no top-k)."""
-    temperature = defaults.default_temperature if defaults is not None else 0.0
-    top_p = defaults.top_p if defaults is not None and defaults.top_p is not None else 1.0
-    top_k = defaults.top_k if defaults is not None and defaults.top_k is not None else 0
-    return dataclasses.replace(req, temperature=temperature if req.temperature is None else req.temperature,
-                               top_p=top_p if req.top_p is None else req.top_p,
-                               top_k=top_k if req.top_k is None else req.top_k)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k")
+
+
+def resolve_sampling_defaults(req: Request, defaults) -> Request:
+    """Fill the sampling fields a request left out from the model's generation defaults (a
+    models.config.GenerationDefaults: do_sample false means greedy; top_p and top_k where
+    the file gives them)."""
+    model = {"temperature": defaults.default_temperature, "top_p": defaults.top_p, "top_k": defaults.top_k}
+    changes = {k: model[k] for k in req.omitted if model.get(k) is not None}
+    return dataclasses.replace(req, omitted=frozenset(), **changes)
 
 
 @dataclass
@@ -113,12 +115,12 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     max_tokens = raw.get("max_tokens", 16)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS_CAP:
         fail("max_tokens", max_tokens, f"an integer in [1, {MAX_TOKENS_CAP}]")
-    temperature = _number(raw, "temperature", None, 0.0, 100.0, fail)
-    top_p = _number(raw, "top_p", None, 0.0, 1.0, fail)
+    temperature = _number(raw, "temperature", 0.0, 0.0, 100.0, fail)
+    top_p = _number(raw, "top_p", 1.0, 0.0, 1.0, fail)
     if top_p == 0.0:
         fail("top_p", top_p, "a number in (0, 1]")
-    top_k = raw.get("top_k")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= 1 << 24):
+    top_k = raw.get("top_k", 0)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= 1 << 24:
         fail("top_k", top_k, "an integer >= 0 (0 = no top-k)")
     seed = raw.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
@@ -126,13 +128,14 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     stop_strings, stop_ids = _stops(raw.get("stop"), fail)
     return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, messages=messages, max_tokens=max_tokens,
                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                   stop_strings=stop_strings, stop_token_ids=stop_ids)
+                   stop_strings=stop_strings, stop_token_ids=stop_ids,
+                   omitted=frozenset(k for k in SAMPLING_FIELDS if raw.get(k) is None))
 
 
-def _number(raw, name, default, lo, hi, fail) -> float | None:
-    val = raw.get(name, default)
+def _number(raw, name, default, lo, hi, fail) -> float:
+    val = raw.get(name)
     if val is None:
-        return None
+        return default
     if isinstance(val, bool) or not isinstance(val, (int, float)) or not lo <= val <= hi:
         fail(name, val, f"a number in [{lo:g}, {hi:g}]")
     return float(val)
