@@ -189,7 +189,7 @@ def test_omitted_keys_take_documented_defaults():
     cfg = Config.from_dict({"model": {"synthetic": {"architecture": "LlamaForCausalLM"}}})
     assert cfg.dtype == "bfloat16"
     assert cfg.device == "auto"
-    assert cfg.limits == Limits(64, 2048, 8192)
+    assert cfg.limits == Limits(64, "auto", 8192)
     assert cfg.kv_cache == KVCacheConfig(16, "auto")
     assert cfg.buckets == BucketConfig()
     assert cfg.output == "trtgraph-artifacts"
@@ -417,7 +417,7 @@ def test_model_with_neither_path_nor_synthetic(tmp_path):
     text = "model: {}\n" + REST
     path, msg = load_error(tmp_path, text)
     assert "model = [] is not allowed" in msg
-    assert "exactly one of `path` or `synthetic`" in msg
+    assert "exactly one of `path`, `hub` or `synthetic`" in msg
     assert_line(msg, path, 1)
 
 
@@ -456,7 +456,7 @@ def test_model_synthetic_must_be_a_mapping(tmp_path):
 def test_unknown_key_under_model(tmp_path):
     text = "model:\n  synthetic: {seed: 0}\n  hub_id: meta-llama/Llama-3.2-1B\n" + REST
     path, msg = load_error(tmp_path, text)
-    assert "unknown key model.hub_id" in msg and "path, synthetic" in msg
+    assert "unknown key model.hub_id" in msg and "hub, path, revision, synthetic" in msg
     assert_line(msg, path, 3)
 
 

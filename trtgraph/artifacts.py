@@ -121,7 +121,7 @@ class Manifest:
         return BucketPlan.from_config(self.app_config()).with_keys([k.key for k in self.keys])
 
     def app_config(self) -> Config:
-        return Config.from_dict(self.config, source="manifest config")
+        return Config.from_dict(self.config, source="manifest config", check_paths=False)
 
     @property
     def graph_keys(self) -> list[GraphKey]:
@@ -283,12 +283,13 @@ def compare_model(manifest: Manifest, fingerprint: dict) -> list[tuple[str, obje
     for f in ("source", "architecture", "config_hash", "dtype", "parameter_count", "seed"):
         if manifest.model.get(f) != fingerprint.get(f):
             out.append((f"model.{f}", manifest.model.get(f), fingerprint.get(f)))
-    old = {w["name"]: w for w in manifest.model.get("weight_files", []) if isinstance(w, dict)}
-    new = {w["name"]: w for w in fingerprint.get("weight_files", [])}
-    for name in sorted(set(old) | set(new)):
-        a, b = old.get(name), new.get(name)
-        if a is None or b is None:
-            out.append((f"model.weight_files[{name}]", "present" if a else "absent", "present" if b else "absent"))
-        elif (a.get("bytes"), a.get("sha256")) != (b["bytes"], b["sha256"]):
-            out.append((f"model.weight_files[{name}].sha256", a.get("sha256"), b["sha256"]))
+    for group in ("weight_files", "files"):  # the weights, then config, tokenizer and template files
+        old = {w["name"]: w for w in manifest.model.get(group, []) if isinstance(w, dict)}
+        new = {w["name"]: w for w in fingerprint.get(group, [])}
+        for name in sorted(set(old) | set(new)):
+            a, b = old.get(name), new.get(name)
+            if a is None or b is None:
+                out.append((f"model.{group}[{name}]", "present" if a else "absent", "present" if b else "absent"))
+            elif (a.get("bytes"), a.get("sha256")) != (b["bytes"], b["sha256"]):
+                out.append((f"model.{group}[{name}].sha256", a.get("sha256"), b["sha256"]))
     return out

@@ -95,6 +95,8 @@ def capture(config_path, out_dir, device, as_json):
                f"(warm-up {t['warmup_seconds']:.2f} s, capture {t['capture_seconds']:.2f} s, "
                f"{(t['warmup_seconds'] + t['capture_seconds']) / n:.4f} s/key); pool "
                f"{t['pool_bytes'] / MiB:.1f} MiB; parity ok on every key")
+    for note in t.get("notes", []):
+        click.echo(note)
     click.echo(f"manifest: {path}")
 
 
@@ -173,7 +175,8 @@ def inspect(path, as_json, check):
 @main.command()
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="JSONL, one request per line ('-': standard input): native requests (id, prompt or "
-                   "prompt_token_ids, max_tokens, temperature, top_p, top_k, seed, stop, n) or OpenAI batch lines.")
+                   "prompt_token_ids or messages, max_tokens, temperature, top_p, top_k, seed, stop, n, ...) "
+                   "or OpenAI batch lines.")
 @click.option("--manifest", "manifest", default="trtgraph-artifacts", show_default=True, type=click.Path(),
               help="Artifacts directory (or manifest.json) written by `trtgraph capture`.")
 @click.option("--output", "output", type=click.Path(dir_okay=False, allow_dash=True),
@@ -182,7 +185,9 @@ def inspect(path, as_json, check):
 @click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
 @click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append the rest.")
 @click.option("--no-speculative", is_flag=True, help="Plain decode steps even if the manifest has verify keys.")
-def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculative):
+@click.option("--model", "model", type=click.Path(file_okay=False),
+              help="The checkpoint directory, where it has moved since capture (checked against the manifest's sha256).")
+def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculative, model):
     """Serve a prompts file by replaying the manifest's graphs: never captures after start-up,
     never falls back to eager, refuses what no recorded key can serve.
 
@@ -209,7 +214,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         requests = requests.without(done)
         click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
     world = load_manifest(manifest).parallel.get("tensor_parallel_size", 1)
-    args = (requests, manifest, output, eager, summary_json, resume, not no_speculative)
+    args = (requests, manifest, output, eager, summary_json, resume, not no_speculative, model)
     if world > 1:
         from .runtime.distributed import launch
 
@@ -224,7 +229,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         sys.exit(code)
 
 
-def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative) -> int:
+def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative, model=None) -> int:
     """One rank of `run` (tp None: the only process); rank 0 serves and writes, the others
     replay what it broadcasts. Returns the exit code."""
     import signal
@@ -234,7 +239,7 @@ def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, specu
 
     tp = tp or TPGroup()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
-    engine = Engine(manifest, eager=eager, speculative=speculative, tp=tp)
+    engine = Engine(manifest, eager=eager, speculative=speculative, tp=tp, model=model)
     if tp.rank != 0:
         engine.follow()
         return 0

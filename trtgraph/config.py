@@ -33,6 +33,8 @@ AUTO = "auto"
 class ModelSource:
     path: str | None = None  # a Hugging Face checkpoint directory
     synthetic: dict | None = None  # HF config.json fields plus `seed`; random weights
+    hub: str | None = None  # a Hub repository id (org/name), resolved in the local HF cache
+    revision: str | None = None  # with `hub`: a branch, tag or commit (default main)
 
     @property
     def is_synthetic(self) -> bool:
@@ -42,7 +44,9 @@ class ModelSource:
 @dataclass(frozen=True)
 class Limits:
     max_batch_size: int = 64
-    max_seq_len: int = 2048
+    # "auto": the model's max_position_embeddings, lowered to what the KV cache holds for one
+    # sequence; capture resolves it (Config.with_max_seq_len) and the manifest stores the number.
+    max_seq_len: int | str = AUTO
     max_num_tokens: int = 8192
 
 
@@ -135,7 +139,10 @@ class Config:
         return cls.from_text(text, source="<embedded default>")
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "<dict>", base_dir: Path | None = None) -> "Config":
+    def from_dict(cls, data: Any, source: str = "<dict>", base_dir: Path | None = None,
+                  check_paths: bool = True) -> "Config":
+        """check_paths=False: a manifest's config, whose checkpoint may have moved since
+        (the runtime says so, and `run --model` names the new place)."""
         v = _Validator(source)
         top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "deterministic", "limits",
                                      "kv_cache", "buckets", "output", "speculative", "parallel"})
@@ -147,16 +154,21 @@ class Config:
             v.fail("deterministic", deterministic, "true (batch-invariant GEMMs) or false (the fastest GEMM per shape)")
 
         lim = v.mapping(top.get("limits", {}), "limits", {f.name for f in dataclasses.fields(Limits)})
+        max_seq_len = lim.get("max_seq_len", AUTO)
+        if max_seq_len != AUTO:
+            max_seq_len = v.integer(max_seq_len, "limits.max_seq_len", lo=2, hi=1 << 20,
+                                    allowed="'auto' or an integer in [2, 1048576]")
         limits = Limits(
             max_batch_size=v.integer(lim.get("max_batch_size", 64), "limits.max_batch_size", lo=1, hi=4096),
-            max_seq_len=v.integer(lim.get("max_seq_len", 2048), "limits.max_seq_len", lo=2, hi=1 << 20),
+            max_seq_len=max_seq_len,
             max_num_tokens=v.integer(lim.get("max_num_tokens", 8192), "limits.max_num_tokens", lo=1, hi=1 << 22),
         )
         if limits.max_num_tokens < limits.max_batch_size:
             v.fail("limits.max_num_tokens", limits.max_num_tokens,
                    f"at least limits.max_batch_size ({limits.max_batch_size}): a generation step of "
                    f"the largest batch needs one token per sequence")
-        model = _parse_model(v, top.get("model"), base_dir, limits.max_seq_len)
+        model = _parse_model(v, top.get("model"), base_dir,
+                             None if limits.max_seq_len == AUTO else limits.max_seq_len, check_paths)
 
         kv = v.mapping(top.get("kv_cache", {}), "kv_cache", {"block_size", "num_blocks"})
         block_size = v.integer(kv.get("block_size", 16), "kv_cache.block_size", lo=1, hi=4096)
@@ -166,7 +178,7 @@ class Config:
         if num_blocks != AUTO:
             num_blocks = v.integer(num_blocks, "kv_cache.num_blocks", lo=2, hi=1 << 24,
                                    allowed="'auto' or an integer >= 2 (block 0 is the reserved null block)")
-            blocks_per_seq = math.ceil(limits.max_seq_len / block_size)
+            blocks_per_seq = math.ceil(limits.max_seq_len / block_size) if limits.max_seq_len != AUTO else 1
             if num_blocks - 1 < blocks_per_seq:
                 v.fail("kv_cache.num_blocks", num_blocks,
                        f"at least {blocks_per_seq + 1}: one sequence of limits.max_seq_len="
@@ -202,14 +214,31 @@ class Config:
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)
 
+    def with_max_seq_len(self, max_seq_len: int) -> "Config":
+        """`limits.max_seq_len: auto` resolved: the number, and chunk sizes above it dropped
+        from the plan (the smallest chunk kept is max_seq_len itself when none fits)."""
+        d = self.to_dict()
+        d["limits"]["max_seq_len"] = max_seq_len
+        d["buckets"]["chunk_sizes"] = [c for c in d["buckets"]["chunk_sizes"] if c <= max_seq_len] or [max_seq_len]
+        return Config.from_dict(d, source=self.source)
 
-def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: int) -> ModelSource:
+def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: int | None,
+                 check_paths: bool = True) -> ModelSource:
     if raw is None:
-        v.fail("model", None, "a mapping with either `path` (a Hugging Face checkpoint directory) "
-                              "or `synthetic` (config.json fields plus seed)")
-    m = v.mapping(raw, "model", {"path", "synthetic"})
-    if ("path" in m) == ("synthetic" in m):
-        v.fail("model", sorted(m), "exactly one of `path` or `synthetic`")
+        v.fail("model", None, "a mapping with `path` (a Hugging Face checkpoint directory), `hub` (a Hub "
+                              "repository id in the local cache) or `synthetic` (config.json fields plus seed)")
+    m = v.mapping(raw, "model", {"path", "synthetic", "hub", "revision"})
+    if sum(k in m for k in ("path", "synthetic", "hub")) != 1:
+        v.fail("model", sorted(m), "exactly one of `path`, `hub` or `synthetic`")
+    if "revision" in m and "hub" not in m:
+        v.fail("model.revision", m["revision"], "only with `hub` (a branch, tag or commit of that repository)")
+    if "hub" in m:
+        repo, rev = m["hub"], m.get("revision", "main")
+        if not isinstance(repo, str) or not repo.strip() or any(c.isspace() for c in repo) or repo.count("/") > 1:
+            v.fail("model.hub", repo, "a Hugging Face repository id such as meta-llama/Llama-3.2-1B-Instruct")
+        if not isinstance(rev, str) or not rev.strip():
+            v.fail("model.revision", rev, "a branch, tag or commit (string)")
+        return ModelSource(hub=repo, revision=rev)
     if "path" in m:
         p = m["path"]
         if path_problem(p):
@@ -217,11 +246,11 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: 
         path = Path(p).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        if not path.is_dir():
+        if check_paths and not path.is_dir():
             state = "is not a directory" if path.exists() else "does not exist"
             v.fail("model.path", p, f"an existing checkpoint directory ({path} {state}); "
                                     f"download the checkpoint there or fix the path")
-        return ModelSource(path=str(path.resolve()))
+        return ModelSource(path=str(path.resolve()) if check_paths else str(path))
     syn = m["synthetic"]
     if not isinstance(syn, dict) or not syn:
         v.fail("model.synthetic", syn, "a mapping of config.json fields (architecture, hidden_size, ...)")
@@ -255,8 +284,9 @@ def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: Specu
                                  hi_name="limits.max_batch_size")
     context = v.int_list(b.get("context_batch_sizes", [1, 2, 4]), "buckets.context_batch_sizes",
                          lo=1, hi=limits.max_batch_size, hi_name="limits.max_batch_size")
+    seq_hi = limits.max_seq_len if limits.max_seq_len != AUTO else 1 << 20  # auto: dropped when resolved
     chunks = v.int_list(b.get("chunk_sizes", [64, 256, 512]), "buckets.chunk_sizes",
-                        lo=1, hi=limits.max_seq_len, hi_name="limits.max_seq_len")
+                        lo=1, hi=seq_hi, hi_name="limits.max_seq_len")
     drafts = v.int_list(b.get("draft_lens", [0]), "buckets.draft_lens", lo=0, hi=64, hi_name="64")
     if 0 not in drafts:
         v.fail("buckets.draft_lens", list(drafts), "a list that includes 0 (plain generation steps)")

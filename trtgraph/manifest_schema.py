@@ -114,18 +114,14 @@ def check_environment(v: FieldReader, env: Any) -> None:
 
 def config_section(v: FieldReader, raw: Any) -> Config:
     """The embedded config, through the same validator as a model.yaml. Its model.path is
-    absolute (capture resolved it) and must still hold the checkpoint."""
+    absolute (capture resolved it); whether the checkpoint is still there is the runtime's
+    question (`run --model` serves a checkpoint that moved), so `inspect` works either way."""
     model = raw.get("model") if isinstance(raw, dict) else None
     path = model.get("path") if isinstance(model, dict) else None
-    if path is not None:
-        if text_problem(path) or not Path(path).is_absolute():
-            v.fail("config.model.path", path, "an absolute checkpoint directory (capture writes it resolved)")
-        if not Path(path).is_dir():
-            raise ManifestError(f"{v.path}: config.model.path = {short(path)}: the checkpoint captured from is not "
-                                f"there any more (moved or deleted). Put it back at that path, or {v.recapture[0].lower()}"
-                                f"{v.recapture[1:]}")
+    if path is not None and (text_problem(path) or not Path(path).is_absolute()):
+        v.fail("config.model.path", path, "an absolute checkpoint directory (capture writes it resolved)")
     try:
-        return Config.from_dict(raw, source=f"{v.path} config")
+        return Config.from_dict(raw, source=f"{v.path} config", check_paths=False)
     except ConfigError as exc:
         raise ManifestError(f"{v.path}: its config section is invalid: {exc} {v.recapture}") from None
 

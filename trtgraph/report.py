@@ -35,6 +35,7 @@ def manifest_text(manifest: Manifest, path) -> str:
         f"{src}, config {m.get('config_hash')}",
         f"env       torch {env.get('torch')}, cuda {env.get('cuda')}, triton {env.get('triton')}, "
         f"device {env.get('device_name')} (capability {env.get('capability')}), backend {env.get('backend')}",
+        *_checkpoint_lines(manifest),
         f"limits    max_batch_size {lim['max_batch_size']}, max_seq_len {lim['max_seq_len']}, "
         f"max_num_tokens {lim['max_num_tokens']}",
         f"kv cache  {kv.get('num_blocks')} blocks x {kv.get('block_size')} tokens, "
@@ -45,6 +46,26 @@ def manifest_text(manifest: Manifest, path) -> str:
         keys_table(manifest),
     ]
     return "\n".join(lines)
+
+
+def _checkpoint_lines(manifest: Manifest) -> list[str]:
+    """Where the checkpoint was (it may have moved: `run --model PATH`) and its generation defaults."""
+    m, src = manifest.model, manifest.config.get("model", {})
+    if m.get("source") != "checkpoint":
+        return []
+    hub = m.get("hub")
+    where = (f"hub {hub['repo']} (revision {hub['revision']}, snapshot {hub['snapshot']})" if isinstance(hub, dict)
+             else f"path {src.get('path')}")
+    gen = m.get("generation_config") or {}
+    if gen.get("do_sample"):
+        sampling = ", ".join(f"{k} {gen[k]}" for k in ("temperature", "top_p", "top_k") if gen.get(k) is not None)
+        defaults = f"sampled ({sampling or 'temperature 1.0'})"
+    else:
+        defaults = "greedy"
+    eos = gen.get("eos_token_ids") or []
+    return [f"checkpoint {where}; {len(m.get('files', []))} config/tokenizer file(s) hashed",
+            f"generation defaults {defaults}; end-of-sequence ids from generation_config.json: "
+            f"{', '.join(map(str, eos)) or 'none'}"]
 
 
 def keys_table(manifest: Manifest) -> str:

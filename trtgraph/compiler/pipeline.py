@@ -22,7 +22,7 @@ import torch
 
 from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, use_triton_cache, write_manifest
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
-from ..config import Config
+from ..config import AUTO, Config
 from ..errors import CaptureError
 from ..kernels.linear import installed_backends
 from ..models.parallel import TPGroup
@@ -30,6 +30,7 @@ from ..runtime.distributed import agree, gather
 from ..runtime.executor import Executor, resolve_device
 from ..runtime.kv_cache import kv_bytes_per_block
 from ..models import DTYPES
+from ..models.loader import position_limit
 from .verify import verify_key, time_step
 
 # progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
@@ -50,6 +51,8 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     in lockstep; rank 0 writes the manifest."""
     out_dir = Path(out_dir or config.output)
     progress = progress or (lambda *a: None)
+    device = device or resolve_device(config.device)
+    config, notes = resolve_max_seq_len(config, device, tp)
     plan = BucketPlan.from_config(config)
     misses = uncovered_shapes(plan)
     if misses:
@@ -58,7 +61,6 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     # Before any collective: every rank must be about to capture the same keys.
     agree(tp, "the config and its bucket plan", json.dumps([config.to_dict(), [str(k) for k in plan.keys]]))
     use_triton_cache(out_dir / TRITON_CACHE_DIR)
-    device = device or resolve_device(config.device)
     try:
         ex = Executor.build(config, plan, device, tp=tp)
     except torch.cuda.OutOfMemoryError as exc:
@@ -86,9 +88,41 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
                         "parameter_count": sum(p.numel() for p in ex.model.parameters()),
                         "kv_cache_bytes": sum(t.numel() * t.element_size() for t in ex.kv_caches)})
     manifest = _manifest(config, ex, records, warmup_seconds)
+    if notes:
+        manifest.totals["notes"] = notes
     manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
     path = write_manifest(out_dir, manifest) if tp.rank == 0 else out_dir / "manifest.json"
     return CaptureResult(manifest, path, ex)
+
+
+def resolve_max_seq_len(config: Config, device: torch.device, tp: TPGroup = TPGroup()) -> tuple[Config, list[str]]:
+    """`limits.max_seq_len: auto`: the model's position limit, lowered to what the KV cache
+    holds for one sequence (a fixed kv_cache.num_blocks, or free device memory). Returns the
+    resolved config and a sentence for the capture summary (none when it was a number)."""
+    if config.limits.max_seq_len != AUTO:
+        return config, []
+    limit, reason = position_limit(config.model)
+    note = f"limits.max_seq_len auto = {limit} (the {reason})"
+    bs, blocks = config.kv_cache.block_size, config.kv_cache.num_blocks
+    if blocks == AUTO and device.type == "cuda":
+        cfg = _local_model_config(config, tp)
+        free, _total = torch.cuda.mem_get_info(device)
+        blocks = int((free * 0.9 - (4 << 30)) // kv_bytes_per_block(cfg, bs, DTYPES[config.dtype])) + 1
+    if blocks != AUTO and (blocks - 1) * bs < limit:
+        limit = max(2, (blocks - 1) * bs)
+        note += f", lowered to {limit}: the KV cache holds {blocks - 1} blocks of {bs} tokens for one sequence"
+    dropped = [c for c in config.buckets.chunk_sizes if c > limit]
+    if dropped:
+        note += f"; chunk sizes {dropped} are longer and left out of the plan"
+    return config.with_max_seq_len(limit), [note]
+
+
+def _local_model_config(config: Config, tp: TPGroup):
+    """This rank's model shapes, from config.json alone (for KV sizing before loading)."""
+    from ..models.loader import model_config
+    from ..models.parallel import local_config
+
+    return local_config(model_config(config.model), tp)
 
 
 def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress, tp: TPGroup) -> list[GraphKey]:

@@ -183,7 +183,7 @@ def _synthetic_fields(spec: dict, max_seq_len: int, source: str, prefix: str) ->
         r.fail("seed", seed, "a non-negative integer below 2**64")
     if "architecture" in hf:
         hf["architectures"] = [hf.pop("architecture")]
-    hf.setdefault("max_position_embeddings", max(max_seq_len, 4096))
+    hf.setdefault("max_position_embeddings", max(max_seq_len or 0, 4096))
     return seed, hf, r
 
 
@@ -318,3 +318,53 @@ def _original_max_positions(r: _Fields, scaling: dict, name: str) -> int:
     if int_problem(val, lo, hi):
         r.fail(f"{name}.original_max_position_embeddings", val, int_problem(val, lo, hi))
     return val
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What a checkpoint's generation_config.json says about decoding: its end-of-sequence
+    ids (joined to config.json's) and the sampling defaults for requests that omit them.
+    As vLLM's generation_config="auto": do_sample false (or absent) makes greedy the
+    default; top_p and top_k apply only where the file gives them."""
+    eos_token_ids: tuple[int, ...] = ()
+    do_sample: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+    def to_json(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    @property
+    def default_temperature(self) -> float:
+        if not self.do_sample:
+            return 0.0
+        return 1.0 if self.temperature is None else self.temperature
+
+    @classmethod
+    def from_hf(cls, gen: dict, source: str) -> "GenerationDefaults":
+        """From a generation_config.json dict; `source` names the file in errors."""
+
+        def bad(key, expected):
+            raise WeightLoadError(f"{source}: `{key}` = {gen.get(key)!r}; expected {expected}. Fix or remove "
+                                  f"the field in generation_config.json.")
+
+        eos = gen.get("eos_token_id")
+        items = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
+            bad("eos_token_id", "a token id or a list of token ids")
+        do_sample = gen.get("do_sample", False)
+        if not isinstance(do_sample, bool):
+            bad("do_sample", "true or false")
+        temperature, top_p, top_k = gen.get("temperature"), gen.get("top_p"), gen.get("top_k")
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                        or not 0 <= temperature <= 100):
+            bad("temperature", "a number in [0, 100]")
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                                  or not 0 < top_p <= 1):
+            bad("top_p", "a number in (0, 1]")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+            bad("top_k", "an integer >= 0")
+        return cls(eos_token_ids=tuple(items), do_sample=do_sample,
+                   temperature=None if temperature is None else float(temperature),
+                   top_p=None if top_p is None else float(top_p), top_k=top_k)

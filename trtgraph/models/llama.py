@@ -166,5 +166,8 @@ class CausalLM(nn.Module):
         return counts
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.ops.linear(hidden, self.lm_head_weight).float()  # [R, V / world]
-        return self.tp.all_gather_last(logits)  # [R, V], gathered before sampling
+        logits = self.ops.linear(hidden, self.lm_head_weight).float()  # [R, ceil(V / world)]
+        logits = self.tp.all_gather_last(logits)  # [R, padded V], gathered before sampling
+        if logits.shape[-1] != self.cfg.vocab_size:  # vocabulary padding: cut off, never sampled
+            logits = logits[:, :self.cfg.vocab_size].contiguous()
+        return logits

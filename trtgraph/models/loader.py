@@ -10,6 +10,8 @@ checkpoint can execute code.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +20,12 @@ import torch
 from safetensors import safe_open
 
 from ..config import ModelSource
-from ..errors import WeightLoadError
+from ..errors import ConfigError, WeightLoadError
 from ..inputs import InputTooLarge, JSONProblem, loads_json, read_bounded, short, text_problem
 from ..kernels import KernelSet
-from .config import ModelConfig, synthetic_model_config
+from .config import GenerationDefaults, ModelConfig, synthetic_model_config
 from .llama import CausalLM
-from .parallel import TPGroup, check_divisible, part_slice, take
+from .parallel import TPGroup, check_divisible, copy_padded, part_slice, take
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # safetensors dtype codes of the integer and boolean kinds, by torch name (for messages)
@@ -35,12 +37,32 @@ MAX_JSON_BYTES = 64 << 20  # config.json and the shard index: kilobytes to a few
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 
+# Checkpoint files besides the weights that change what is served; the manifest records
+# their sizes and sha256 so a moved or edited checkpoint is caught.
+METADATA_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "chat_template.jinja", "model.safetensors.index.json")
+
+
 @dataclass
 class LoadedModel:
     model: CausalLM
     config: ModelConfig
     fingerprint: dict  # for the manifest: what these weights are
     checkpoint_dir: Path | None
+    generation: GenerationDefaults = GenerationDefaults()
+
+
+def read_generation_config(ckpt: Path | None) -> GenerationDefaults:
+    """generation_config.json's eos ids and sampling defaults (none: greedy, config.json's eos)."""
+    if ckpt is None or not (ckpt / "generation_config.json").is_file():
+        return GenerationDefaults()
+    path = ckpt / "generation_config.json"
+    return GenerationDefaults.from_hf(_read_json_object(path), source=str(path))
+
+
+def file_records(paths: list[Path]) -> list[dict]:
+    """[{name, bytes, sha256}] of checkpoint files (names without the directory)."""
+    return [{"name": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in paths]
 
 
 def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
@@ -48,7 +70,44 @@ def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: 
     """`source` is a config.ModelSource. With tensor parallelism, this rank's shard only."""
     if source.is_synthetic:
         return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops, tp)
-    return load_checkpoint(Path(source.path), dtype, device, max_seq_len, ops, tp)
+    loaded = load_checkpoint(checkpoint_dir(source), dtype, device, max_seq_len, ops, tp)
+    loaded.fingerprint.update(_hub_record(source, loaded.checkpoint_dir))
+    return loaded
+
+
+# What a Hub snapshot needs: configs, tokenizer, template, weights (never pickles).
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja"]
+
+
+def checkpoint_dir(source) -> Path:
+    """The checkpoint directory of a `path` or `hub` source. A Hub id resolves to a snapshot
+    in the local Hugging Face cache (HF_HUB_CACHE, or HF_HOME/hub); where HF_HUB_OFFLINE is
+    unset and the network answers, a missing snapshot is downloaded."""
+    if source.hub is None:
+        return Path(source.path)
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if "HF_HOME" in os.environ
+                                               else constants.HF_HUB_CACHE)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    for local_only in ((True,) if offline else (False, True)):
+        try:
+            return Path(snapshot_download(source.hub, revision=source.revision, cache_dir=cache,
+                                          local_files_only=local_only, allow_patterns=HUB_PATTERNS))
+        except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    mode = "HF_HUB_OFFLINE is set, so nothing was downloaded" if offline else "and it could not be downloaded"
+    raise ConfigError(f"model.hub = {source.hub!r} (revision {source.revision!r}): no snapshot in the Hugging Face "
+                      f"cache {cache}, {mode} ({why}). Download it there (`hf download {source.hub}`), point "
+                      f"HF_HUB_CACHE or HF_HOME at the cache that has it, or use model.path.")
+
+
+def _hub_record(source, ckpt: Path) -> dict:
+    """For the manifest: which Hub snapshot a `hub` source resolved to."""
+    if source.hub is None:
+        return {}
+    return {"hub": {"repo": source.hub, "revision": source.revision, "snapshot": ckpt.name}}
 
 
 def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
@@ -58,14 +117,45 @@ def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
         seed, cfg = _synthetic_config(source.synthetic, max_seq_len)
         return {"source": "synthetic", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
                 "dtype": dtype, "parameter_count": cfg.parameter_count(), "seed": seed, "weight_files": []}
-    ckpt = Path(source.path)
+    ckpt = checkpoint_dir(source)
     if not ckpt.is_dir():
         raise WeightLoadError(f"{ckpt}: checkpoint directory does not exist.")
     cfg = ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=max_seq_len)
     files = weight_files(ckpt)
+    meta = [ckpt / n for n in METADATA_FILES if (ckpt / n).is_file()]
     return {"source": "checkpoint", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
             "dtype": dtype, "parameter_count": cfg.parameter_count(),
-            "weight_files": [{"name": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files]}
+            "weight_files": file_records(files), "files": file_records(meta),
+            "generation_config": read_generation_config(ckpt).to_json(), **_hub_record(source, ckpt)}
+
+
+def position_limit(source) -> tuple[int, str]:
+    """The longest sequence the model may run, and why: its max_position_embeddings, or a
+    shorter sliding window (not implemented, so never crossed). Reads config.json only."""
+    if source.is_synthetic:
+        hf = {"max_position_embeddings": 4096, **source.synthetic}
+        where = "model.synthetic"
+    else:
+        ckpt = checkpoint_dir(source)
+        hf, where = read_hf_config(ckpt), str(ckpt / "config.json")
+    limit = hf.get("max_position_embeddings", 4096)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+        raise WeightLoadError(f"{where}: max_position_embeddings = {limit!r}; expected an integer >= 2.")
+    reason = f"max_position_embeddings of {where}"
+    arch = (hf.get("architectures") or [hf.get("architecture")])[0]
+    window = hf.get("sliding_window")
+    if isinstance(window, int) and (arch == "MistralForCausalLM" or hf.get("use_sliding_window")) and window < limit:
+        limit, reason = window, f"sliding_window of {where} (sliding-window attention is not implemented)"
+    return limit, reason
+
+
+def model_config(source) -> ModelConfig:
+    """The ModelConfig of a source, from its config alone (no weights read)."""
+    limit = position_limit(source)[0]
+    if source.is_synthetic:
+        return _synthetic_config(source.synthetic, limit)[1]
+    ckpt = checkpoint_dir(source)
+    return ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=limit)
 
 
 def read_hf_config(ckpt: Path) -> dict:
@@ -73,12 +163,17 @@ def read_hf_config(ckpt: Path) -> dict:
     if not cfg_path.is_file():
         raise WeightLoadError(f"{ckpt}: no config.json. A Hugging Face checkpoint directory holds "
                               f"config.json and *.safetensors; point model.path at one.")
+    return _read_json_object(cfg_path)
+
+
+def _read_json_object(path: Path) -> dict:
+    """A checkpoint's JSON file (config.json, generation_config.json), bounded and strict."""
     try:
-        data = loads_json(read_bounded(cfg_path, MAX_JSON_BYTES).decode("utf-8"))
+        data = loads_json(read_bounded(path, MAX_JSON_BYTES).decode("utf-8"))
     except (JSONProblem, UnicodeDecodeError, InputTooLarge, OSError) as exc:
-        raise WeightLoadError(f"{cfg_path}: not valid JSON ({exc}).") from None
+        raise WeightLoadError(f"{path}: not valid JSON ({exc}).") from None
     if not isinstance(data, dict):
-        raise WeightLoadError(f"{cfg_path}: expected a JSON object.")
+        raise WeightLoadError(f"{path}: expected a JSON object.")
     return data
 
 
@@ -127,7 +222,8 @@ def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: i
     cfg = ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=max_seq_len)
     model = _empty_model(cfg, dtype, device, max_seq_len, ops, tp, source=str(ckpt / "config.json"))
     _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt, tp)
-    return LoadedModel(model, cfg, model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len), ckpt)
+    return LoadedModel(model, cfg, model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len), ckpt,
+                       read_generation_config(ckpt))
 
 
 def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
@@ -226,7 +322,7 @@ def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path],
                     raise WeightLoadError(f"{path}: cannot read tensor {name} ({exc}); the file may be "
                                           f"truncated or corrupt.") from None
             if ok:
-                params[ours].data.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
+                copy_padded(params[ours].data, torch.cat(parts) if len(parts) > 1 else parts[0])
         if bad:
             raise WeightLoadError(f"{ckpt}: mis-shaped or mistyped tensors: {_list(bad)}.")
     finally:
@@ -284,7 +380,7 @@ def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: i
             x = 1.0 + 0.1 * x
         else:
             x = x * (0.02 if "embed" in name or name.endswith("bias") else 1.0 / shape[-1] ** 0.5)
-        params[name].data.copy_(_shard(x, cfg, tp, name, nparts[name]))
+        copy_padded(params[name].data, _shard(x, cfg, tp, name, nparts[name]))
     fp = model_fingerprint(ModelSource(synthetic=spec), dtype, max_seq_len)
     if not tp.active:
         assert fp["parameter_count"] == sum(p.numel() for p in model.parameters())

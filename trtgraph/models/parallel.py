@@ -3,8 +3,10 @@
 Column-parallel: qkv (a rank's query heads and the KV heads they read; KV heads are
 replicated when there are fewer than ranks) and gate/up (a slice of the intermediate size).
 Row-parallel with an all-reduce: o and down. Vocabulary-parallel: the embedding (masked
-lookup, all-reduce) and the LM head (logits all-gathered before sampling). Norms are
-replicated. Collectives are torch.distributed's (NCCL on GPUs, gloo on CPUs); inside a
+lookup, all-reduce) and the LM head (logits all-gathered before sampling). A vocabulary the
+rank count does not divide is padded, as vLLM pads it: every rank holds ceil(V / world) rows,
+the last ones zero; the gathered logits are cut back to V, so a padded id is never sampled.
+Norms are replicated. Collectives are torch.distributed's (NCCL on GPUs, gloo on CPUs); inside a
 CUDA graph they are recorded like any kernel.
 """
 
@@ -51,8 +53,6 @@ def check_divisible(cfg: ModelConfig, world: int, source: str) -> None:
         problems.append(f"num_key_value_heads={cfg.num_kv_heads} (nor does the size divide it)")
     if cfg.intermediate_size % world:
         problems.append(f"intermediate_size={cfg.intermediate_size}")
-    if cfg.vocab_size % world:
-        problems.append(f"vocab_size={cfg.vocab_size}")
     if problems:
         raise WeightLoadError(f"{source}: parallel.tensor_parallel_size={world} does not divide "
                               f"{', '.join(problems)}; choose a size that divides them.")
@@ -74,7 +74,7 @@ def local_config(cfg: ModelConfig, tp: TPGroup) -> ModelConfig:
         return cfg
     return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp.world, num_kv_heads=len(kv_heads_of(cfg, tp)),
                                intermediate_size=cfg.intermediate_size // tp.world,
-                               vocab_size=cfg.vocab_size // tp.world)
+                               vocab_size=-(-cfg.vocab_size // tp.world))  # padded: ceil
 
 
 def part_slice(cfg: ModelConfig, tp: TPGroup, ours: str, part: int) -> tuple[int, int, int] | None:
@@ -99,9 +99,18 @@ def part_slice(cfg: ModelConfig, tp: TPGroup, ours: str, part: int) -> tuple[int
         n = cfg.intermediate_size // w
         return (1, r * n, (r + 1) * n)
     if ours in ("embed_tokens.weight", "lm_head.weight"):
-        n = cfg.vocab_size // w
-        return (0, r * n, (r + 1) * n)
+        n = -(-cfg.vocab_size // w)  # the last rank's tail past the vocabulary is padding
+        return (0, min(r * n, cfg.vocab_size), min((r + 1) * n, cfg.vocab_size))
     return None
+
+
+def copy_padded(param: torch.Tensor, part: torch.Tensor) -> None:
+    """Fill a rank's parameter with its part; rows past the part (vocabulary padding) are zero."""
+    if part.shape == param.shape:
+        param.copy_(part)
+        return
+    param.zero_()
+    param[:part.shape[0]].copy_(part)
 
 
 def take(t, sl: tuple[int, int, int] | None):

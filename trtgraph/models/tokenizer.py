@@ -1,11 +1,21 @@
-"""Tokenizers: a checkpoint's tokenizer.json through `tokenizers`, or a byte-level one for
-synthetic models (ids 0-255 are bytes; ids above are specials or unused)."""
+"""Tokenizers: a checkpoint's tokenizer.json through `tokenizers`, with the settings of its
+tokenizer_config.json applied as transformers applies them, or a byte-level one for
+synthetic models (ids 0-255 are bytes; ids above are specials or unused).
+
+Encoding `prompt` text gives the ids `transformers.AutoTokenizer(text)` gives: BOS/EOS as
+tokenizer.json's post-processor adds them (transformers 5 ignores tokenizer_config.json's
+`add_bos_token` / `add_eos_token` when there is a tokenizer.json, and so do we; real
+checkpoints write the same choice in both), added and special tokens matched in the text.
+Decoding skips special tokens. `StreamDecoder` turns ids into text
+chunks as they arrive without ever splitting a UTF-8 character across chunks.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import WeightLoadError
+from .chat import read_tokenizer_config
 
 BYTE_VOCAB_SIZE = 256  # the byte-level tokenizer's ids: one per byte value
 
@@ -20,30 +30,114 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.bos_token_id = bos_token_id
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))
-        return ([self.bos_token_id] if self.bos_token_id is not None else []) + ids
+        return ([self.bos_token_id] if add_special_tokens and self.bos_token_id is not None else []) + ids
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
-    """A checkpoint's tokenizer.json (fast tokenizer format), special tokens skipped on decode."""
+    """A checkpoint's tokenizer.json (fast tokenizer format) plus its tokenizer_config.json."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tok_config: dict | None = None):
         from tokenizers import Tokenizer
 
         try:
             self._tok = Tokenizer.from_file(str(path))
-        except Exception as exc:
+        except Exception as exc:  # the tokenizers library raises its own exception type
             raise WeightLoadError(f"{path}: cannot read the tokenizer ({exc}).") from None
+        config = tok_config if tok_config is not None else read_tokenizer_config(path.parent)
+        rebuild = CLASS_PIPELINES.get(config.get("tokenizer_class"))
+        if rebuild is not None:
+            rebuild(self._tok, config)
+        # transformers skips this clean-up for BPE models; others (WordPiece, ...) get it
+        self._clean_up = bool(config.get("clean_up_tokenization_spaces")) and \
+            type(self._tok.model).__name__ != "BPE"
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        text = self._tok.decode(list(ids), skip_special_tokens=True)
+        return _clean_up(text) if self._clean_up else text
+
+
+class StreamDecoder:
+    """Incremental detokenization: `push(new_ids)` returns the text those ids complete.
+
+    Decodes a short window (as vLLM does) so that tokenizers whose decoders look at
+    neighbours (SentencePiece's leading space, byte fallback) decode as the whole would.
+    Text that ends in an incomplete UTF-8 character is held back until the character is
+    complete; `flush()` returns whatever is left. The chunks joined equal `decode(ids)`."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0  # window start
+        self._read = 0  # ids up to here have been emitted
+
+    def push(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        before = self.tokenizer.decode(self.ids[self._prefix:self._read])
+        after = self.tokenizer.decode(self.ids[self._prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""  # nothing new yet, or a character still incomplete
+        self._prefix, self._read = self._read, len(self.ids)
+        return after[len(before):]
+
+    def flush(self) -> str:
+        before = self.tokenizer.decode(self.ids[self._prefix:self._read])
+        after = self.tokenizer.decode(self.ids[self._prefix:])
+        self._prefix = self._read = len(self.ids)
+        return after[len(before):]
+
+
+def _as_llama_tokenizer(tok, config: dict) -> None:
+    """transformers 5 builds a checkpoint that names LlamaTokenizer (Llama-2, Mistral) with its
+    own pipeline over tokenizer.json's vocabulary: no normalizer, a Metaspace pre-tokenizer
+    (▁ prepended to the first word unless `legacy`), and a decoder that strips that space."""
+    from tokenizers import decoders, pre_tokenizers
+
+    add_prefix_space = config.get("add_prefix_space")
+    add_prefix_space = True if add_prefix_space is None else bool(add_prefix_space)
+    scheme = "never" if not add_prefix_space else ("always" if config.get("legacy", False) else "first")
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_prefix_space:
+        steps.append(decoders.Strip(content=" ", left=1))
+    tok.decoder = decoders.Sequence(steps)
+
+
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def _as_qwen2_tokenizer(tok, config: dict) -> None:
+    """transformers 5's Qwen2Tokenizer (Qwen2, Qwen2.5, Qwen3): NFC, Qwen's split, byte level."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=bool(config.get("add_prefix_space") or False), use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+
+
+# Classes whose tokenization transformers 5 rebuilds over tokenizer.json's vocabulary and
+# merges (the post-processor and added tokens stay). Other classes use tokenizer.json as is.
+CLASS_PIPELINES = {"LlamaTokenizer": _as_llama_tokenizer, "LlamaTokenizerFast": _as_llama_tokenizer,
+                   "Qwen2Tokenizer": _as_qwen2_tokenizer, "Qwen2TokenizerFast": _as_qwen2_tokenizer}
+
+
+def _clean_up(text: str) -> str:
+    """transformers' clean_up_tokenization (for WordPiece-style vocabularies)."""
+    for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                 (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(a, b)
+    return text
 
 
 def load_tokenizer(checkpoint_dir: Path | None, vocab_size: int, bos_token_id: int | None):

@@ -18,13 +18,14 @@ import torch
 from ..artifacts import load_manifest, manifest_path, use_triton_cache
 from ..errors import ManifestError, PromptError
 from ..models import load_tokenizer
+from ..models.chat import load_chat_template
 from ..models.parallel import TPGroup
 from .checks import check_manifest
 from .distributed import StepBroadcast, agree
 from .drafter import NgramDrafter
 from .buffers import MAX_STOP_IDS
 from .executor import Executor, StepRow, resolve_device
-from .requests import Request, Result, parse_request
+from .requests import Request, Result, parse_request, resolve_sampling_defaults
 from .scheduler import ScheduledStep, Scheduler, Sequence
 
 # Re-recorded graphs may take a little more or less pool than at capture (allocator
@@ -82,10 +83,12 @@ class RunStats:
 
 class Engine:
     def __init__(self, path: str | Path = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
-                 tp: TPGroup = TPGroup()):
+                 tp: TPGroup = TPGroup(), model: str | Path | None = None):
         """speculative=False ignores the manifest's speculative section (plain decode steps),
-        for A/B runs on the same capture. With tensor parallelism every rank builds an Engine;
-        rank 0 calls generate() and close(), the others follow()."""
+        for A/B runs on the same capture. model: the checkpoint directory, where it has moved
+        since capture (its files must match the manifest's sizes and sha256). With tensor
+        parallelism every rank builds an Engine; rank 0 calls generate() and close(), the
+        others follow()."""
         self.manifest = load_manifest(path)
         captured_tp = self.manifest.parallel.get("tensor_parallel_size", 1)
         if captured_tp != tp.world:
@@ -94,7 +97,7 @@ class Engine:
         self.tp = tp
         agree(tp, "the manifest", self.manifest.to_json()["digest"])
         self.artifacts_dir = manifest_path(path).parent
-        config = self.manifest.app_config()
+        config = _with_checkpoint(self.manifest.app_config(), manifest_path(path), model)
         device = resolve_device(config.device)
         diffs = check_manifest(self.manifest, device, weights=False)
         if diffs:
@@ -113,7 +116,9 @@ class Engine:
         self.broadcast = StepBroadcast(tp, ex, self.manifest.capture_order) if tp.active else None
         self.tokenizer = load_tokenizer(ex.loaded.checkpoint_dir, ex.loaded.config.vocab_size,
                                         ex.loaded.config.bos_token_id)
-        self.stop_ids = set(ex.loaded.config.eos_token_ids)
+        self.chat_template = load_chat_template(ex.loaded.checkpoint_dir)
+        self.generation = ex.loaded.generation  # generation_config.json: eos ids, sampling defaults
+        self.stop_ids = set(ex.loaded.config.eos_token_ids) | set(self.generation.eos_token_ids)
         sp = config.speculative
         self.drafter = NgramDrafter(sp.draft_len, sp.ngram_min, sp.ngram_max) if sp and speculative else None
         self.stats = RunStats()
@@ -147,23 +152,12 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
     def _admit(self, req: Request, arrival: float) -> Sequence | Result:
-        """A Sequence, or an error Result when no recorded key can serve the request."""
-        cfg, lim = self.executor.loaded.config, self.config.limits
-        ids = list(req.prompt_token_ids) if req.prompt_token_ids is not None else self.tokenizer.encode(req.prompt)
-        fail = None
-        if not ids:
-            fail = "the prompt encodes to no tokens"
-        elif max(ids) >= cfg.vocab_size:
-            fail = f"prompt token id {max(ids)} is outside the vocabulary (size {cfg.vocab_size})"
-        elif len(ids) + req.max_tokens > lim.max_seq_len:
-            fail = (f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) = {len(ids) + req.max_tokens} "
-                    f"exceeds the manifest's limits.max_seq_len ({lim.max_seq_len})")
-        elif not req.is_greedy and not self.scheduler_has_sampled:
-            fail = ("temperature > 0, a logits processor or logprobs need sampled graphs, but this manifest "
-                    "holds only greedy keys; recapture with buckets.sampling: [greedy, sampled], or send "
-                    "temperature 0 without them")
-        else:
-            fail = self._sampling_refusal(req)
+        """A Sequence, or an error Result when no recorded key can serve the request. Sampling
+        fields the request left out take the model's generation_config.json defaults."""
+        req = resolve_sampling_defaults(req, self.generation)
+        ids, fail = self._prompt_ids(req)
+        if fail is None:
+            fail = self._refusal(req, ids)
         if fail:
             return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
@@ -184,6 +178,39 @@ class Engine:
         if bad:
             return f"logit_bias token id {bad[0]} is outside the vocabulary (size {cfg.vocab_size})"
         return None
+
+    def _refusal(self, req: Request, ids: list[int]) -> str | None:
+        """Why no recorded key can serve this prompt, or None."""
+        cfg, lim = self.executor.loaded.config, self.config.limits
+        if not ids:
+            return "the prompt encodes to no tokens"
+        if max(ids) >= cfg.vocab_size:
+            return f"prompt token id {max(ids)} is outside the vocabulary (size {cfg.vocab_size})"
+        if len(ids) + req.max_tokens > lim.max_seq_len:
+            return (f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) = {len(ids) + req.max_tokens} "
+                    f"exceeds the manifest's limits.max_seq_len ({lim.max_seq_len})")
+        if not req.is_greedy and not self.scheduler_has_sampled:
+            return ("temperature > 0, a logits processor or logprobs need sampled graphs, but this manifest "
+                    "holds only greedy keys; recapture with buckets.sampling: [greedy, sampled], or send "
+                    "temperature 0 without them")
+        return self._sampling_refusal(req)
+
+    def _prompt_ids(self, req: Request) -> tuple[list[int], str | None]:
+        """The request's prompt as token ids: given, encoded text, or a chat rendered with the
+        checkpoint's template. (ids, None) or ([], why not)."""
+        if req.prompt_token_ids is not None:
+            return list(req.prompt_token_ids), None
+        if req.messages is None:
+            return self.tokenizer.encode(req.prompt), None
+        if self.chat_template is None:
+            where = self.executor.loaded.checkpoint_dir or "the synthetic model"
+            return [], (f"{where} has no chat template (no `chat_template` in tokenizer_config.json and no "
+                        f"chat_template.jinja), so it cannot serve `messages`; send `prompt` text instead")
+        try:
+            text = self.chat_template.render(req.chat_messages, add_generation_prompt=True)
+        except PromptError as exc:
+            return [], str(exc)
+        return self.tokenizer.encode(text, add_special_tokens=False), None
 
     @property
     def scheduler_has_sampled(self) -> bool:
@@ -452,6 +479,25 @@ class _InFlight:
     done: object  # CUDA event recorded after that copy (None on a CPU)
     events: tuple | None  # (begin, end) around the replay, with gpu_timing
     logprobs: tuple | None = None  # (values [rows, 1 + K], ids [rows, K]) on the host, when a row asked
+
+
+def _with_checkpoint(config, mpath: Path, model: str | Path | None):
+    """The manifest's config, with the checkpoint at `model` when given. A checkpoint directory
+    that is gone is refused here, naming the field and the option that points elsewhere."""
+    from ..config import ModelSource
+
+    if model is not None:
+        ckpt = Path(model).expanduser()
+        if not ckpt.is_dir():
+            raise ManifestError(f"--model {model}: no such checkpoint directory. Pass the directory that holds "
+                                f"the checkpoint captured into {mpath}.")
+        return config.replace(model=ModelSource(path=str(ckpt.resolve())))
+    if config.model.path is not None and not Path(config.model.path).is_dir():
+        raise ManifestError(f"{mpath}: config.model.path = {config.model.path} does not exist; the checkpoint "
+                            f"was moved or deleted after capture. Pass its new location with `trtgraph run "
+                            f"--model PATH` (or LLM(..., model=PATH)); its files are checked against the "
+                            f"manifest's sizes and sha256.")
+    return config
 
 
 def _model_differences(manifest, fingerprint: dict):

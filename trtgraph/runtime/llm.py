@@ -16,10 +16,12 @@ from .requests import Request
 
 
 class LLM:
-    def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False):
+    def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False,
+                 model: str | Path | None = None):
         """Load and check the manifest, re-record its graphs, lock. `eager=True` runs the same
-        scheduler without graphs, for A/B checks."""
-        self.engine = Engine(manifest_path, eager=eager)
+        scheduler without graphs, for A/B checks. `model`: the checkpoint directory where it has
+        moved since capture (checked against the manifest's file sizes and sha256)."""
+        self.engine = Engine(manifest_path, eager=eager, model=model)
 
     def stream(self, requests: Iterable[dict | Request]) -> Iterator[dict]:
         """Yield one result dict per request, as each finishes."""

@@ -15,6 +15,7 @@ completion format is `tokens` = [e.token], `token_logprobs` = [e.logprob], `top_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field, replace
@@ -25,9 +26,10 @@ from ..inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_b
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
-FIELDS = ("id", "prompt", "prompt_token_ids", "n") + SAMPLING_FIELDS
+FIELDS = ("id", "prompt", "prompt_token_ids", "messages", "n") + SAMPLING_FIELDS
 MAX_TOKENS_CAP = 1 << 20
 MAX_N = 16  # completions of one prompt (`n`)
+CHAT_ROLES = ("system", "user", "assistant")
 LOGIT_BIAS_CAPACITY = 300  # entries per request (OpenAI's limit); the per-slot device table holds this many
 MAX_STOP_TOKEN_IDS = 16  # stop token ids per request (with min_tokens they are masked in the graph)
 MAX_LOGPROBS = 20  # alternatives per token; the graph computes this many for every row that asks
@@ -151,9 +153,10 @@ class Request:
     prompt_token_ids: tuple[int, ...] | None
     sampling: SamplingParams
     n: int  # completions of this prompt; completion i draws with seed + i
+    messages: tuple[tuple[str, str], ...] | None  # chat: (role, content) pairs
 
     def __init__(self, id: str, prompt: str | None = None, prompt_token_ids=None,
-                 sampling: SamplingParams | None = None, n: int = 1, **fields):
+                 sampling: SamplingParams | None = None, n: int = 1, messages=None, **fields):
         """`fields`: SamplingParams fields given flat (Request(id=.., max_tokens=8, temperature=0.7));
         stop_strings / stop_token_ids are accepted as well."""
         stop = tuple(fields.pop("stop_strings", ())) + tuple(fields.pop("stop_token_ids", ()))
@@ -163,7 +166,7 @@ class Request:
             sampling = SamplingParams(**fields)
         elif fields:
             sampling = replace(sampling, **fields)
-        for name, val in (("id", id), ("prompt", prompt), ("sampling", sampling), ("n", n),
+        for name, val in (("id", id), ("prompt", prompt), ("sampling", sampling), ("n", n), ("messages", messages),
                           ("prompt_token_ids", None if prompt_token_ids is None else tuple(prompt_token_ids))):
             object.__setattr__(self, name, val)
 
@@ -181,6 +184,19 @@ class Request:
         else runs on the sampled keys."""
         s = self.sampling
         return (self.temperature == 0.0 and not s.uses_processors and s.logprobs is None)
+
+    @property
+    def chat_messages(self) -> list[dict]:
+        return [{"role": r, "content": c} for r, c in self.messages or ()]
+
+
+
+def resolve_sampling_defaults(req: Request, defaults) -> Request:
+    """Fill the sampling fields a request left out (temperature / top_p / top_k) from the
+    model's generation defaults (a models.config.GenerationDefaults: do_sample false means
+    greedy; top_p and top_k where the file gives them)."""
+    model = {"temperature": defaults.default_temperature, "top_p": defaults.top_p, "top_k": defaults.top_k}
+    return dataclasses.replace(req, sampling=req.sampling.resolved({k: v for k, v in model.items() if v is not None}))
 
 
 @dataclass
@@ -228,7 +244,8 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
         raise PromptError(f"{where}: field `{field_name}` = {short(value)} is not allowed; expected {expected}.")
 
     if not isinstance(raw, dict):
-        raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`).")
+        raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`, "
+                          f"or `messages`).")
     unknown = sorted(short(k) if text_problem(k) else k for k in raw if k not in FIELDS)
     if unknown:
         raise PromptError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
@@ -238,12 +255,16 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
         fail("id", rid, "a non-empty string or an integer in [-2**63, 2**63)")
     if isinstance(rid, str) and text_problem(rid):
         fail("id", rid, text_problem(rid))
-    has_text, has_ids = raw.get("prompt") is not None, raw.get("prompt_token_ids") is not None
-    if has_text == has_ids:
-        raise PromptError(f"{where}: give exactly one of `prompt` (text) or `prompt_token_ids` (a list of ints).")
-    prompt, ids = None, None
+    given = [k for k in ("prompt", "prompt_token_ids", "messages") if raw.get(k) is not None]
+    if len(given) != 1:
+        raise PromptError(f"{where}: give exactly one of `prompt` (text), `prompt_token_ids` (a list of ints) or "
+                          f"`messages` (a chat: a list of {{role, content}})" + (f"; got {', '.join(given)}." if given else "."))
+    has_text = given == ["prompt"]
+    prompt, ids, messages = None, None, None
     hi = vocab_size if vocab_size is not None else 1 << 31
-    if has_text:
+    if given == ["messages"]:
+        messages = _messages(raw["messages"], fail)
+    elif has_text:
         prompt = raw["prompt"]
         if not isinstance(prompt, str) or not prompt:
             fail("prompt", prompt, "a non-empty string")
@@ -264,7 +285,25 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     n = raw.get("n", 1)
     if not _is_int(n) or not 1 <= n <= MAX_N:
         fail("n", n, f"an integer in [1, {MAX_N}]")
-    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, sampling=sampling, n=n)
+    return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, sampling=sampling, n=n, messages=messages)
+
+
+def _messages(raw, fail) -> tuple[tuple[str, str], ...]:
+    """A chat as OpenAI sends it: a non-empty list of {role, content} with string content."""
+    if not isinstance(raw, list) or not raw:
+        fail("messages", raw, "a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or set(m) - {"role", "content"}:
+            fail(f"messages[{i}]", m, "an object with exactly `role` and `content`")
+        if m.get("role") not in CHAT_ROLES:
+            fail(f"messages[{i}].role", m.get("role"), f"one of {', '.join(CHAT_ROLES)}")
+        if not isinstance(m.get("content"), str):
+            fail(f"messages[{i}].content", m.get("content"), "a string")
+        if text_problem(m["content"]):
+            fail(f"messages[{i}].content", m["content"], text_problem(m["content"]))
+        out.append((m["role"], m["content"]))
+    return tuple(out)
 
 
 def _stops(stop) -> tuple:
