@@ -131,7 +131,8 @@ def check_model(v: FieldReader, model: Any, config: Config) -> None:
     A synthetic model is known from the config alone: its spec is complete and matches."""
     from .models.config import SEED_MAX, SUPPORTED_ARCHITECTURES
 
-    v.obj(model, "model", MODEL, optional=("seed",))
+    v.obj(model, "model", MODEL + ("files", "generation_config", "hub"),
+          optional=("seed", "files", "generation_config", "hub"))
     v.text(model, "model.source")
     v.text(model, "model.architecture", choices=SUPPORTED_ARCHITECTURES)
     v.hex_digest(model, "model.config_hash", 16)
@@ -140,12 +141,25 @@ def check_model(v: FieldReader, model: Any, config: Config) -> None:
     v.int_field(model, "model.parameter_count", lo=1, hi=MAX_BYTES)
     if "seed" in model:
         v.int_field(model, "model.seed", lo=0, hi=SEED_MAX)
-    files = model["weight_files"]
+    for group in ("weight_files", "files"):  # the weights; config, tokenizer and template files
+        if group in model:
+            _check_file_records(v, model[group], f"model.{group}")
+    if "generation_config" in model:
+        _check_generation_config(v, model["generation_config"])
+    if "hub" in model:
+        v.obj(model["hub"], "model.hub", ("repo", "revision", "snapshot"))
+        for name in ("repo", "revision", "snapshot"):
+            v.text(model["hub"], f"model.hub.{name}")
+    if config.model.is_synthetic:
+        _check_synthetic_model(v, model, config)
+
+
+def _check_file_records(v: FieldReader, files: Any, where_list: str) -> None:
     if not isinstance(files, list):
-        v.fail("model.weight_files", files, "a JSON list")
+        v.fail(where_list, files, "a JSON list")
     names = set()
     for i, entry in enumerate(files):
-        where = f"model.weight_files[{i}]"
+        where = f"{where_list}[{i}]"
         v.obj(entry, where, ("name", "bytes", "sha256"))
         name = v.text(entry, f"{where}.name")
         if "/" in name or "\\" in name or name in (".", "..") or name in names:
@@ -153,8 +167,17 @@ def check_model(v: FieldReader, model: Any, config: Config) -> None:
         names.add(name)
         v.int_field(entry, f"{where}.bytes", lo=0, hi=MAX_BYTES)
         v.hex_digest(entry, f"{where}.sha256", 64)
-    if config.model.is_synthetic:
-        _check_synthetic_model(v, model, config)
+
+
+def _check_generation_config(v: FieldReader, gen: Any) -> None:
+    """What capture read from generation_config.json (models.config.GenerationDefaults)."""
+    from .models.config import GenerationDefaults
+
+    v.obj(gen, "model.generation_config", ("eos_token_ids", "do_sample", "temperature", "top_p", "top_k"))
+    try:
+        GenerationDefaults.from_hf({**gen, "eos_token_id": gen["eos_token_ids"]}, source="generation_config")
+    except TrtgraphError as exc:
+        v.fail("model.generation_config", gen, f"valid generation defaults ({exc})")
 
 
 def _check_synthetic_model(v: FieldReader, model: dict, config: Config) -> None:
