@@ -217,6 +217,7 @@ HF_BASE = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermedia
 HF_CASES = [
     ("rope_theta", float("nan"), "rope_theta = nan"),
     ("rope_theta", 1e400, "rope_theta = inf"),
+    ("rope_theta", 10 ** 400, "rope_theta = <an integer of 1329 bits>"),
     ("rope_parameters", {"rope_theta": float("inf"), "rope_type": "default"}, "rope_parameters.rope_theta = inf"),
     ("rope_parameters", "default", "rope_parameters = 'default'"),
     ("rms_norm_eps", float("nan"), "rms_norm_eps = nan"),
@@ -407,6 +408,7 @@ MANIFEST_CASES = [
     ("parallel-ranks-missing", _set("parallel", "ranks", []), ["parallel.ranks = []", "1 rank records"]),
     ("parallel-rank-number", lambda b: b["parallel"]["ranks"][0].update(rank=3), ["parallel.ranks[0].rank = 3"]),
     ("paths-extra", _set("paths", "weights", "w"), ["paths = "]),
+    ("nul-in-triton-cache-path", _set("paths", "triton_cache", "a\0b"), ["paths.triton_cache = 'a\\x00b'", "NUL"]),
     ("config-model-path-relative", _set("config", "model", {"path": "ckpt"}),
      ["config.model.path = 'ckpt'", "absolute"]),
     ("moved-checkpoint", _moved_checkpoint,
