@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError, WeightLoadError
 from ..inputs import int_problem, json_problem, number_problem, short
-from .tokenizer import BYTE_VOCAB_SIZE
+from .tokenizer import check_vocab_covers_tokenizer
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -134,9 +134,7 @@ def synthetic_model_config(spec: dict, max_seq_len: int, source: str,
     tokenizer, so vocab_size must cover its 256 ids: refused here, at capture."""
     seed, hf, r = _synthetic_fields(spec, max_seq_len, source, prefix)
     cfg = ModelConfig.from_hf(hf, source=source, max_seq_len=max_seq_len, prefix=prefix)
-    if cfg.vocab_size < BYTE_VOCAB_SIZE:
-        r.fail("vocab_size", cfg.vocab_size, f"at least {BYTE_VOCAB_SIZE}: a synthetic model uses the byte-level "
-                                             f"tokenizer, whose {BYTE_VOCAB_SIZE} ids must all be in the vocabulary")
+    check_vocab_covers_tokenizer(None, cfg.vocab_size, source, prefix + "vocab_size")
     return seed, cfg
 
 
