@@ -210,6 +210,26 @@ def test_synthetic_vocab_too_small_fails_at_capture_not_at_run(tmp_path):
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
+def test_checkpoint_without_tokenizer_json_and_a_vocab_below_256_fails_at_capture(tmp_path):
+    """Such a checkpoint gets the byte-level tokenizer at run; before, capture succeeded and
+    every run failed."""
+    try:
+        from tests.hf_models import save_tiny
+    except ImportError:
+        from hf_models import save_tiny
+    save_tiny("LlamaForCausalLM", tmp_path / "ckpt", vocab_size=200)
+    (tmp_path / "model.yaml").write_text("model: {path: ./ckpt}\ndtype: float32\ndevice: cpu\n"
+                                         "limits: {max_batch_size: 2, max_seq_len: 64, max_num_tokens: 64}\n"
+                                         "buckets: {batch_sizes: [1, 2], context_batch_sizes: [1], "
+                                         "chunk_sizes: [16], sampling: [greedy]}\n")
+    result = CliRunner().invoke(main, ["capture", "--config", str(tmp_path / "model.yaml"),
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "ckpt/config.json: vocab_size = 200 is not allowed" in result.output
+    assert "no tokenizer.json" in result.output and "256" in result.output
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 HF_BASE = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 112,
            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
            "vocab_size": 300, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
@@ -217,6 +237,7 @@ HF_BASE = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermedia
 HF_CASES = [
     ("rope_theta", float("nan"), "rope_theta = nan"),
     ("rope_theta", 1e400, "rope_theta = inf"),
+    ("rope_theta", 10 ** 400, "rope_theta = <an integer of 1329 bits>"),
     ("rope_parameters", {"rope_theta": float("inf"), "rope_type": "default"}, "rope_parameters.rope_theta = inf"),
     ("rope_parameters", "default", "rope_parameters = 'default'"),
     ("rms_norm_eps", float("nan"), "rms_norm_eps = nan"),
@@ -407,6 +428,7 @@ MANIFEST_CASES = [
     ("parallel-ranks-missing", _set("parallel", "ranks", []), ["parallel.ranks = []", "1 rank records"]),
     ("parallel-rank-number", lambda b: b["parallel"]["ranks"][0].update(rank=3), ["parallel.ranks[0].rank = 3"]),
     ("paths-extra", _set("paths", "weights", "w"), ["paths = "]),
+    ("nul-in-triton-cache-path", _set("paths", "triton_cache", "a\0b"), ["paths.triton_cache = 'a\\x00b'", "NUL"]),
     ("config-model-path-relative", _set("config", "model", {"path": "ckpt"}),
      ["config.model.path = 'ckpt'", "absolute"]),
     ("moved-checkpoint", _moved_checkpoint,

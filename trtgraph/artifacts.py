@@ -24,7 +24,7 @@ from . import manifest_schema as schema
 from .buckets import BucketPlan, GraphKey, uncovered_shapes
 from .config import Config
 from .errors import ManifestError
-from .inputs import InputTooLarge, JSONProblem, is_int, loads_json, read_bounded, short, text_problem
+from .inputs import InputTooLarge, JSONProblem, is_int, loads_json, path_problem, read_bounded, short
 from .manifest_schema import FieldReader
 
 MANIFEST_NAME = "manifest.json"
@@ -241,8 +241,8 @@ def _paths(v: FieldReader, mpath: Path, raw) -> dict[str, Path]:
         v.fail("paths", raw, "an object with triton_cache, a path relative to the artifacts directory")
     paths = {}
     for name, rel in raw.items():
-        if text_problem(rel) or not rel:
-            v.fail(f"paths.{name}", rel, "a path relative to the artifacts directory")
+        if path_problem(rel):
+            v.fail(f"paths.{name}", rel, f"a path relative to the artifacts directory: {path_problem(rel)}")
         paths[name] = artifact_path(mpath.parent, rel)
     return paths
 

@@ -41,7 +41,7 @@ def is_int(value: Any) -> bool:
 
 def is_number(value: Any) -> bool:
     """A finite int or float, not bool."""
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))  # isfinite(10**400) overflows
 
 
 def int_problem(value: Any, lo: int, hi: int) -> str | None:

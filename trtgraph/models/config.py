@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError, WeightLoadError
 from ..inputs import int_problem, json_problem, number_problem, short
-from .tokenizer import BYTE_VOCAB_SIZE
+from .tokenizer import check_vocab_covers_tokenizer
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -33,6 +33,9 @@ SEED_MAX = (1 << 64) - 1  # torch.Generator.manual_seed takes 64 bits
 REQUIRED_FIELDS = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                    "vocab_size")
 # Every config.json field from_hf reads; a synthetic spec may hold only these (plus seed).
+# config.json fields that do not change inference: a synthetic spec copied from a real config.json may keep them.
+INERT_HF_FIELDS = ("model_type", "torch_dtype", "dtype", "transformers_version", "initializer_range",
+                   "attention_dropout", "pretraining_tp", "use_cache", "pad_token_id")
 HF_FIELDS = ("architectures", *SIZE_RANGES, "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
              "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "sliding_window",
              "use_sliding_window", "bos_token_id", "eos_token_id")
@@ -131,9 +134,7 @@ def synthetic_model_config(spec: dict, max_seq_len: int, source: str,
     tokenizer, so vocab_size must cover its 256 ids: refused here, at capture."""
     seed, hf, r = _synthetic_fields(spec, max_seq_len, source, prefix)
     cfg = ModelConfig.from_hf(hf, source=source, max_seq_len=max_seq_len, prefix=prefix)
-    if cfg.vocab_size < BYTE_VOCAB_SIZE:
-        r.fail("vocab_size", cfg.vocab_size, f"at least {BYTE_VOCAB_SIZE}: a synthetic model uses the byte-level "
-                                             f"tokenizer, whose {BYTE_VOCAB_SIZE} ids must all be in the vocabulary")
+    check_vocab_covers_tokenizer(None, cfg.vocab_size, source, prefix + "vocab_size")
     return seed, cfg
 
 
@@ -169,11 +170,11 @@ def _check_present_fields(r: "_Fields") -> None:
 
 def _synthetic_fields(spec: dict, max_seq_len: int, source: str, prefix: str) -> tuple[int, dict, "_Fields"]:
     """(seed, the spec as config.json fields, their reader); unknown keys and the seed checked."""
-    unknown = sorted(str(k) for k in spec if k not in HF_FIELDS and k not in ("seed", "architecture"))
+    unknown = sorted(str(k) for k in spec if k not in HF_FIELDS + INERT_HF_FIELDS + ("seed", "architecture"))
     if unknown:
         exc = ConfigError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(prefix + k for k in unknown)}; valid keys under {prefix.rstrip('.')} are: "
-                          f"seed, architecture, {', '.join(HF_FIELDS)}.")
+                          f"seed, architecture, {', '.join(HF_FIELDS)} (and, ignored, {', '.join(INERT_HF_FIELDS)}).")
         exc.key_path = prefix + unknown[0]
         raise exc
     hf = dict(spec)

@@ -26,6 +26,7 @@ from ..kernels import KernelSet
 from .config import GenerationDefaults, ModelConfig, synthetic_model_config
 from .llama import CausalLM
 from .parallel import TPGroup, check_divisible, copy_padded, part_slice, take
+from .tokenizer import check_vocab_covers_tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # safetensors dtype codes of the integer and boolean kinds, by torch name (for messages)
@@ -220,6 +221,7 @@ def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: i
     if not ckpt.is_dir():
         raise WeightLoadError(f"{ckpt}: checkpoint directory does not exist.")
     cfg = ModelConfig.from_hf(read_hf_config(ckpt), source=str(ckpt / "config.json"), max_seq_len=max_seq_len)
+    check_vocab_covers_tokenizer(ckpt, cfg.vocab_size, str(ckpt / "config.json"), "vocab_size")
     model = _empty_model(cfg, dtype, device, max_seq_len, ops, tp, source=str(ckpt / "config.json"))
     _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt, tp)
     return LoadedModel(model, cfg, model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len), ckpt,

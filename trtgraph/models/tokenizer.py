@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import WeightLoadError
+from ..errors import ConfigError, WeightLoadError
 from .chat import read_tokenizer_config
 
 BYTE_VOCAB_SIZE = 256  # the byte-level tokenizer's ids: one per byte value
@@ -138,6 +138,21 @@ def _clean_up(text: str) -> str:
                  (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
         text = text.replace(a, b)
     return text
+
+
+def check_vocab_covers_tokenizer(checkpoint_dir: Path | None, vocab_size: int, source: str, field: str) -> None:
+    """Refuse, when the model is built, a vocabulary the tokenizer `load_tokenizer` will pick
+    cannot use: the byte-level one (synthetic models, checkpoints without tokenizer.json)
+    needs all 256 byte ids. Otherwise every later `run` would fail on it."""
+    if checkpoint_dir is not None and (checkpoint_dir / "tokenizer.json").is_file():
+        return
+    if vocab_size < BYTE_VOCAB_SIZE:
+        why = "a synthetic model" if checkpoint_dir is None else f"{checkpoint_dir} has no tokenizer.json, so it"
+        exc = ConfigError(f"{source}: {field} = {vocab_size} is not allowed; expected at least {BYTE_VOCAB_SIZE}: "
+                          f"{why} uses the byte-level tokenizer, whose {BYTE_VOCAB_SIZE} ids must all be in the "
+                          f"vocabulary.")
+        exc.key_path = field
+        raise exc
 
 
 def load_tokenizer(checkpoint_dir: Path | None, vocab_size: int, bos_token_id: int | None):
