@@ -96,7 +96,8 @@ def test_auto_context_batch_sizes_fill_max_num_tokens_per_chunk_size():
     plan = plan_of(max_batch_size=64, context_batch_sizes="auto", chunk_sizes=(16, 128, 256), max_num_tokens=4096)
     most = {c: plan.max_key_batch(chunk_size=c) for c in (16, 128, 256)}
     assert most == {16: 64, 128: 32, 256: 16}  # min(max_batch_size, max_num_tokens // chunk)
-    assert [k.batch_size for k in plan.keys if k.chunk_size == 128 and k.sampling == GREEDY] == [1, 2, 4, 8, 16, 24, 32]
+    sizes = [k.batch_size for k in plan.keys if k.chunk_size == 128 and k.sampling == GREEDY]
+    assert sizes == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32]  # every size below 8, then multiples of 8
     assert uncovered_shapes(plan) == []
 
 
@@ -104,10 +105,10 @@ def test_auto_context_batch_sizes_fill_max_num_tokens_per_chunk_size():
 def test_default_plan_key_set(default_plan):
     gen = {GraphKey(bs, 0, 0, s) for bs in (1, 2, 4, 8) for s in (GREEDY, SAMPLED)}
     # context_batch_sizes: auto, max_num_tokens 256: chunk 16 up to 8 rows (max_batch_size), chunk 64 up to 4
-    pre = {GraphKey(bs, 0, c, s) for c, sizes in ((16, (1, 2, 4, 8)), (64, (1, 2, 4))) for bs in sizes
+    pre = {GraphKey(bs, 0, c, s) for c, most in ((16, 8), (64, 4)) for bs in range(1, most + 1)
            for s in (GREEDY, SAMPLED)}
     assert set(default_plan.keys) == gen | pre
-    assert len(default_plan.keys) == 8 + 14  # no duplicates
+    assert len(default_plan.keys) == 8 + 24  # no duplicates
     assert list(default_plan.keys) == sorted(default_plan.keys)
     assert default_plan.max_batch_size == 8
     assert default_plan.max_context_batch_size == 8
@@ -121,7 +122,8 @@ def test_example_plan_key_set():
     gen_sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
     gen = {GraphKey(bs, 0, 0, s) for bs in gen_sizes for s in (GREEDY, SAMPLED)}
     # context_batch_sizes: auto with max_num_tokens 8192: up to 64 rows of 64, 32 of 256, 16 of 512
-    ctx = {64: gen_sizes, 256: (1, 2, 4, 8, 16, 24, 32), 512: (1, 2, 4, 8, 16)}
+    small = (1, 2, 3, 4, 5, 6, 7)
+    ctx = {64: small + gen_sizes[3:], 256: small + (8, 16, 24, 32), 512: small + (8, 16)}
     pre = {GraphKey(bs, 0, c, s) for c, sizes in ctx.items() for bs in sizes for s in (GREEDY, SAMPLED)}
     assert set(plan.keys) == gen | pre
 
@@ -156,7 +158,7 @@ def test_select_smallest_fitting_generation_key(default_plan, n, expected_bs, sa
     assert select(default_plan, BatchShape(n, sampling=sampling)) == GraphKey(expected_bs, 0, 0, sampling)
 
 
-@pytest.mark.parametrize("n,chunk,expected_bs", [(1, 16, 1), (3, 16, 4), (3, 64, 4), (2, 64, 2), (4, 64, 4)])
+@pytest.mark.parametrize("n,chunk,expected_bs", [(1, 16, 1), (3, 16, 3), (8, 16, 8), (2, 64, 2), (4, 64, 4)])
 def test_select_smallest_fitting_prefill_key(default_plan, n, chunk, expected_bs):
     assert select(default_plan, BatchShape(n, chunk_size=chunk)) == GraphKey(expected_bs, 0, chunk, GREEDY)
     got = select(default_plan, BatchShape(n, chunk_size=chunk, sampling=SAMPLED))
@@ -331,7 +333,7 @@ def test_dropping_a_middle_generation_key_is_still_covered(default_plan):
 
 
 def test_dropping_largest_prefill_key_reports_the_range(default_plan):
-    keys = [k for k in default_plan.keys if not (k.chunk_size == 64 and k.batch_size == 4)]
+    keys = [k for k in default_plan.keys if not (k.chunk_size == 64 and k.batch_size in (3, 4))]
     misses = uncovered_shapes(default_plan.with_keys(keys))
     assert len(misses) == 2, misses
     assert all("prefill batches of 3-4" in m and "64" in m for m in misses)
