@@ -108,7 +108,10 @@ def cublas_is_invariant(n: int, k: int, row_counts: list[int], dtype: torch.dtyp
     x = torch.randn((most, k), generator=g).to(device, dtype)
     w = (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
     full = torch.nn.functional.linear(x, w)
-    return all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in sorted(set(row_counts)))
+    same = all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in sorted(set(row_counts)))
+    del x, w, full
+    torch.cuda.empty_cache()  # give the probe's memory back before the KV cache is sized
+    return same
 
 
 def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.dtype, device: torch.device,
