@@ -22,7 +22,8 @@ def make_config(max_batch_size=8, batch_sizes="auto", context_batch_sizes=(1, 2,
         "model": {"synthetic": {"architecture": "LlamaForCausalLM", "seed": 0}},
         "limits": {"max_batch_size": max_batch_size, "max_seq_len": 256, "max_num_tokens": max_num_tokens},
         "buckets": {"batch_sizes": batch_sizes if batch_sizes == "auto" else list(batch_sizes),
-                    "context_batch_sizes": list(context_batch_sizes), "chunk_sizes": list(chunk_sizes),
+                    "context_batch_sizes": context_batch_sizes if context_batch_sizes == "auto" else
+                    list(context_batch_sizes), "chunk_sizes": list(chunk_sizes),
                     "draft_lens": list(draft_lens), "sampling": list(sampling)},
     })
 
@@ -91,14 +92,26 @@ def test_graph_key_as_dict_round_trips():
 
 # ---- BucketPlan.from_config -------------------------------------------------------------------
 
+def test_auto_context_batch_sizes_fill_max_num_tokens_per_chunk_size():
+    plan = plan_of(max_batch_size=64, context_batch_sizes="auto", chunk_sizes=(16, 128, 256), max_num_tokens=4096)
+    most = {c: plan.max_key_batch(chunk_size=c) for c in (16, 128, 256)}
+    assert most == {16: 64, 128: 32, 256: 16}  # min(max_batch_size, max_num_tokens // chunk)
+    sizes = [k.batch_size for k in plan.keys if k.chunk_size == 128 and k.sampling == GREEDY]
+    assert sizes == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32]  # every size below 8, then multiples of 8
+    assert uncovered_shapes(plan) == []
+
+
+
 def test_default_plan_key_set(default_plan):
     gen = {GraphKey(bs, 0, 0, s) for bs in (1, 2, 4, 8) for s in (GREEDY, SAMPLED)}
-    pre = {GraphKey(bs, 0, c, s) for bs in (1, 2, 4) for c in (16, 64) for s in (GREEDY, SAMPLED)}
+    # context_batch_sizes: auto, max_num_tokens 256: chunk 16 up to 8 rows (max_batch_size), chunk 64 up to 4
+    pre = {GraphKey(bs, 0, c, s) for c, most in ((16, 8), (64, 4)) for bs in range(1, most + 1)
+           for s in (GREEDY, SAMPLED)}
     assert set(default_plan.keys) == gen | pre
-    assert len(default_plan.keys) == 8 + 12  # no duplicates
+    assert len(default_plan.keys) == 8 + 24  # no duplicates
     assert list(default_plan.keys) == sorted(default_plan.keys)
     assert default_plan.max_batch_size == 8
-    assert default_plan.max_context_batch_size == 4
+    assert default_plan.max_context_batch_size == 8
     assert default_plan.chunk_sizes == (16, 64)
     assert default_plan.draft_lens == (0,)
     assert default_plan.sampling == (GREEDY, SAMPLED)
@@ -108,7 +121,10 @@ def test_example_plan_key_set():
     plan = BucketPlan.from_config(Config.from_yaml(EXAMPLE))
     gen_sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
     gen = {GraphKey(bs, 0, 0, s) for bs in gen_sizes for s in (GREEDY, SAMPLED)}
-    pre = {GraphKey(bs, 0, c, s) for bs in (1, 2, 4) for c in (64, 256, 512) for s in (GREEDY, SAMPLED)}
+    # context_batch_sizes: auto with max_num_tokens 8192: up to 64 rows of 64, 32 of 256, 16 of 512
+    small = (1, 2, 3, 4, 5, 6, 7)
+    ctx = {64: small + gen_sizes[3:], 256: small + (8, 16, 24, 32), 512: small + (8, 16)}
+    pre = {GraphKey(bs, 0, c, s) for c, sizes in ctx.items() for bs in sizes for s in (GREEDY, SAMPLED)}
     assert set(plan.keys) == gen | pre
 
 
@@ -128,7 +144,7 @@ def test_with_keys_keeps_limits_and_rebuilds_the_index(default_plan):
     smaller = default_plan.with_keys(keys)
     assert set(smaller.keys) == set(keys)
     assert (smaller.max_batch_size, smaller.max_context_batch_size, smaller.chunk_sizes, smaller.draft_lens,
-            smaller.sampling) == (8, 4, (16, 64), (0,), (GREEDY, SAMPLED))
+            smaller.sampling) == (8, 8, (16, 64), (0,), (GREEDY, SAMPLED))
     assert select(default_plan, BatchShape(5)) == GraphKey(8)
     with pytest.raises(BucketMissError):
         select(smaller, BatchShape(5))
@@ -142,7 +158,7 @@ def test_select_smallest_fitting_generation_key(default_plan, n, expected_bs, sa
     assert select(default_plan, BatchShape(n, sampling=sampling)) == GraphKey(expected_bs, 0, 0, sampling)
 
 
-@pytest.mark.parametrize("n,chunk,expected_bs", [(1, 16, 1), (3, 16, 4), (3, 64, 4), (2, 64, 2), (4, 64, 4)])
+@pytest.mark.parametrize("n,chunk,expected_bs", [(1, 16, 1), (3, 16, 3), (8, 16, 8), (2, 64, 2), (4, 64, 4)])
 def test_select_smallest_fitting_prefill_key(default_plan, n, chunk, expected_bs):
     assert select(default_plan, BatchShape(n, chunk_size=chunk)) == GraphKey(expected_bs, 0, chunk, GREEDY)
     got = select(default_plan, BatchShape(n, chunk_size=chunk, sampling=SAMPLED))
@@ -317,7 +333,7 @@ def test_dropping_a_middle_generation_key_is_still_covered(default_plan):
 
 
 def test_dropping_largest_prefill_key_reports_the_range(default_plan):
-    keys = [k for k in default_plan.keys if not (k.chunk_size == 64 and k.batch_size == 4)]
+    keys = [k for k in default_plan.keys if not (k.chunk_size == 64 and k.batch_size in (3, 4))]
     misses = uncovered_shapes(default_plan.with_keys(keys))
     assert len(misses) == 2, misses
     assert all("prefill batches of 3-4" in m and "64" in m for m in misses)

@@ -152,7 +152,7 @@ def test_verify_key_is_ok_for_every_key_and_seed(captured_executor, key):
 # ---- selection off the plan ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [BatchShape(9), BatchShape(9, sampling=SAMPLED), BatchShape(64),
-                                   BatchShape(1, chunk_size=32), BatchShape(5, chunk_size=16),
+                                   BatchShape(1, chunk_size=32), BatchShape(9, chunk_size=16), BatchShape(5, chunk_size=64),
                                    BatchShape(1, draft_len=2), BatchShape(0)], ids=str)
 def test_off_plan_selection_raises_bucket_miss(captured, shape):
     plan = load_manifest(captured[0]).plan()
@@ -165,7 +165,7 @@ def test_on_plan_selection_picks_the_smallest_fitting_key(captured):
     plan = load_manifest(captured[0]).plan()
     assert select(plan, BatchShape(8)) == GraphKey(8)
     assert select(plan, BatchShape(5, sampling=SAMPLED)) == GraphKey(8, sampling=SAMPLED)
-    assert select(plan, BatchShape(3, chunk_size=64)) == GraphKey(4, 0, 64)
+    assert select(plan, BatchShape(3, chunk_size=64)) == GraphKey(3, 0, 64)
     greedy_only = BucketPlan.from_config(tiny_config(buckets={"sampling": [GREEDY]}))
     with pytest.raises(BucketMissError):
         select(greedy_only, BatchShape(1, sampling=SAMPLED))

@@ -107,7 +107,7 @@ def test_embedded_default_parses():
     assert cfg.device == "auto"
     assert cfg.limits == Limits(max_batch_size=8, max_seq_len=256, max_num_tokens=256)
     assert cfg.kv_cache == KVCacheConfig(block_size=16, num_blocks=AUTO)
-    assert cfg.buckets == BucketConfig(batch_sizes=AUTO, context_batch_sizes=(1, 2, 4), chunk_sizes=(16, 64),
+    assert cfg.buckets == BucketConfig(batch_sizes=AUTO, context_batch_sizes=AUTO, chunk_sizes=(16, 64),
                                        draft_lens=(0,), sampling=("greedy", "sampled"))
     assert cfg.output == "trtgraph-artifacts"
 
@@ -159,7 +159,8 @@ def test_to_dict_uses_plain_lists_and_omits_unset_model_field():
     d = Config.default().to_dict()
     assert d["model"].keys() == {"synthetic"}
     assert d["buckets"]["batch_sizes"] == "auto"
-    for k in ("context_batch_sizes", "chunk_sizes", "draft_lens", "sampling"):
+    assert d["buckets"]["context_batch_sizes"] == "auto"
+    for k in ("chunk_sizes", "draft_lens", "sampling"):
         assert isinstance(d["buckets"][k], list), k
     assert d["limits"] == {"max_batch_size": 8, "max_seq_len": 256, "max_num_tokens": 256}
 

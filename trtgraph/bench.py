@@ -39,6 +39,7 @@ class BenchOptions:
     attention_context: int = 4096
     hf: bool = True
     repeats: int = 50
+    prefill_lens: tuple[int, ...] = (128, 1024, 1900)
 
 
 def measure_bandwidth(device: torch.device) -> float:
@@ -112,11 +113,61 @@ def attention_alone(device: torch.device, dtype: torch.dtype, cfg, opts: BenchOp
             "bytes_per_second": nbytes / t}
 
 
-def make_prompts(n: int, prompt_len: int, max_tokens: int, vocab: int, seed: int = 0) -> list[dict]:
+def make_prompts(n: int, prompt_len: int, max_tokens: int, vocab: int, seed: int = 0,
+                 sampled: bool = False) -> list[dict]:
+    """n random greedy prompts; with `sampled`, every second one of the first CROWD_PROBES is
+    seeded sampled (temperature 0.8, top-p 0.95)."""
     rng = random.Random(seed)
     hi = min(vocab, 32000)
     return [{"id": f"p{i}", "prompt_token_ids": [rng.randrange(hi) for _ in range(prompt_len)],
-             "max_tokens": max_tokens} for i in range(n)]
+             "max_tokens": max_tokens, **(SAMPLED_PARAMS | {"seed": i} if sampled and i < CROWD_PROBES and i % 2 else {})}
+            for i in range(n)]
+
+
+CROWD_PROBES = 16  # requests run alone and then inside the run's crowd
+SAMPLED_PARAMS = {"temperature": 0.8, "top_p": 0.95}
+
+
+def alone_vs_crowd(engine: Engine, prompts: list[dict], crowd_out: dict, log: Log) -> dict:
+    """Each probe request served alone against its tokens inside the whole run (the same
+    engine, replayed): bitwise-equal token lists count."""
+    probes = prompts[:CROWD_PROBES]
+    same = sum(next(iter(engine.generate([p]))).token_ids == crowd_out[p["id"]] for p in probes)
+    log(f"alone vs in a crowd of {len(prompts)}: {same}/{len(probes)} requests identical "
+        f"(greedy and seeded sampled)")
+    return {"requests": len(probes), "crowd": len(prompts), "identical": same}
+
+
+def prefill_throughput(engine: Engine, prompt_lens: tuple[int, ...], peak_flops: float, log: Log) -> list[dict]:
+    """Prompt tokens/s of a burst of prompts with max_tokens 1 (prefill only), per prompt
+    length, against the compute roofline 2 x parameters x tokens / peak FLOP/s."""
+    cfg, lim = engine.executor.loaded.config, engine.executor.config.limits
+    rows = []
+    for n in prompt_lens:
+        if n >= lim.max_seq_len:
+            continue
+        count = max(4, 4 * lim.max_num_tokens // n)
+        prompts = make_prompts(count, n, 1, cfg.vocab_size, seed=n)
+        list(engine.generate(prompts[:2]))  # warm the path
+        t0 = time.perf_counter()
+        list(engine.generate(prompts))
+        _sync(engine.executor.device)
+        seconds = time.perf_counter() - t0
+        tokens = len(prompts) * n
+        roof = 2 * cfg.parameter_count() * tokens / peak_flops
+        rows.append({"prompt_len": n, "prompts": len(prompts), "tokens_per_second": tokens / seconds,
+                     "over_roofline": seconds / roof})
+        log(f"prefill {len(prompts)} x {n} tokens: {tokens / seconds:,.0f} tokens/s, {seconds / roof:.2f}x the "
+            f"compute roofline")
+    return rows
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a large square matmul in the model's dtype."""
+    n = 8192 if device.type == "cuda" else 512
+    a = torch.randn((n, n), device=device, dtype=dtype)
+    a @ a
+    return 2 * n ** 3 / statistics.median(_timed(device, lambda: a @ a, 5) for _ in range(3))
 
 
 def hf_baseline(ex: Executor, prompts: list[dict], opts: BenchOptions, log: Log) -> dict | None:
@@ -200,12 +251,19 @@ def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> d
         result["attention"] = att
         log(f"attention bs={att['batch_size']} ctx={att['context_len']}: {att['ms']:.3f} ms, "
             f"{100 * att['fraction_of_hbm']:.1f}% of HBM bandwidth")
-    prompts = make_prompts(opts.run_prompts, opts.run_prompt_len, opts.run_max_tokens, cfg.vocab_size)
+    prompts = make_prompts(opts.run_prompts, opts.run_prompt_len, opts.run_max_tokens, cfg.vocab_size,
+                           sampled=any(k.sampling != GREEDY for k in ex.plan.keys))
     if opts.run_prompts:
         log(f"run: {len(prompts)} prompts, {opts.run_prompt_len} in, {opts.run_max_tokens} out")
         replay_out = {r.id: r.token_ids for r in engine.generate(prompts, gpu_timing=True)}
         result["run"] = engine.stats.to_json()
         log(f"run: {result['run']['tokens_per_second']:.1f} tokens/s")
+        result["alone_vs_crowd"] = alone_vs_crowd(engine, prompts, replay_out, log)
+        subset = prompts[:32]  # replay vs eager on the same requests, the same crowd
+        replay_subset = {r.id: r.token_ids for r in engine.generate(subset)}
+        peak = measure_peak_flops(device, DTYPES[ex.config.dtype])
+        result["peak_flops"] = peak
+        result["prefill"] = prefill_throughput(engine, opts.prefill_lens, peak, log)
         if engine.drafter is not None:  # the same run without speculation, on the same capture
             plain = Engine(artifacts, speculative=False)
             list(plain.generate(prompts))
@@ -219,7 +277,7 @@ def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> d
             if hf:
                 hf["trtgraph_speedup"] = result["run"]["tokens_per_second"] / hf["tokens_per_second"]
                 result["hf"] = hf
-        result["run_tokens_identical_to_eager"] = _eager_check(artifacts, prompts[:32], replay_out, log)
+        result["run_tokens_identical_to_eager"] = _eager_check(artifacts, subset, replay_subset, log)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     (out_dir / "bench.md").write_text(markdown(result), encoding="utf-8")
@@ -228,7 +286,7 @@ def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> d
 
 
 def _eager_check(artifacts: Path, prompts: list[dict], replay_out: dict, log: Log) -> dict:
-    """Greedy tokens of replay against the same scheduler run eagerly (same kernels)."""
+    """Tokens of replay against the same requests run eagerly (same scheduler, same crowd)."""
     eager = Engine(artifacts, eager=True)
     got = {r.id: r.token_ids for r in eager.generate(prompts)}
     same = sum(got[p["id"]] == replay_out[p["id"]] for p in prompts)
@@ -270,7 +328,14 @@ def markdown(r: dict) -> str:
                   f"trtgraph run is {h['trtgraph_speedup']:.1f}x"]
     if "run_tokens_identical_to_eager" in r:
         e = r["run_tokens_identical_to_eager"]
-        lines += [f"greedy replay vs eager: {e['identical']}/{e['requests']} requests identical"]
+        lines += [f"replay vs eager, the same {e['requests']} requests: {e['identical']}/{e['requests']} identical"]
+    if "alone_vs_crowd" in r:
+        c = r["alone_vs_crowd"]
+        lines += [f"alone vs in a crowd of {c['crowd']} (greedy and seeded sampled): "
+                  f"{c['identical']}/{c['requests']} requests identical"]
+    for p in r.get("prefill", []):
+        lines += [f"prefill {p['prompts']} x {p['prompt_len']} tokens: {p['tokens_per_second']:,.0f} tokens/s, "
+                  f"{p['over_roofline']:.2f}x the compute roofline ({r['peak_flops'] / 1e12:.0f} TFLOP/s measured)"]
     lines += ["", "| key | tokens | capture ms | pool MiB | replay ms |", "|---|---:|---:|---:|---:|"]
     for k in r["keys"]:
         lines.append(f"| {k['key']} | {k['num_tokens']} | {k['capture_seconds'] * 1e3:.1f} | {k['pool_mib']:.2f} | "

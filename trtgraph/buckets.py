@@ -71,6 +71,7 @@ class BucketPlan:
     chunk_sizes: tuple[int, ...]
     draft_lens: tuple[int, ...]
     sampling: tuple[str, ...]
+    chunk_rows: tuple[tuple[int, int], ...] = ()  # (chunk size, most rows a prefill step of it may hold)
     _index: dict = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
@@ -90,19 +91,21 @@ class BucketPlan:
     @classmethod
     def from_config(cls, cfg) -> "BucketPlan":
         """Every key the config asks for: generation keys for each batch size, draft length
-        and sampling mode; prefill keys for each context batch size and chunk size."""
+        and sampling mode; prefill keys for each chunk size and its context batch sizes."""
         b = cfg.buckets
         gen_sizes = b.generation_batch_sizes(cfg.limits.max_batch_size)
         keys = [GraphKey(bs, d, 0, s) for bs in gen_sizes for d in b.draft_lens for s in b.sampling]
-        keys += [GraphKey(bs, 0, c, s) for bs in b.context_batch_sizes for c in b.chunk_sizes for s in b.sampling]
+        prefill = {c: b.prefill_batch_sizes(c, cfg.limits) for c in b.chunk_sizes}
+        keys += [GraphKey(bs, 0, c, s) for c, sizes in prefill.items() for bs in sizes for s in b.sampling]
         return cls(keys=tuple(keys), max_batch_size=cfg.limits.max_batch_size,
-                   max_context_batch_size=max(b.context_batch_sizes), chunk_sizes=tuple(b.chunk_sizes),
-                   draft_lens=tuple(b.draft_lens), sampling=tuple(b.sampling))
+                   max_context_batch_size=max(max(v) for v in prefill.values()), chunk_sizes=tuple(b.chunk_sizes),
+                   draft_lens=tuple(b.draft_lens), sampling=tuple(b.sampling),
+                   chunk_rows=tuple((c, max(v)) for c, v in prefill.items()))
 
     def with_keys(self, keys) -> "BucketPlan":
         return BucketPlan(keys=tuple(keys), max_batch_size=self.max_batch_size,
                           max_context_batch_size=self.max_context_batch_size, chunk_sizes=self.chunk_sizes,
-                          draft_lens=self.draft_lens, sampling=self.sampling)
+                          draft_lens=self.draft_lens, sampling=self.sampling, chunk_rows=self.chunk_rows)
 
     def max_key_batch(self, chunk_size: int = 0, draft_len: int = 0) -> int:
         sizes = [k.batch_size for k in self.keys if k.chunk_size == chunk_size and k.draft_len == draft_len]
@@ -150,8 +153,9 @@ def uncovered_shapes(plan: BucketPlan) -> list[str]:
     for s in plan.sampling:
         for d in plan.draft_lens:
             check("generation", range(1, plan.max_batch_size + 1), draft_len=d, sampling=s)
-        for c in plan.chunk_sizes:
-            check("prefill", range(1, plan.max_context_batch_size + 1), chunk_size=c, sampling=s)
+        for c in plan.chunk_sizes:  # up to the most rows the config gives this chunk size
+            most = dict(plan.chunk_rows).get(c, plan.max_context_batch_size)
+            check("prefill", range(1, most + 1), chunk_size=c, sampling=s)
     return misses
 
 

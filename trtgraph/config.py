@@ -59,7 +59,7 @@ class KVCacheConfig:
 @dataclass(frozen=True)
 class BucketConfig:
     batch_sizes: tuple[int, ...] | str = AUTO
-    context_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    context_batch_sizes: tuple[int, ...] | str = AUTO
     chunk_sizes: tuple[int, ...] = (64, 256, 512)
     draft_lens: tuple[int, ...] = (0,)
     sampling: tuple[str, ...] = ("greedy", "sampled")
@@ -68,9 +68,22 @@ class BucketConfig:
         """`auto` is 1, 2, 4, 8, then multiples of 8, up to max_batch_size (always included)."""
         if self.batch_sizes != AUTO:
             return tuple(self.batch_sizes)
-        sizes = [b for b in (1, 2, 4) if b < max_batch_size]
-        sizes += list(range(8, max_batch_size, 8))
-        return tuple(sorted(set(sizes + [max_batch_size])))
+        return _ladder(max_batch_size)
+
+    def prefill_batch_sizes(self, chunk_size: int, limits: "Limits") -> tuple[int, ...]:
+        """Context batch sizes for one chunk size. `auto`: the same ladder as generation up to
+        the most rows of that chunk a step may hold, min(max_batch_size, max_num_tokens // chunk),
+        so a burst of prompts prefills in steps that fill max_num_tokens."""
+        if self.context_batch_sizes != AUTO:
+            return tuple(self.context_batch_sizes)
+        return _ladder(max(1, min(limits.max_batch_size, limits.max_num_tokens // chunk_size)), small=range(1, 8))
+
+
+def _ladder(most: int, small=(1, 2, 4)) -> tuple[int, ...]:
+    """The `small` sizes, then multiples of 8, up to `most` (always included). A prefill row
+    pads a whole chunk, so prefill steps get every size below 8."""
+    sizes = [b for b in small if b < most] + list(range(8, most, 8))
+    return tuple(sorted(set(sizes + [most])))
 
 
 @dataclass(frozen=True)
@@ -203,10 +216,11 @@ class Config:
         d.pop("source")
         model = {k: v for k, v in d.pop("model").items() if v is not None}
         b = d["buckets"]
-        for k in ("context_batch_sizes", "chunk_sizes", "draft_lens", "sampling"):
+        for k in ("chunk_sizes", "draft_lens", "sampling"):
             b[k] = list(b[k])
-        if b["batch_sizes"] != AUTO:
-            b["batch_sizes"] = list(b["batch_sizes"])
+        for k in ("batch_sizes", "context_batch_sizes"):
+            if b[k] != AUTO:
+                b[k] = list(b[k])
         if d["speculative"] is None:
             del d["speculative"]
         return {"model": model, **d}
@@ -282,8 +296,10 @@ def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: Specu
     if batch_sizes != AUTO:
         batch_sizes = v.int_list(batch_sizes, "buckets.batch_sizes", lo=1, hi=limits.max_batch_size,
                                  hi_name="limits.max_batch_size")
-    context = v.int_list(b.get("context_batch_sizes", [1, 2, 4]), "buckets.context_batch_sizes",
-                         lo=1, hi=limits.max_batch_size, hi_name="limits.max_batch_size")
+    context = b.get("context_batch_sizes", AUTO)
+    if context != AUTO:
+        context = v.int_list(context, "buckets.context_batch_sizes", lo=1, hi=limits.max_batch_size,
+                             hi_name="limits.max_batch_size")
     seq_hi = limits.max_seq_len if limits.max_seq_len != AUTO else 1 << 20  # auto: dropped when resolved
     chunks = v.int_list(b.get("chunk_sizes", [64, 256, 512]), "buckets.chunk_sizes",
                         lo=1, hi=seq_hi, hi_name="limits.max_seq_len")
@@ -301,7 +317,7 @@ def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: Specu
         v.fail("buckets.sampling", sampling, "no repeated modes")
     # Every step must fit in max_num_tokens: the largest prefill step and the largest
     # generation step (with the largest draft) are both bounded by it.
-    worst_ctx = max(context) * max(chunks)
+    worst_ctx = max(context if context != AUTO else [1]) * max(chunks)
     if worst_ctx > limits.max_num_tokens:
         v.fail("buckets.chunk_sizes", list(chunks),
                f"max(context_batch_sizes) * max(chunk_sizes) = {worst_ctx} tokens <= limits.max_num_tokens "

@@ -24,7 +24,6 @@ from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, use_
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import AUTO, Config
 from ..errors import CaptureError
-from ..kernels.linear import installed_backends
 from ..models.parallel import TPGroup
 from ..runtime.distributed import agree, gather
 from ..runtime.executor import Executor, resolve_device
@@ -184,6 +183,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _linear_backends(ex: Executor) -> dict:
+    """Each GEMM shape's backend (cuBLAS or the batch-invariant Triton GEMM) as the executor chose it."""
+    if ex.model.ops.name != "triton":
+        return {}
+    from ..kernels.linear import installed_backends
+
+    return installed_backends()
+
+
 def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_seconds: float) -> Manifest:
     pool = sum(r.pool_bytes for r in records)
     capture_s = sum(r.capture_seconds for r in records)
@@ -204,6 +212,6 @@ def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_sec
             "pool_bytes": pool,
             "largest_key_pool_bytes": max((r.pool_bytes for r in records), default=0),
             "all_parity_ok": all(r.tokens_equal for r in records),
-            "linear_backends": installed_backends() if ex.model.ops.name == "triton" else {},  # per GEMM shape
+            "linear_backends": _linear_backends(ex),
         },
     )

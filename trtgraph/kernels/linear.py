@@ -36,8 +36,10 @@ class LinearConfig:
     num_stages: int
 
 
-# (N, K) -> (BLOCK_N, BLOCK_K, warps, stages), measured on an H200 with scripts/tune_linear.py
-# (bf16, BLOCK_M 16, the same config for every M); other shapes use the rule in linear_config.
+# (N, K) -> (BLOCK_N, BLOCK_K, warps, stages) overrides of the default below, one per shape and
+# the same for every M; scripts/tune_linear.py fills it while measuring. Empty: the default
+# (16, 128, 4, 5) was the best config of the o shape (2048 x 2048) on the H200 in an earlier
+# BLOCK_M 64 form of the kernel (docs/performance.md); the BLOCK_M 16 form is not tuned yet.
 _TUNED: dict[tuple[int, int], tuple[int, int, int, int]] = {}
 _BACKENDS: dict[tuple[int, int], str] = {}  # (N, K) -> backend; shapes not listed use Triton
 
@@ -106,14 +108,17 @@ def cublas_is_invariant(n: int, k: int, row_counts: list[int], dtype: torch.dtyp
     x = torch.randn((most, k), generator=g).to(device, dtype)
     w = (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
     full = torch.nn.functional.linear(x, w)
-    return all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in sorted(set(row_counts)))
+    same = all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in sorted(set(row_counts)))
+    del x, w, full
+    torch.cuda.empty_cache()  # give the probe's memory back before the KV cache is sized
+    return same
 
 
 def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.dtype, device: torch.device,
                     deterministic: bool) -> dict[str, str]:
     """Pick and install each weight shape's backend: cuBLAS where it is batch-invariant over
-    the row counts that shape meets in the plan (cuBLAS measured faster than the Triton
-    kernel on every Llama-3.2-1B shape at M <= 64, docs/performance.md) or everywhere when
+    the row counts that shape meets in the plan (cuBLAS was as fast or faster than the Triton
+    kernels on every Llama-3.2-1B shape at M <= 64, docs/performance.md) or everywhere when
     `deterministic` is off; Triton elsewhere. Returns {"NxK": backend} for the manifest."""
     _BACKENDS.clear()
     for (n, k), counts in sorted(row_counts.items()):

@@ -24,6 +24,8 @@ from .drafter import NgramDrafter, NgramIndex
 from .kv_cache import BlockAllocator, blocks_for_tokens
 from .requests import Request
 
+MAX_PADDING = 0.10  # a prefill step prefers the chunk size that keeps padding at or under this share
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -103,8 +105,7 @@ class Scheduler:
         candidates = [s for s in self.running if s.num_pending > 1] + list(self.waiting)
         if not candidates:
             return None
-        longest = max(s.num_pending for s in candidates[:self.plan.max_context_batch_size])
-        chunk = self._chunk_for(longest)
+        chunk = self._chunk_for([s.num_pending for s in candidates])
         max_rows = self.plan.max_key_batch(chunk_size=chunk)
         chosen, num_new = [], []
         for seq in candidates:
@@ -132,10 +133,18 @@ class Scheduler:
             return None
         return ScheduledStep(self._select(len(chosen), chunk, chosen), chosen, num_new)
 
-    def _chunk_for(self, pending: int) -> int:
-        """The recorded chunk size that feeds `pending` tokens with the fewest padded tokens
-        (ties: the larger chunk, fewer steps)."""
-        return min(self.chunk_sizes, key=lambda c: (-(-pending // c) * c, -c))
+    def _chunk_for(self, pending: list[int]) -> int:
+        """The recorded chunk size for a prefill step over rows with `pending` tokens (in
+        order): the one that feeds the most prompt tokens with at most 10% of the step's
+        tokens padding (rows padded up to the key's batch size included); when none is that
+        tight, the least padded (ties: the larger chunk, fewer steps)."""
+        def score(c: int):
+            rows = pending[:self.plan.max_key_batch(chunk_size=c)]
+            useful = sum(min(p, c) for p in rows)
+            waste = 1 - useful / (select(self.plan, BatchShape(len(rows), 0, c, GREEDY)).batch_size * c)
+            return (0, -useful, -c) if waste <= MAX_PADDING else (1, waste, -c)
+
+        return min(self.chunk_sizes, key=score)
 
     def _decode_step(self) -> ScheduledStep | None:
         proposals = self._proposals(self.running[:self.max_decode_batch])
