@@ -119,7 +119,7 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     top_p = _number(raw, "top_p", 1.0, 0.0, 1.0, fail)
     if top_p == 0.0:
         fail("top_p", top_p, "a number in (0, 1]")
-    top_k = raw.get("top_k", 0)
+    top_k = 0 if raw.get("top_k") is None else raw["top_k"]  # null: omitted, like temperature and top_p
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= 1 << 24:
         fail("top_k", top_k, "an integer >= 0 (0 = no top-k)")
     seed = raw.get("seed")
