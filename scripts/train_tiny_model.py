@@ -6,11 +6,12 @@ LlamaForCausalLM (transformers) for a fixed wall-clock budget, and writes a Hugg
 checkpoint directory: config.json, generation_config.json, model.safetensors (bf16),
 tokenizer.json and tokenizer_config.json with a chat template.
 
-About a fifth of the training sequences are chat turns built from the corpus itself
-(user: "Write a Python function `name`: <docstring>", assistant: the function's source,
-ended by <|end|>), so the model also answers in the chat format its template renders.
+Chat turns built from the corpus itself are mixed in, one per documented public function
+(user: "Write a Python function `name`: <docstring's first line>", assistant: the
+function's source, ended by <|end|>), so the model also answers in the chat format its
+template renders.
 
-    python scripts/train_tiny_model.py --out trtgraph/assets/stdlib-llama --seconds 80
+    python scripts/train_tiny_model.py --out trtgraph/assets/stdlib-llama --seconds 70
 
 On an H200 that is the shipped model; on a CPU pass a smaller --hidden/--layers.
 """
@@ -136,7 +137,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seconds", type=float, default=80.0, help="wall-clock training budget")
+    ap.add_argument("--seconds", type=float, default=70.0, help="wall-clock training budget")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-files", type=int, default=None, help="only the first N corpus files (quick checks)")
     args = ap.parse_args()

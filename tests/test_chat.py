@@ -215,3 +215,24 @@ def test_a_checkpoint_without_a_template_refuses_chat_per_request(default_artifa
                                                  {"id": "text", "prompt": "hello", "max_tokens": 2}])}
     assert results["chat"].finish_reason == "error" and "no chat template" in results["chat"].error
     assert results["text"].finish_reason == "length" and results["text"].error is None
+
+
+def test_the_shipped_model_tokenizes_and_renders_as_transformers():
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    import trtgraph
+    from trtgraph.models.loader import read_generation_config
+
+    path = Path(trtgraph.__file__).parent / "assets" / "stdlib-llama"
+    assert (path / "model.safetensors").stat().st_size <= 16 << 20
+    hf, ours = AutoTokenizer.from_pretrained(str(path)), HFTokenizer(path / "tokenizer.json")
+    template = load_chat_template(path)
+    for text in ["import os\n\ndef main():\n    return 0\n", "class Stack:\n\tpass  # 🦙 ünï"]:
+        assert ours.encode(text) == hf(text)["input_ids"]
+    for messages in (SYSTEM_MULTI_TURN, ALTERNATING[:1]):
+        assert ours.encode(template.render(messages), add_special_tokens=False) == \
+            hf.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    gen = read_generation_config(path)
+    assert gen.do_sample and gen.eos_token_ids == (1, hf.convert_tokens_to_ids("<|end|>"))
