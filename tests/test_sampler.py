@@ -170,3 +170,14 @@ def test_triton_logprobs_equal_the_reference(tri):
     rows = want != 0
     assert torch.equal(ids[rows], ref_ids[rows])
     torch.testing.assert_close(vals[rows], ref_vals[rows], rtol=0, atol=1e-5)
+
+
+def test_the_kernel_set_chooses_the_sampler_once():
+    """`kernels: torch` runs the torch reference everywhere (also on CUDA); Triton only by choice."""
+    from trtgraph.kernels import get_kernels, sampling
+
+    ref = get_kernels("torch")
+    assert (ref.sample, ref.process_logits, ref.top_logprobs) == (sampler.sample, sampler.process, sampler.top_logprobs)
+    tri = get_kernels("triton")
+    assert (tri.sample, tri.process_logits, tri.top_logprobs) == (sampling.sample, sampling.process,
+                                                                  sampling.top_logprobs)
