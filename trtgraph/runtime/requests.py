@@ -61,6 +61,7 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
 
     if not isinstance(raw, dict):
         raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`).")
+    raw = {k: _plain(v) for k, v in raw.items()}  # numpy numbers and arrays as Python ones
     unknown = sorted(k for k in raw if k not in FIELDS)
     if unknown:
         raise PromptError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
@@ -128,8 +129,27 @@ def _stops(stop, fail) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return tuple(strings), tuple(ids)
 
 
+def _plain(value):
+    """A numpy scalar or array (np.int64 token ids, an np.float32 temperature) as the Python
+    value it holds; lists one level deep. Anything else as it is."""
+    if isinstance(value, list):
+        return [v.tolist() if _is_numpy(v) else v for v in value]
+    return value.tolist() if _is_numpy(value) else value
+
+
+def _is_numpy(value) -> bool:
+    return type(value).__module__ == "numpy" and hasattr(value, "tolist")
+
+
 def _short(value) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    """A value for an error message; never fails, whatever the value is."""
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError, RecursionError):
+            text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -166,7 +186,9 @@ def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Reques
 
 def finished_ids(path: str | Path) -> set[str]:
     """Ids already in a results file. A last line cut short by a hard kill is removed, so
-    the file stays valid JSONL and that request runs again."""
+    the file stays valid JSONL and that request runs again; a complete last line without
+    its newline gets one, so the next result starts on a line of its own. A line that is
+    not a result (a prompts file, any other JSON) is refused, naming it."""
     path = Path(path)
     if not path.exists():
         return set()
@@ -175,14 +197,22 @@ def finished_ids(path: str | Path) -> set[str]:
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         if line.strip():
             try:
-                ids.add(str(json.loads(line)["id"]))
-            except (ValueError, KeyError, TypeError):
+                row = json.loads(line)
+            except (ValueError, RecursionError):
                 if line.endswith(b"\n"):
-                    raise PromptError(f"{path} line {number}: not a result line; --resume needs the output "
-                                      f"of an earlier `trtgraph run`.") from None
+                    raise PromptError(f"{path} line {number}: not a result line (not valid JSON); --resume needs "
+                                      f"the output of an earlier `trtgraph run`.") from None
                 break  # an unterminated last line: the write was cut off
+            if not (isinstance(row, dict) and isinstance(row.get("id"), str) and "finish_reason" in row
+                    and isinstance(row.get("token_ids"), list)):
+                raise PromptError(f"{path} line {number}: not a result line (a result has id, token_ids and "
+                                  f"finish_reason); --resume needs the output of an earlier `trtgraph run`.")
+            ids.add(row["id"])
         keep += len(line)
     if keep != len(data):
         with open(path, "r+b") as f:
             f.truncate(keep)
+    elif data and not data.endswith(b"\n"):
+        with open(path, "ab") as f:
+            f.write(b"\n")
     return ids
