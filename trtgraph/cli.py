@@ -348,8 +348,7 @@ def _serve(engine, requests, output, eager, summary_json, resume) -> int:
     try:
         with click.progressbar(length=len(requests), label="requests", file=sys.stderr, show_pos=True) as bar:
             for result in engine.generate(requests):
-                out.write(json.dumps(result.to_json(), ensure_ascii=ascii_only) + "\n")
-                out.flush()
+                _write_line(out, json.dumps(result.to_json(), ensure_ascii=ascii_only), output, written, requests)
                 written.add(result.id)
                 bar.update(1)
     except KeyboardInterrupt:
@@ -365,12 +364,33 @@ def _serve(engine, requests, output, eager, summary_json, resume) -> int:
         return EXIT_INTERRUPTED
     finally:
         if output:
-            out.close()
+            try:
+                out.close()
+            except OSError:  # every line was flushed, or a failed write has said so already
+                pass
     stats = engine.stats.to_json()
     if summary_json:
         Path(summary_json).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     click.echo(_run_summary(stats, eager), err=True)
     return 0
+
+
+def _write_line(out, line: str, output, written: set, requests) -> None:
+    """One result, flushed. A file that stops taking data (disk full, I/O error) is an
+    environment failure (exit 2) that says how much is safe and how to continue."""
+    try:
+        out.write(line + "\n")
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        if not output:
+            raise
+        from .errors import OutputPathError
+
+        raise OutputPathError(f"--output {output}: writing failed ({exc.strerror or exc}) after {len(written)} of "
+                              f"{len(requests)} results; the lines before are whole. Free space (or fix the "
+                              f"device) and continue with --resume --output {output}.") from None
 
 
 def _run_summary(s: dict, eager: bool) -> str:

@@ -89,7 +89,7 @@ def _check_writable(out: Place) -> None:
         raise OutputPathError(f"{out.label} {out.path}: is a directory; give a file path.")
     if not out.is_dir and path.exists():
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))  # a FIFO must not block here
         except OSError as exc:
             raise OutputPathError(f"{out.label} {out.path}: cannot be written ({exc.strerror}).") from None
         return
