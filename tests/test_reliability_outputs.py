@@ -524,3 +524,81 @@ def test_a_terminal_that_is_not_utf8_gets_valid_json_and_messages(encoding, defa
                           capture_output=True, env=env, timeout=120)
     err = done.stderr.decode(encoding, errors="replace")
     assert done.returncode == 2 and "Traceback" not in err and "field `max_tokens`" in err, err
+
+
+# ---- item 3: tensor-parallel ranks end with their launcher; only rank 0 writes ---------------------
+
+@pytest.fixture(scope="module")
+def tp_artifacts(tmp_path_factory):
+    """A small plan (6 greedy keys) at tensor_parallel_size 2, captured with gloo on the CPU."""
+    tmp = tmp_path_factory.mktemp("tp-artifacts")
+    cfg = tiny_config(parallel={"tensor_parallel_size": 2}, kv_cache={"num_blocks": 40},
+                      limits={"max_batch_size": 4, "max_seq_len": 128, "max_num_tokens": 64},
+                      buckets={"context_batch_sizes": [1, 2, 4], "chunk_sizes": [16], "sampling": ["greedy"]})
+    (tmp / "tp.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    res = CliRunner().invoke(main, ["capture", "--config", str(tmp / "tp.yaml"), "--out", str(tmp / "art")])
+    assert res.exit_code == 0, res.output
+    return tmp / "art"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _holds_open(pid: int, path: Path) -> bool:
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    return any(os.path.realpath(fd) == str(path.resolve()) for fd in fds)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_tensor_parallel_ranks_end_with_their_launcher(sig, tp_artifacts, tmp_path):
+    prompts, out = write_prompts(tmp_path / "p.jsonl", n=24), tmp_path / "out.jsonl"
+    run = _cli_cmd("run", "--prompts", prompts, "--manifest", tp_artifacts, "--output", out)
+    proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
+    ranks: list[int] = []
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None and not (out.exists() and out.stat().st_size):
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        ranks = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(ranks) == 2
+        assert [_holds_open(p, out) for p in ranks].count(True) == 1  # rank 0 alone writes
+        assert not _holds_open(proc.pid, out)
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+        err = proc.stderr.read().decode()
+        deadline = time.time() + 30
+        while time.time() < deadline and any(map(_running, ranks)):
+            time.sleep(0.1)
+        assert not any(map(_running, ranks)), "a rank outlived its launcher"
+    finally:
+        proc.kill()
+        for p in ranks:
+            if _running(p):
+                os.kill(p, signal.SIGKILL)
+    size = out.stat().st_size
+    time.sleep(1)
+    assert out.stat().st_size == size  # nobody writes any more
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 130, err
+        assert "interrupted: " in err and "Continue with --resume --output" in err and "Traceback" not in err
+        return
+    res = subprocess.run(run + ["--resume"], capture_output=True, env=_env(), timeout=500)
+    assert res.returncode == 0, res.stderr.decode()
+    ids = [json.loads(line)["id"] for line in out.read_text(encoding="utf-8").splitlines()]
+    assert sorted(ids) == [f"r{i:03d}" for i in range(24)]
