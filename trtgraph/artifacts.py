@@ -23,7 +23,7 @@ import torch
 from . import manifest_schema as schema
 from .buckets import BucketPlan, GraphKey, uncovered_shapes
 from .config import Config
-from .errors import ManifestError
+from .errors import ManifestError, OutputPathError
 from .inputs import InputTooLarge, JSONProblem, is_int, loads_json, path_problem, read_bounded, short
 from .manifest_schema import FieldReader
 
@@ -138,13 +138,15 @@ def _digest(body: dict) -> str:
 
 
 def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
-    """Atomically: write a temporary file in the same directory, fsync, rename."""
+    """Atomically: write a temporary file in the same directory, fsync, rename. The file
+    gets the permissions a new file gets under the umask (mkstemp's would be 0600)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / MANIFEST_NAME
     text = json.dumps(manifest.to_json(), indent=2) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=out_dir)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -155,11 +157,36 @@ def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
     return path
 
 
-def use_triton_cache(cache: Path) -> None:
-    """Triton compiles and autotunes into the artifacts directory, so a warm start compiles nothing."""
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def use_triton_cache(cache: Path) -> bool:
+    """Triton compiles and autotunes into the artifacts directory, so a warm start compiles
+    nothing. Returns True if this call created the directory (a failed capture removes it)."""
     cache = Path(cache)
+    check_triton_cache(cache)
+    created = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = str(cache.resolve())
+    return created
+
+
+def check_triton_cache(cache: Path) -> None:
+    """The Triton cache must be a directory inside the artifacts directory: capture must not
+    write a manifest whose cache a run then refuses."""
+    cache = Path(cache)
+    base = Path(os.path.realpath(cache.parent))
+    target = Path(os.path.realpath(cache))
+    if cache.is_symlink() and base not in target.parents:
+        raise OutputPathError(f"{cache}: the Triton cache is a symlink to {target}, outside the artifacts "
+                              f"directory {cache.parent}, where a run refuses to read it. Replace the link "
+                              f"with a directory (or remove it) and capture again.")
+    if cache.exists() and not cache.is_dir():
+        raise OutputPathError(f"{cache}: the Triton cache must be a directory, but this is a file. Move the "
+                              f"file away (the cache is recreated) and try again.")
 
 
 def manifest_path(path: str | Path) -> Path:

@@ -21,7 +21,9 @@ from typing import Callable
 import torch
 
 from .buckets import GREEDY
+from .errors import ConfigError
 from .models import DTYPES
+from .artifacts import load_manifest
 from .runtime.engine import Engine
 from .runtime.executor import Executor, StepRow
 from .runtime.kv_cache import blocks_for_tokens
@@ -40,6 +42,28 @@ class BenchOptions:
     hf: bool = True
     repeats: int = 50
     prefill_lens: tuple[int, ...] = (128, 1024, 1900)
+
+
+def check_options(opts: BenchOptions, limits) -> None:
+    """Options the manifest's limits cannot serve are refused before any work, naming the option."""
+    if opts.context_len >= limits.max_seq_len:
+        raise ConfigError(f"--context-len {opts.context_len}: a decode step at that position needs "
+                          f"limits.max_seq_len above it (the manifest has {limits.max_seq_len}); give at most "
+                          f"{limits.max_seq_len - 1}.")
+    if opts.run_prompts and opts.run_prompt_len + opts.run_max_tokens > limits.max_seq_len:
+        raise ConfigError(f"--prompt-len {opts.run_prompt_len} + --max-tokens {opts.run_max_tokens} = "
+                          f"{opts.run_prompt_len + opts.run_max_tokens} exceeds limits.max_seq_len "
+                          f"({limits.max_seq_len}): every request would be refused. Lower them, or --prompts 0.")
+
+
+def _check_context_fits(manifest, context_len: int) -> None:
+    """The largest decode batch at --context-len must fit the KV cache (checked before start-up)."""
+    batch = max(k.batch_size for k in manifest.graph_keys if not k.is_prefill)
+    need = batch * blocks_for_tokens(context_len + 1, manifest.kv_cache["block_size"])
+    have = manifest.kv_cache["num_blocks"] - 1
+    if need > have:
+        raise ConfigError(f"--context-len {context_len}: {batch} sequences of {context_len + 1} tokens need "
+                          f"{need} KV blocks, the manifest's cache has {have}; give a smaller --context-len.")
 
 
 def measure_bandwidth(device: torch.device) -> float:
@@ -227,6 +251,7 @@ def _free(device):
 
 def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> dict:
     """Benchmark the manifest in `artifacts`; write bench.{json,md,png} into out_dir."""
+    _check_context_fits(load_manifest(artifacts), opts.context_len)
     engine = Engine(artifacts)
     ex, manifest = engine.executor, engine.manifest
     device = ex.device

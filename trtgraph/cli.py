@@ -1,14 +1,19 @@
 """The trtgraph command line: parse, print, map errors to exit codes. No logic here.
 
-Exit codes: 0 success; 2 a TrtgraphError (bad input, mismatch, refusal) with a
-one-paragraph message; 1 anything else. TRTGRAPH_RAISE_ERRORS=1 shows tracebacks.
+Exit codes: 0 success; 2 a TrtgraphError (bad input, mismatch, refusal) or running out of
+memory, with a one-paragraph message; 130 interrupted (SIGINT or SIGTERM); 141 stdout or
+stderr closed early (a broken pipe, e.g. `| head -1`), quietly; 1 anything else.
+TRTGRAPH_RAISE_ERRORS=1 (not 0, false, no or off) shows tracebacks.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -17,6 +22,7 @@ from . import __version__
 from .errors import TrtgraphError
 
 MiB = 1 << 20
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 
 
 class UserError(click.ClickException):
@@ -26,22 +32,87 @@ class UserError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
+def _raise_errors() -> bool:
+    return os.environ.get("TRTGRAPH_RAISE_ERRORS", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
+        _tolerate_terminal_encoding()
+        restore = _sigterm_interrupts()
         try:
             return super().invoke(ctx)
         except TrtgraphError as exc:
-            if os.environ.get("TRTGRAPH_RAISE_ERRORS"):
+            if _raise_errors():
                 raise
             raise UserError(str(exc)) from None
-        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt:  # SIGINT, or SIGTERM: the command said what it kept, if anything
+            click.echo("\ninterrupted: stopped before finishing.", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly
+            _silence_stdio()
+            ctx.exit(EXIT_BROKEN_PIPE)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # an internal error: say so briefly, exit 1
-            if os.environ.get("TRTGRAPH_RAISE_ERRORS"):
+            if _raise_errors():
                 raise
+            if _out_of_memory(exc):  # the environment, not a bug
+                raise UserError(f"out of memory ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}). "
+                                f"Free memory, or capture a smaller plan (kv_cache.num_blocks, "
+                                f"limits.max_seq_len / max_batch_size).") from None
             click.echo(f"internal error: {type(exc).__name__}: {exc}\n(set TRTGRAPH_RAISE_ERRORS=1 for the "
                        f"traceback, and please report it)", err=True)
             ctx.exit(1)
+        finally:
+            restore()
+
+
+def _ignore_interrupts():
+    """Ignore SIGINT and SIGTERM until the returned function restores them."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+
+
+def _sigterm_interrupts():
+    """SIGTERM stops a command like Ctrl-C (exit 130, the command's own summary). Returns
+    a function that puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _tolerate_terminal_encoding() -> None:
+    """A terminal that cannot show a character (PYTHONIOENCODING=ascii, a latin-1 locale)
+    gets an escape instead of a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and not _is_utf8(stream):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _is_utf8(stream) -> bool:
+    return (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
+
+
+def _silence_stdio() -> None:
+    """After a broken pipe: point stdout and stderr at /dev/null, so the interpreter's final
+    flush does not print a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+    os.close(devnull)
 
 
 @click.group(cls=_Group)
@@ -76,10 +147,13 @@ def capture(config_path, out_dir, device, as_json):
       trtgraph capture                                  # embedded default, CPU in seconds
       trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml
     """
+    from .outputs import check_outputs, place
+
     config = _load_config(config_path)
     if device:
         config = config.replace(device=device)
-    out = Path(out_dir) if out_dir else None
+    out = Path(out_dir or config.output)
+    check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
     world = config.parallel.tensor_parallel_size
     if world > 1:
         from .runtime.distributed import launch
@@ -98,6 +172,21 @@ def capture(config_path, out_dir, device, as_json):
     for note in t.get("notes", []):
         click.echo(note)
     click.echo(f"manifest: {path}")
+
+
+def _artifact_outputs(out: Path, label: str) -> list:
+    """What a capture into `out` writes: the manifest and the Triton cache."""
+    from .artifacts import MANIFEST_NAME, TRITON_CACHE_DIR
+    from .outputs import place
+
+    return [place(f"the manifest ({label})", out / MANIFEST_NAME, makedirs=True),
+            place(f"the Triton cache ({label})", out / TRITON_CACHE_DIR, is_dir=True)]
+
+
+def _checkpoint(config):
+    from .outputs import place
+
+    return place("the checkpoint directory (model.path)", config.model.path, is_dir=True)
 
 
 def _uses_cuda(device: str) -> bool:
@@ -201,28 +290,34 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
       trtgraph run --prompts prompts.jsonl --manifest out/ --output results.jsonl
       trtgraph run --prompts prompts.jsonl --output results.jsonl --resume
     """
-    from .artifacts import load_manifest
+    from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
+    from .outputs import check_outputs, manifest_inputs, place
     from .runtime.requests import finished_ids
 
     output = None if output == "-" else output
+    if resume and not output:
+        raise click.UsageError("--resume needs --output: the results file of the interrupted run")
+    outputs = [place("--output", output), place("--summary-json", summary_json)]
+    inputs = [None if prompts_path == "-" else place("the prompts file (--prompts)", prompts_path),
+              place("the checkpoint directory (--model)", model, is_dir=True)]
+    check_outputs(outputs, inputs)
     requests = read_requests(prompts_path)  # the whole file (native or OpenAI batch), before any model work
+    loaded = load_manifest(manifest)  # read and validated; no model work yet
+    check_outputs(outputs, [*inputs, *manifest_inputs(loaded, manifest_path(manifest))])
     if resume:
-        if not output:
-            raise click.UsageError("--resume needs --output: the results file of the interrupted run")
         done = finished_ids(output, key=requests.id_field)
         requests = requests.without(done)
         click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
-    world = load_manifest(manifest).parallel.get("tensor_parallel_size", 1)
+    world = loaded.parallel.get("tensor_parallel_size", 1)
     args = (requests, manifest, output, eager, summary_json, resume, not no_speculative, model)
     if world > 1:
         from .runtime.distributed import launch
 
-        config = load_manifest(manifest).app_config()
         try:
-            code = launch(world, _run_rank, *args, use_cuda=_uses_cuda(config.device))
+            code = launch(world, _run_rank, *args, use_cuda=_uses_cuda(loaded.app_config().device))
         except KeyboardInterrupt:  # rank 0 has already said what finished
-            code = 130
+            code = EXIT_INTERRUPTED
     else:
         code = _run_rank(None, *args)
     if code:
@@ -232,50 +327,82 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
 def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative, model=None) -> int:
     """One rank of `run` (tp None: the only process); rank 0 serves and writes, the others
     replay what it broadcasts. Returns the exit code."""
-    import signal
-
     from .models.parallel import TPGroup
     from .runtime.engine import Engine
 
     tp = tp or TPGroup()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    if tp.rank == 0:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    else:  # followers stop when rank 0 says so, or when the launcher ends them
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     engine = Engine(manifest, eager=eager, speculative=speculative, tp=tp, model=model)
     if tp.rank != 0:
         engine.follow()
         return 0
+    code = EXIT_INTERRUPTED
     try:
-        return _serve(engine, requests, output, eager, summary_json, resume)
+        code = _serve(engine, requests, output, eager, summary_json, resume)
+        return code
     finally:
-        engine.close()
+        # After an interrupt, rank 0 may have stopped between two broadcasts of a step: the
+        # launcher ends the followers instead of a stop message they would misread.
+        if code != EXIT_INTERRUPTED or not tp.active:
+            engine.close()
 
 
 def _serve(engine, requests, output, eager, summary_json, resume) -> int:
     out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
+    ascii_only = not output and not _is_utf8(sys.stdout)  # JSON escapes what the terminal cannot show
     written: set[str] = set()
     ids = requests.ids  # a RequestFile: native requests or OpenAI batch lines
     token_text = lambda t: engine.tokenizer.decode([t])  # noqa: E731
     try:
         with click.progressbar(length=len(ids), label="requests", file=sys.stderr, show_pos=True) as bar:
             for rid, line in requests.lines(engine.generate(requests.requests), token_text):
-                out.write(json.dumps(line, ensure_ascii=False) + "\n")
-                out.flush()
+                _write_line(out, json.dumps(line, ensure_ascii=ascii_only), output, written, ids)
                 written.add(rid)
                 bar.update(1)
     except KeyboardInterrupt:
-        missing = [i for i in ids if i not in written]
-        shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
-        click.echo(f"\ninterrupted: {len(written)} of {len(ids)} requests finished and written"
-                   f"{' to ' + output if output else ''}; {len(missing)} did not finish: {shown}."
-                   + (f" Continue with --resume --output {output}." if output else ""), err=True)
-        return 130
+        restore = _ignore_interrupts()  # a second signal must not cut this summary short
+        try:
+            missing = [i for i in ids if i not in written]
+            shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+            click.echo(f"\ninterrupted: {len(written)} of {len(ids)} requests finished and written"
+                       f"{' to ' + output if output else ''}; {len(missing)} did not finish: {shown}."
+                       + (f" Continue with --resume --output {output}." if output else ""), err=True)
+        finally:
+            restore()
+        return EXIT_INTERRUPTED
     finally:
         if output:
-            out.close()
+            try:
+                out.close()
+            except OSError:  # every line was flushed, or a failed write has said so already
+                pass
     stats = engine.stats.to_json()
     if summary_json:
         Path(summary_json).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     click.echo(_run_summary(stats, eager), err=True)
     return 0
+
+
+def _write_line(out, line: str, output, written: set, requests) -> None:
+    """One result, flushed. A file that stops taking data (disk full, I/O error) is an
+    environment failure (exit 2) that says how much is safe and how to continue."""
+    try:
+        out.write(line + "\n")
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        if not output:
+            raise
+        from .errors import OutputPathError
+
+        raise OutputPathError(f"--output {output}: writing failed ({exc.strerror or exc}) after {len(written)} of "
+                              f"{len(requests)} results; the lines before are whole. Free space (or fix the "
+                              f"device) and continue with --resume --output {output}.") from None
 
 
 def _run_summary(s: dict, eager: bool) -> str:
@@ -299,12 +426,15 @@ def _run_summary(s: dict, eager: bool) -> str:
 @click.option("--manifest", type=click.Path(), help="Benchmark an existing capture instead.")
 @click.option("--out", "out_dir", default="trtgraph-bench", show_default=True, type=click.Path(file_okay=False),
               help="Where bench.md, bench.json and bench.png go (and the capture, with --config).")
-@click.option("--context-len", default=128, show_default=True, help="Cached tokens per sequence in the decode timings.")
-@click.option("--prompts", "num_prompts", default=256, show_default=True, help="Prompts in the end-to-end run (0 skips it).")
-@click.option("--prompt-len", default=128, show_default=True)
-@click.option("--max-tokens", default=128, show_default=True)
-@click.option("--attention-batch", default=64, show_default=True, help="Batch of the attention-alone timing (0 skips it).")
-@click.option("--attention-context", default=4096, show_default=True)
+@click.option("--context-len", default=128, show_default=True, type=click.IntRange(min=0),
+              help="Cached tokens per sequence in the decode timings (below limits.max_seq_len).")
+@click.option("--prompts", "num_prompts", default=256, show_default=True, type=click.IntRange(min=0),
+              help="Prompts in the end-to-end run (0 skips it).")
+@click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--attention-batch", default=64, show_default=True, type=click.IntRange(min=0),
+              help="Batch of the attention-alone timing (0 skips it).")
+@click.option("--attention-context", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face transformers baseline.")
 def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, max_tokens, attention_batch,
           attention_context, no_hf):
@@ -317,27 +447,46 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
       trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml
       trtgraph bench --manifest trtgraph-artifacts --prompts 64 --no-hf
     """
-    from .bench import BenchOptions, run_bench
+    from .bench import BenchOptions, check_options, run_bench
 
     if config_path and manifest:
         raise click.UsageError("give --config or --manifest, not both")
+    opts = BenchOptions(context_len=context_len, run_prompts=num_prompts, run_prompt_len=prompt_len,
+                        run_max_tokens=max_tokens, attention_batch=attention_batch,
+                        attention_context=attention_context, hf=not no_hf)
     out = Path(out_dir)
+    config = _bench_paths(config_path, manifest, out)
+    check_options(opts, config.limits)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if manifest is None:
         from .compiler.pipeline import capture as run_capture
 
-        config = _load_config(config_path)
         bar = _KeyProgress()
         try:
             run_capture(config, out / "artifacts", progress=bar)
         finally:
             bar.close()
         manifest = out / "artifacts"
-    opts = BenchOptions(context_len=context_len, run_prompts=num_prompts, run_prompt_len=prompt_len,
-                        run_max_tokens=max_tokens, attention_batch=attention_batch,
-                        attention_context=attention_context, hf=not no_hf)
     run_bench(Path(manifest), out, opts, log)
     click.echo((out / "bench.md").read_text(encoding="utf-8"))
+
+
+def _bench_paths(config_path, manifest, out: Path):
+    """Check bench's outputs against what it reads, before any work; return the config."""
+    from .artifacts import load_manifest, manifest_path
+    from .outputs import check_outputs, manifest_inputs, place
+
+    outputs = [place(f"--out {name}", out / name, makedirs=True) for name in ("bench.json", "bench.md", "bench.png")]
+    if manifest is None:
+        config = _load_config(config_path)
+        outputs += _artifact_outputs(out / "artifacts", "--out artifacts")
+        inputs = [place("the config (--config)", config_path), _checkpoint(config)]
+    else:
+        loaded = load_manifest(manifest)
+        config = loaded.app_config()
+        inputs = manifest_inputs(loaded, manifest_path(manifest))
+    check_outputs(outputs, inputs)
+    return config
 
 
 if __name__ == "__main__":  # pragma: no cover

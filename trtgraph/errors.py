@@ -35,3 +35,7 @@ class PromptError(TrtgraphError):
 
 class CaptureError(TrtgraphError):
     """Capture failed for a key (verification, memory, capture after lock)."""
+
+
+class OutputPathError(TrtgraphError):
+    """An output path is an input, an artifact or another output, or cannot be written."""

@@ -250,8 +250,8 @@ def key_record_fields(v: FieldReader, i: int, raw: Any) -> dict:
 def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     """Totals agree with the keys they sum up."""
     v.obj(totals, "totals", ("num_keys", "warmup_seconds", "capture_seconds", "pool_bytes",
-                             "largest_key_pool_bytes", "all_parity_ok", "linear_backends"),
-          optional=("all_parity_ok", "linear_backends"))
+                             "largest_key_pool_bytes", "all_parity_ok", "linear_backends", "notes"),
+          optional=("all_parity_ok", "linear_backends", "notes"))
     if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(pool_bytes):
         v.fail("totals.num_keys", totals["num_keys"], f"{len(pool_bytes)}, the number of keys")
     if v.int_field(totals, "totals.pool_bytes", lo=0, hi=MAX_BYTES) != sum(pool_bytes):
@@ -263,6 +263,9 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     v.number(totals, "totals.capture_seconds", hi=MAX_SECONDS)
     if "all_parity_ok" in totals and not isinstance(totals["all_parity_ok"], bool):
         v.fail("totals.all_parity_ok", totals["all_parity_ok"], "true or false")
+    notes = totals.get("notes", [])
+    if not isinstance(notes, list) or len(notes) > 16 or any(not isinstance(n, str) or text_problem(n) for n in notes):
+        v.fail("totals.notes", notes, "a list of at most 16 strings (what capture decided, e.g. max_seq_len auto)")
     backends = totals.get("linear_backends", {})
     if not isinstance(backends, dict) or len(backends) > 64 or any(
             not isinstance(k, str) or not re.fullmatch(r"[0-9]{1,7}x[0-9]{1,7}", k) or b not in ("triton", "cublas")

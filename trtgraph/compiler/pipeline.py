@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import Callable
 
 import torch
 
-from ..artifacts import TRITON_CACHE_DIR, KeyRecord, Manifest, environment, use_triton_cache, write_manifest
+from ..artifacts import (TRITON_CACHE_DIR, KeyRecord, Manifest, check_triton_cache, environment, use_triton_cache,
+                         write_manifest)
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import AUTO, Config
 from ..errors import CaptureError
@@ -53,17 +55,33 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     device = device or resolve_device(config.device)
     config, notes = resolve_max_seq_len(config, device, tp)
     plan = BucketPlan.from_config(config)
+    check_triton_cache(out_dir / TRITON_CACHE_DIR)  # before any work: a cache a run would refuse
     misses = uncovered_shapes(plan)
     if misses:
         raise CaptureError(f"{config.source}: the bucket plan does not cover {'; '.join(misses)}. "
                            f"Add those sizes to buckets.batch_sizes / context_batch_sizes, or lower the limits.")
     # Before any collective: every rank must be about to capture the same keys.
     agree(tp, "the config and its bucket plan", json.dumps([config.to_dict(), [str(k) for k in plan.keys]]))
-    use_triton_cache(out_dir / TRITON_CACHE_DIR)
+    made_dir = not out_dir.exists()
+    made_cache = use_triton_cache(out_dir / TRITON_CACHE_DIR)
+    try:
+        return _capture(config, plan, out_dir, device, progress, timing_repeats, tp, notes)
+    except BaseException:  # a failed or interrupted capture leaves nothing behind
+        if made_cache:
+            shutil.rmtree(out_dir / TRITON_CACHE_DIR, ignore_errors=True)
+        if made_dir and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+
+
+def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.device | None, progress: Progress,
+             timing_repeats: int | None, tp: TPGroup, notes: list[str]) -> CaptureResult:
     try:
         ex = Executor.build(config, plan, device, tp=tp)
-    except torch.cuda.OutOfMemoryError as exc:
-        raise CaptureError(f"{config.source}: out of device memory loading the model and allocating the KV "
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        raise CaptureError(f"{config.source}: out of {_memory(exc)} loading the model and allocating the KV "
                            f"cache ({str(exc).splitlines()[0]}). No manifest was written. Set a smaller "
                            f"kv_cache.num_blocks or limits.max_seq_len / max_batch_size.") from None
     repeats = timing_repeats or (20 if device.type == "cuda" else 3)
@@ -155,14 +173,26 @@ def _verify_and_time(ex: Executor, key: GraphKey, index: int, stats, repeats: in
 
 
 def _guard(key: GraphKey, stage: str, fn):
-    """Name the key when the device runs out of memory; nothing is written in that case."""
+    """Name the key when memory runs out (device or host alike); nothing is written then."""
     try:
         return fn()
-    except torch.cuda.OutOfMemoryError as exc:
-        raise CaptureError(f"{key}: out of device memory during {stage} ({str(exc).splitlines()[0]}). "
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        raise CaptureError(f"{key}: out of {_memory(exc)} during {stage} ({str(exc).splitlines()[0]}). "
                            f"No manifest was written. Capture a smaller plan: fewer or smaller "
                            f"buckets.batch_sizes / chunk_sizes, a lower limits.max_seq_len, or a fixed "
                            f"kv_cache.num_blocks.") from None
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    return (isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError))
+            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
+
+
+def _memory(exc: BaseException) -> str:
+    return "device memory" if isinstance(exc, torch.cuda.OutOfMemoryError) else "host memory"
 
 
 def _warmup_peak_bytes(ex: Executor, key: GraphKey) -> int:

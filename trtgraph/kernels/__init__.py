@@ -7,9 +7,11 @@ model calls through, so the choice is made once, at build time, never per step.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
+from ..errors import ConfigError
 from . import reference
 
 
@@ -65,9 +67,15 @@ def available() -> tuple[str, ...]:
 
 
 def resolve(name: str, device_type: str) -> str:
-    """`auto` is Triton on CUDA and the torch references elsewhere."""
+    """`auto` is Triton on CUDA and the torch references elsewhere. `triton` off CUDA runs
+    only through Triton's interpreter (TRITON_INTERPRET=1: slow, for tests)."""
     if name == "auto":
         return "triton" if device_type == "cuda" else "torch"
+    interpreted = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+    if name == "triton" and device_type != "cuda" and not interpreted:
+        raise ConfigError(f"kernels = 'triton' needs a CUDA device, and this run is on {device_type}. Use "
+                          f"kernels: torch (or auto) off the GPU, or set TRITON_INTERPRET=1 to run the Triton "
+                          f"kernels through Triton's interpreter (slow; for tests).")
     return name
 
 

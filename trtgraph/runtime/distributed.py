@@ -14,8 +14,13 @@ its packed input buffers; the other ranks replay the same key on them.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
+import os
+import signal
 import socket
+import threading
 import time
 import traceback
 
@@ -28,6 +33,9 @@ from ..errors import CaptureError, TrtgraphError
 from ..models.parallel import TPGroup
 
 STOP, STEP = 0, 1
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_POLL_SECONDS = 0.2
+INTERRUPT_GRACE_SECONDS = 60  # for rank 0 to finish its step and say what it wrote
 
 
 def _free_port() -> int:
@@ -44,7 +52,29 @@ def init(rank: int, world: int, port: int, use_cuda: bool) -> TPGroup:
     return TPGroup(rank, world)
 
 
-def _entry(rank, world, port, use_cuda, fn, args, results):
+def die_with_parent(parent_pid: int) -> None:
+    """A rank must not outlive its launcher (a SIGKILLed launcher would leave ranks serving
+    and writing): the kernel's parent-death signal where there is one (Linux), and a
+    watcher thread that notices the parent is gone everywhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the watcher below is the guard
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="trtgraph-parent-watch", daemon=True).start()
+
+
+def _entry(rank, world, port, use_cuda, fn, args, results, parent_pid):
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C (the launcher passes it on)
     try:
         tp = init(rank, world, port, use_cuda)
         out = fn(tp, *args)
@@ -71,8 +101,8 @@ def launch(world: int, fn, *args, use_cuda: bool | None = None):
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, use_cuda, fn, args, results), daemon=False)
-             for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(r, world, port, use_cuda, fn, args, results, os.getpid()),
+                         daemon=False) for r in range(world)]
     for p in procs:
         p.start()
     outcome, done = None, 0
@@ -92,7 +122,7 @@ def launch(world: int, fn, *args, use_cuda: bool | None = None):
                 raise KeyboardInterrupt
             raise RuntimeError(f"rank {rank} failed:\n{payload}")
     except KeyboardInterrupt:
-        _stop(procs)
+        _interrupt(procs)
         raise
     for p in procs:
         p.join()
@@ -110,12 +140,34 @@ def _get(results, procs):
         time.sleep(0.05)
 
 
+def _interrupt(procs) -> None:
+    """The launcher got SIGINT or SIGTERM: rank 0 stops as a single process would (it keeps
+    what finished and says so), then the other ranks are ended. A Ctrl-C from a terminal
+    reaches rank 0 itself; a signal sent to the launcher alone is passed on as SIGTERM
+    (SIGINT may be ignored, as in a background job)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        lead = procs[0]
+        lead.join(1.0)
+        if lead.is_alive():
+            os.kill(lead.pid, signal.SIGTERM)
+            lead.join(INTERRUPT_GRACE_SECONDS)
+        _stop(procs)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _stop(procs):
     for p in procs:
         if p.is_alive():
             p.terminate()
     for p in procs:
         p.join(5)
+        if p.is_alive():  # a rank stuck where SIGTERM cannot reach it
+            p.kill()
+            p.join(5)
 
 
 def agree(tp: TPGroup, what: str, value: str) -> None:

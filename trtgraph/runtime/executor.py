@@ -257,10 +257,12 @@ class Executor:
 
     # ---- input preparation (full path) ------------------------------------------------
     def prepare(self, key: GraphKey, rows: list[StepRow]) -> None:
-        """Pack `rows` into host staging, write every padding row explicitly, copy once."""
+        """Pack `rows` into host staging, write every padding row explicitly, check what the
+        rows put there (a graph that reads an out-of-range block id corrupts memory
+        silently), copy once."""
         q, B, bs = key.q_len, key.batch_size, self.block_size
         if len(rows) > B:
-            raise ValueError(f"{len(rows)} rows do not fit {key}")
+            raise ReplayMismatchError(f"{len(rows)} rows do not fit {key}")
         b = self.buffers
         b.staging_ready()
         ids, pos, slots = b.host_np("input_ids"), b.host_np("positions"), b.host_np("slot_mapping")
@@ -272,13 +274,14 @@ class Executor:
         slots[:T] = np.arange(T) % bs + NULL_BLOCK * bs
         last[:B] = np.arange(B) * q
         tables[:B] = NULL_BLOCK
+        in_table = np.zeros((len(rows), tables.shape[1]), dtype=bool)  # entries the rows gave
         for i, row in enumerate(rows):
             n = len(row.token_ids)
-            if not 1 <= n <= q:
-                raise ValueError(f"row {i} has {n} query tokens; {key} takes 1..{q}")
+            self._check_row_shape(key, i, row, n)
             s = i * q
             table = np.asarray(row.block_table, dtype=np.int64)
             tables[i, :len(table)] = table
+            in_table[i, :len(table)] = True
             p = row.start_pos + np.arange(n)
             ids[s:s + n] = row.token_ids
             pos[s:s + n] = p
@@ -287,6 +290,9 @@ class Executor:
                 pos[s + n:s + q] = p[-1]
             last[i] = s + n - 1
         self._pack_sampling(key, rows)
+        self._check_values(key, "token_ids", ids[:len(rows) * q], 0, self.loaded.config.vocab_size, q)
+        self._check_values(key, "block_table", tables[:len(rows)][in_table], 1, self.num_blocks,
+                           None, np.nonzero(in_table)[0])
         b.upload()
 
     def _pack_sampling(self, key: GraphKey, rows: list[StepRow]) -> None:
@@ -306,6 +312,32 @@ class Executor:
         b.host_np("count_slots")[:R] = scratch
         b.host_np("count_slots")[:n] = np.repeat([s if r.counted else scratch for s, r in zip(slots, rows)], per)
 
+    def _check_row_shape(self, key: GraphKey, i: int, row: StepRow, n: int) -> None:
+        """What must hold before a row can be packed at all (scalar checks, one row)."""
+        q, max_len = key.q_len, self.config.limits.max_seq_len
+        if not 1 <= n <= q:
+            raise ReplayMismatchError(f"{key} row {i}: {n} query tokens; the key takes 1..{q}")
+        if not 0 <= row.start_pos <= max_len - n:
+            raise ReplayMismatchError(f"{key} row {i}: start_pos = {row.start_pos} with {n} tokens; positions "
+                                      f"must lie in [0, limits.max_seq_len = {max_len})")
+        need, have = blocks_for_tokens(row.start_pos + n, self.block_size), len(row.block_table)
+        if not need <= have <= self.max_blocks_per_seq:
+            raise ReplayMismatchError(f"{key} row {i}: block_table has {have} blocks; positions up to "
+                                      f"{row.start_pos + n - 1} need {need}, and a sequence holds at most "
+                                      f"{self.max_blocks_per_seq}")
+
+    @staticmethod
+    def _check_values(key: GraphKey, name: str, values: np.ndarray, lo: int, hi: int, per_row: int | None,
+                      row_of: np.ndarray | None = None) -> None:
+        """All `values` in [lo, hi), checked at once; the first one outside names its row."""
+        if values.size == 0 or (values.min() >= lo and values.max() < hi):
+            return
+        bad = int(np.flatnonzero((values < lo) | (values >= hi))[0])
+        row = bad // per_row if per_row else int(row_of[bad])
+        raise ReplayMismatchError(f"{key} row {row}: {name} holds {int(values[bad])}, outside [{lo}, {hi}); "
+                                  f"refusing to replay a graph on it (it would read or write memory it "
+                                  f"does not own)")
+
     # ---- input preparation (steady-state fast path) -------------------------------------
     def advance_decode(self, num_real: int, new_blocks: list[tuple[int, int, int]]) -> None:
         """The same generation rows as the last step, in the same order: positions += 1 and
@@ -313,6 +345,9 @@ class Executor:
         tables touched only where a row entered a new block ((row, column, block) each);
         slots recomputed on the device. Padding rows keep what the last full path wrote."""
         b, bs = self.buffers, self.block_size
+        entries = torch.tensor(new_blocks, dtype=torch.int64) if new_blocks else None  # [n, 3]: row, column, block
+        if entries is not None:
+            self._check_new_blocks(num_real, entries)
         pos = b.view("positions")[:num_real]
         pos += 1
         b.view("input_ids")[:num_real].copy_(b.sampled[:num_real])
@@ -323,10 +358,24 @@ class Executor:
             # after the engine has waited for the step that copied from it.
             self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
             staged = self._new_blocks_host[self._new_blocks_turn][:n]
-            staged.copy_(torch.tensor(new_blocks, dtype=torch.int64))
+            staged.copy_(entries)
             dev = self._new_blocks_dev[:n]
             dev.copy_(staged, non_blocking=True)
             flat = tables.view(-1)
             flat.index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
         blocks = tables[:num_real].gather(1, (pos // bs).unsqueeze(1)).squeeze(1)
         b.view("slot_mapping")[:num_real].copy_(blocks * bs + pos % bs)
+
+    def _check_new_blocks(self, num_real: int, entries: torch.Tensor) -> None:
+        """The fast path's new (row, column, block) entries, checked at once on the host."""
+        lo = torch.tensor([0, 0, 1])
+        hi = torch.tensor([num_real, self.max_blocks_per_seq, self.num_blocks])
+        bad = (entries < lo) | (entries >= hi)  # [n, 3]
+        if not bool(bad.any()):
+            return
+        i, col = bad.nonzero()[0].tolist()
+        r, c, blk = entries[i].tolist()
+        what = ("row", "column", "block id")[col]
+        raise ReplayMismatchError(f"fast-path decode step: new block entry (row {r}, column {c}, block {blk}) "
+                                  f"has its {what} outside [{int(lo[col])}, {int(hi[col])}); refusing to write "
+                                  f"it into the block tables")

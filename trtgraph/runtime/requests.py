@@ -246,6 +246,7 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     if not isinstance(raw, dict):
         raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`, "
                           f"or `messages`).")
+    raw = {k: _plain(v) for k, v in raw.items()}  # numpy numbers and arrays as Python ones
     unknown = sorted(short(k) if text_problem(k) else k for k in raw if k not in FIELDS)
     if unknown:
         raise PromptError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
@@ -343,6 +344,18 @@ def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
+def _plain(value):
+    """A numpy scalar or array (np.int64 token ids, an np.float32 temperature) as the Python
+    value it holds; lists one level deep. Anything else as it is."""
+    if isinstance(value, list):
+        return [v.tolist() if _is_numpy(v) else v for v in value]
+    return value.tolist() if _is_numpy(value) else value
+
+
+def _is_numpy(value) -> bool:
+    return type(value).__module__ == "numpy" and hasattr(value, "tolist")
+
+
 def read_prompts(path: str | Path, vocab_size: int | None = None) -> list[Request]:
     """Every request of a JSONL file ('-': standard input), validated before anything runs.
     Blank lines are skipped."""
@@ -399,7 +412,9 @@ def parse_prompts(rows: list[tuple[int, object]], name: str, vocab_size: int | N
 def finished_ids(path: str | Path, key: str = "id") -> set[str]:
     """Ids already in a results file (the `key` field of each line: `custom_id` in an OpenAI
     batch output). A last line cut short by a hard kill is removed, so the file stays valid
-    JSONL and that request runs again."""
+    JSONL and that request runs again; a complete last line without its newline gets one, so
+    the next result starts on a line of its own. A line that is not a result (a prompts file,
+    any other JSON) is refused, naming it."""
     path = Path(path)
     if not path.exists():
         return set()
@@ -408,14 +423,31 @@ def finished_ids(path: str | Path, key: str = "id") -> set[str]:
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         if line.strip():
             try:
-                ids.add(str(json.loads(line)[key]))
-            except (ValueError, KeyError, TypeError):
+                row = json.loads(line)
+            except (ValueError, RecursionError):
                 if line.endswith(b"\n"):
-                    raise PromptError(f"{path} line {number}: not a result line; --resume needs the output "
-                                      f"of an earlier `trtgraph run`.") from None
+                    raise PromptError(f"{path} line {number}: not a result line (not valid JSON); --resume needs "
+                                      f"the output of an earlier `trtgraph run`.") from None
                 break  # an unterminated last line: the write was cut off
+            if not _is_result_line(row, key):
+                raise PromptError(f"{path} line {number}: not a result line (a result has id, token_ids and "
+                                  f"finish_reason, or choices; an OpenAI batch output line has custom_id and "
+                                  f"response); --resume needs the output of an earlier `trtgraph run`.")
+            ids.add(row[key])
         keep += len(line)
     if keep != len(data):
         with open(path, "r+b") as f:
             f.truncate(keep)
+    elif data and not data.endswith(b"\n"):
+        with open(path, "ab") as f:
+            f.write(b"\n")
     return ids
+
+
+def _is_result_line(row, key: str) -> bool:
+    """A line `run` wrote: a native result (n > 1: with `choices`) or an OpenAI batch output line."""
+    if not isinstance(row, dict) or not isinstance(row.get(key), str):
+        return False
+    if key == "custom_id":
+        return "response" in row and "error" in row
+    return isinstance(row.get("choices"), list) or ("finish_reason" in row and isinstance(row.get("token_ids"), list))

@@ -1,0 +1,111 @@
+"""Where a command may write: checked before any work.
+
+An output must not be (or resolve, through symlinks or a hard link, to) anything the
+command reads: the prompts file, the config, the manifest, a file inside the Triton
+cache or the checkpoint directory. Two outputs must not be the same file. Every output
+directory must exist (or be creatable) and be writable. Each refusal is an
+OutputPathError naming both paths, raised before the model loads, so nothing is
+overwritten and no work is lost to a path that fails at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import OutputPathError
+
+
+@dataclass(frozen=True)
+class Place:
+    """A path a command reads or writes, and the name a message gives it."""
+    label: str  # "--output", "the prompts file (--prompts)", ...
+    path: Path
+    is_dir: bool = False  # a directory: everything inside it counts
+    makedirs: bool = False  # an output whose missing parent directories the command creates
+
+    @property
+    def real(self) -> Path:
+        return Path(os.path.realpath(self.path))
+
+
+def place(label: str, path, is_dir: bool = False, makedirs: bool = False) -> Place | None:
+    return None if path is None else Place(label, Path(path), is_dir, makedirs)
+
+
+def manifest_inputs(manifest, path) -> list[Place | None]:
+    """What a run reads through a loaded manifest: the file, its Triton cache, the checkpoint."""
+    ckpt = manifest.app_config().model.path
+    return [place("the manifest", path), place("the Triton cache", manifest.paths["triton_cache"], is_dir=True),
+            place("the checkpoint directory (config model.path)", ckpt, is_dir=True)]
+
+
+def check_outputs(outputs: list[Place | None], inputs: list[Place | None]) -> None:
+    """Refuse any output that is an input, lies inside an input directory, equals another
+    output, or cannot be written. Call it before any work."""
+    outs = [o for o in outputs if o is not None]
+    ins = [i for i in inputs if i is not None]
+    for n, out in enumerate(outs):
+        for other in ins + outs[:n]:
+            if _overlaps(out, other):
+                raise OutputPathError(_clash(out, other, other in ins))
+        _check_writable(out)
+
+
+def _overlaps(out: Place, other: Place) -> bool:
+    a, b = out.real, other.real
+    if a == b or (other.is_dir and b in a.parents) or (out.is_dir and a in b.parents):
+        return True
+    try:  # a hard link (or a bind mount) is the same file under another name
+        return not out.is_dir and not other.is_dir and os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
+def _clash(out: Place, other: Place, is_input: bool) -> str:
+    where = f"{out.label} {out.path}"
+    if Path(os.path.abspath(out.path)) != out.real:
+        where += f" (which resolves to {out.real})"
+    if not is_input:
+        return f"{where} and {other.label} {other.path} are the same file; give each output its own path."
+    if other.is_dir and other.real != out.real:
+        what = f"is inside {other.label} {other.path}"
+    elif out.is_dir:
+        what = f"contains {other.label} {other.path}"
+    else:
+        what = f"is the same file as {other.label} {other.path}"
+    return f"{where} {what}; writing there would destroy an input. Choose an output path outside it."
+
+
+def _check_writable(out: Place) -> None:
+    """The output's directory must exist (or be creatable) and take a new file; an existing
+    output must be a file that opens for writing (nothing is written or truncated here)."""
+    path = out.real
+    if out.is_dir and path.exists() and not path.is_dir():
+        raise OutputPathError(f"{out.label} {out.path}: exists and is not a directory; move it away.")
+    if not out.is_dir and path.is_dir():
+        raise OutputPathError(f"{out.label} {out.path}: is a directory; give a file path.")
+    if not out.is_dir and path.exists():
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))  # a FIFO must not block here
+        except OSError as exc:
+            raise OutputPathError(f"{out.label} {out.path}: cannot be written ({exc.strerror}).") from None
+        return
+    directory = path if out.is_dir else path.parent
+    if not directory.exists():
+        if not (out.is_dir or out.makedirs):
+            raise OutputPathError(f"{out.label} {out.path}: the directory {out.path.parent} does not exist; "
+                                  f"create it first, or choose another path.")
+        directory = next(p for p in directory.parents if p.exists())
+    _probe_dir(out, directory)
+
+
+def _probe_dir(out: Place, directory: Path) -> None:
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise OutputPathError(f"{out.label} {out.path}: cannot write into {directory} ({exc.strerror}); "
+                              f"choose a writable directory.") from None
