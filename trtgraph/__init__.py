@@ -2,12 +2,14 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "__version__"]
+__all__ = ["LLM", "Completion", "CompletionDelta", "Usage", "Timings", "__version__"]
+
+_LAZY = {"LLM", "Completion", "CompletionDelta", "Usage", "Timings"}
 
 
-def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use of LLM
-    if name == "LLM":
-        from .runtime.llm import LLM
+def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use of the API
+    if name in _LAZY:
+        from .runtime import llm
 
-        return LLM
+        return getattr(llm, name)
     raise AttributeError(f"module 'trtgraph' has no attribute {name!r}")
