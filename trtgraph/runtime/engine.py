@@ -250,14 +250,17 @@ class Engine:
                                   f"served; ids must be unique, results are keyed by them.")
             first[r.id] = i
         if not self.has_unfinished():
-            self.executor.runner.check_weights()
-            self._start_run(gpu_timing)
+            self.start_run(gpu_timing)
         for i, req in enumerate(reqs):
             self.add_request(req, f"request {i}")
         return list(first)
 
-    def _start_run(self, gpu_timing: bool) -> None:
-        """Fresh stats (an idle engine only): what generate() reports covers its own call."""
+    def start_run(self, gpu_timing: bool = False) -> None:
+        """Fresh stats, from now on (an idle engine only; submit() and generate() start one
+        when the engine is idle, so what they report covers their own call). gpu_timing:
+        CUDA events around every step, for the GPU's idle time."""
+        if self.has_unfinished():
+            raise RuntimeError("start_run() on an engine that is still serving requests")
         self.stats = RunStats(record_seconds=self.record_seconds)
         self._preemptions_before = self.scheduler.num_preemptions
         self._run_start = time.perf_counter()
