@@ -4,6 +4,7 @@ interleaving of generate/stream calls on one LLM giving each request its tokens 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -54,14 +55,14 @@ def test_random_interleavings_of_generate_and_stream_equal_one_at_a_time(llm, al
         n = data.draw(st.integers(1, 2))
         groups.append((data.draw(st.sampled_from(["generate", "stream"])), reqs[i:i + n]))
         i += n
-    got, live = {}, {}  # live: group -> (iterator, {id: [deltas]})
+    got, live, names = {}, {}, itertools.count()  # live: name -> (iterator, {id: [deltas]})
     while groups or live:
         if groups and (not live or data.draw(st.booleans())):
             kind, group = groups.pop(0)
             if kind == "generate":
                 got.update({c.id: c.token_ids for c in llm.generate(group)})
             else:
-                live[len(live) + len(got) + 100 * len(groups)] = (iter(llm.stream(group)), {})
+                live[next(names)] = (iter(llm.stream(group)), {})
             continue
         key = data.draw(st.sampled_from(sorted(live)))
         it, deltas = live[key]

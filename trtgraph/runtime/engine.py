@@ -353,8 +353,9 @@ class Engine:
         if accepted is not None:
             self.stats.drafts_accepted += sum(accepted)
             self.stats.verify_tokens += sum(accepted) + len(accepted)
+        drew = self.scheduler.advance(f.step, f.tokens.tolist(), accepted)
         outputs = []
-        for seq, n_new in self.scheduler.advance(f.step, f.tokens.tolist(), accepted):
+        for seq, n_new in drew:
             live = self._live[seq.request.id]
             result = self._check_stop(seq, n_new, live.arrival_seconds)
             if result is None:

@@ -20,7 +20,7 @@ import itertools
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from ..errors import PromptError
 from .engine import Engine
@@ -85,6 +85,8 @@ class CompletionDelta:
 
 
 class LLM:
+    """One engine, used from one thread (the server gives its engine a thread of its own)."""
+
     def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False):
         """Load and check the manifest, re-record its graphs, lock. `eager=True` runs the same
         scheduler without graphs, for A/B checks."""

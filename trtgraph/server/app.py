@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..errors import ConfigError, PromptError
+from ..errors import ConfigError, PromptError, TrtgraphError
 from .engine_thread import Aborted, EngineThread
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import OpenAIError, Shapes, bad_request, chat_request, completion_request, new_id
@@ -139,6 +139,8 @@ def _raise_if_refused(item) -> None:
         raise OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error", code="aborted")
     if isinstance(item, PromptError):
         raise bad_request(str(item))
+    if isinstance(item, TrtgraphError):
+        raise OpenAIError(500, str(item), error_type="server_error")
     if item.finished and item.finish_reason == "error":  # no recorded key can serve it: run's message
         raise bad_request(item.result.error)
 

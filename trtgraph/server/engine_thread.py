@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import PromptError, TrtgraphError
+from ..errors import TrtgraphError
 from ..runtime.requests import Request
 from ..runtime.streaming import RequestOutput
 from .metrics import Metrics
@@ -142,7 +142,7 @@ class EngineThread:
                 continue
             try:
                 self.engine.add_request(arg)
-            except (PromptError, TrtgraphError) as exc:
+            except TrtgraphError as exc:  # handed to the request's consumer
                 self._sinks[arg.id] = sink
                 self._finish_sink(arg.id, exc)
                 continue
