@@ -70,21 +70,7 @@ def greedy_only_artifacts(tmp_path_factory):
 
 
 def generate_with_scheduler(engine, requests):
-    """Run engine.generate to the end; return ({id: Result}, the Scheduler it used), so tests
+    """Run engine.generate to the end; return ({id: Result}, the engine's Scheduler), so tests
     can look at the block allocator and queues afterwards."""
-    import trtgraph.runtime.engine as engine_mod
-    from trtgraph.runtime import scheduler
-
-    made = []
-
-    class Spy(scheduler.Scheduler):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            made.append(self)
-
-    engine_mod.Scheduler = Spy
-    try:
-        results = {r.id: r for r in engine.generate(requests)}
-    finally:
-        engine_mod.Scheduler = scheduler.Scheduler
-    return results, made[-1]
+    results = {r.id: r for r in engine.generate(requests)}
+    return results, engine.scheduler

@@ -21,7 +21,6 @@ import torch
 import trtgraph
 from trtgraph.buckets import GREEDY, SAMPLED, BatchShape, GraphKey, select
 from trtgraph.errors import BucketMissError, CaptureError, ReplayMismatchError
-from trtgraph.runtime import engine as engine_module
 from trtgraph.runtime import oracle
 from trtgraph.runtime.engine import Engine
 from trtgraph.runtime.requests import read_prompts
@@ -72,30 +71,29 @@ def prompt_ids_of(req: dict) -> list[int]:
 
 # ---- serving with a step bound and the scheduler in reach ------------------------------------
 
-class _BoundedScheduler(Scheduler):
-    """The engine's scheduler, kept for inspection, failing (not hanging) on a livelock:
+class _Bounds:
+    """Wraps the engine's scheduler for one generate(), failing (not hanging) on a livelock:
     too many steps in a row in which no sequence drew a token, or too many steps overall."""
     max_steps = 5000
     max_steps_without_a_token = 200  # a 256-token prompt is 4 chunks; recomputing 8 of them is < 40
-    last: "_BoundedScheduler | None" = None
 
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
+    def __init__(self, sched: Scheduler):
+        self.sched = sched
         self.num_scheduled = self.steps_without_a_token = 0
-        _BoundedScheduler.last = self
 
     def _state(self) -> str:
-        return (f"running {[(s.request.id, s.num_computed, len(s.all_ids)) for s in self.running]}, "
-                f"{len(self.waiting)} waiting, {self.num_preemptions} preemptions so far")
+        s = self.sched
+        return (f"running {[(q.request.id, q.num_computed, len(q.all_ids)) for q in s.running]}, "
+                f"{len(s.waiting)} waiting, {s.num_preemptions} preemptions so far")
 
     def schedule(self):
         self.num_scheduled += 1
         if self.num_scheduled > self.max_steps:
             raise AssertionError(f"the engine did not finish within {self.max_steps} steps: {self._state()}")
-        return super().schedule()
+        return Scheduler.schedule(self.sched)
 
     def advance(self, step, tokens, accepted=None, now=None):
-        drew = super().advance(step, tokens, accepted, now)
+        drew = Scheduler.advance(self.sched, step, tokens, accepted, now)
         self.steps_without_a_token = 0 if drew else self.steps_without_a_token + 1
         if self.steps_without_a_token > self.max_steps_without_a_token:
             raise AssertionError(f"livelock: {self.steps_without_a_token} steps in a row drew no token: "
@@ -116,20 +114,22 @@ class Served:
 
 
 @contextmanager
-def bounded_scheduler():
+def bounded_scheduler(engine: Engine):
+    bounds = _Bounds(engine.scheduler)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine_module, "Scheduler", _BoundedScheduler)
+        mp.setattr(engine.scheduler, "schedule", bounds.schedule)
+        mp.setattr(engine.scheduler, "advance", bounds.advance)
         yield
 
 
 def serve(engine: Engine, requests) -> Served:
     runner = engine.executor.runner
     captures, replays = runner.num_captures, Counter(runner.replays)
-    with bounded_scheduler():
+    with bounded_scheduler(engine):
         out = list(engine.generate(requests))
     order = [r.id for r in out]
     assert len(set(order)) == len(order), f"a request was answered twice: {order}"
-    return Served({r.id: r for r in out}, order, engine.stats, _BoundedScheduler.last, captures,
+    return Served({r.id: r for r in out}, order, engine.stats, engine.scheduler, captures,
                   runner.num_captures, Counter(runner.replays) - replays, engine.executor.num_eager_steps)
 
 
@@ -450,9 +450,9 @@ def test_llm_generate_returns_results_in_input_order(default_artifacts):
         {"id": "refused", "prompt_token_ids": [5] * 250, "max_tokens": 50},
         {"id": "sampled", "prompt": "¿qué?", "max_tokens": 9, "temperature": 0.9, "top_p": 0.9, "seed": 5},
     ]
-    streamed = [r["id"] for r in llm.stream(reqs)]
+    streamed = [d.id for d in llm.stream(reqs) if d.finished]
     assert streamed != ["slow", "7", "refused", "sampled"]  # they finish out of order ...
-    out = llm.generate(reqs)
+    out = [c.to_json() for c in llm.generate(reqs)]
     assert [r["id"] for r in out] == ["slow", "7", "refused", "sampled"]  # ... but come back in order
     for r in out:
         assert set(r) == RESULT_FIELDS

@@ -2,14 +2,16 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "Completion", "CompletionDelta", "Usage", "Timings", "__version__"]
+
+_LAZY = {"LLM", "Completion", "CompletionDelta", "Usage", "Timings"}
 
 
-def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use of LLM
-    if name == "LLM":
-        from .runtime.llm import LLM
+def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use of the API
+    if name in _LAZY:
+        from .runtime import llm
 
-        return LLM
+        return getattr(llm, name)
     if name == "SamplingParams":
         from .runtime.requests import SamplingParams
 

@@ -124,6 +124,7 @@ def main():
       trtgraph capture --config model.yaml   warm up, capture every bucket, write a manifest
       trtgraph inspect trtgraph-artifacts    what was captured, what it cost, does it fit here
       trtgraph run --prompts prompts.jsonl   replay-only serving of a batch of prompts
+      trtgraph serve                         an OpenAI-compatible server on the same engine
     """
 
 
@@ -419,6 +420,31 @@ def _run_summary(s: dict, eager: bool) -> str:
                      f"{100 * sp['acceptance_rate']:.1f}%, {sp['mean_tokens_per_row_step']:.2f} tokens per "
                      f"sequence per verify step")
     return "\n".join(lines)
+
+
+@main.command()
+@click.option("--manifest", "manifest", default="trtgraph-artifacts", show_default=True, type=click.Path(),
+              help="Artifacts directory (or manifest.json) written by `trtgraph capture`.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--max-waiting", default=256, show_default=True, type=click.IntRange(1),
+              help="Requests that may wait for their first token; more get HTTP 429.")
+@click.option("--api-key", envvar="TRTGRAPH_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 (or set TRTGRAPH_API_KEY).")
+def serve(manifest, host, port, max_waiting, api_key):
+    """Serve the manifest's graphs over an OpenAI-compatible HTTP API: POST /v1/completions
+    and /v1/chat/completions (streaming with `stream: true`), GET /v1/models, /health (200
+    once the graphs are locked) and /metrics (Prometheus). Loads, checks, re-records and
+    locks exactly as `run` does. SIGTERM stops accepting, lets in-flight requests finish for
+    a few seconds, aborts the rest and exits 0.
+
+    \b
+    Examples:
+      trtgraph serve --manifest trtgraph-artifacts --port 8000
+      TRTGRAPH_API_KEY=secret trtgraph serve --host 0.0.0.0
+    """
+    from .server.app import serve as run_server
+
+    run_server(manifest, host, port, max_waiting, api_key)
 
 
 @main.command()

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -27,58 +26,13 @@ from .buffers import MAX_STOP_IDS
 from .executor import Executor, StepRow, resolve_device
 from .requests import Request, Result, parse_request, resolve_sampling_defaults
 from .scheduler import ScheduledStep, Scheduler, Sequence
+from .stats import RunStats
+from .streaming import RequestOutput, TextStream
 
 # Re-recorded graphs may take a little more or less pool than at capture (allocator
 # rounding, library versions); more than this means the plan or the machine changed.
 POOL_TOLERANCE_FRACTION = 0.10
 POOL_TOLERANCE_BYTES = 32 << 20
-
-
-@dataclass
-class RunStats:
-    requests: int = 0
-    refused: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    steps: int = 0
-    fast_path_steps: int = 0
-    real_tokens: int = 0  # query tokens of real rows, over all steps
-    padded_tokens: int = 0  # query tokens the keys computed, over all steps
-    preemptions: int = 0
-    seconds: float = 0.0
-    record_seconds: float = 0.0  # start-up: warm-up and re-recording of every key
-    steps_per_key: Counter = field(default_factory=Counter)
-    gpu_busy_seconds: float | None = None  # with gpu_timing: device time inside the steps' graphs
-    verify_steps: int = 0  # speculative steps
-    verify_rows: int = 0  # sequence-steps in them
-    drafted_rows: int = 0  # of those, rows whose K drafts came from an n-gram match
-    drafts_fed: int = 0  # draft tokens fed (K per row, matched or filler)
-    drafts_accepted: int = 0
-    verify_tokens: int = 0  # tokens emitted by verify steps (accepted drafts + one bonus per row)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.completion_tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def padding_waste(self) -> float:
-        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
-
-    def to_json(self) -> dict:
-        return {"requests": self.requests, "refused": self.refused, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 4),
-                "record_seconds": round(self.record_seconds, 4),
-                "tokens_per_second": round(self.tokens_per_second, 2), "steps": self.steps,
-                "fast_path_steps": self.fast_path_steps, "padding_waste_pct": round(100 * self.padding_waste, 2),
-                "preemptions": self.preemptions,
-                "steps_per_key": {str(k): v for k, v in sorted(self.steps_per_key.items())},
-                **({} if not self.verify_steps else {
-                    "speculative": {"verify_steps": self.verify_steps, "drafted_rows": self.drafted_rows,
-                                    "acceptance_rate": round(self.drafts_accepted / max(self.drafts_fed, 1), 4),
-                                    "mean_tokens_per_row_step": round(self.verify_tokens / max(self.verify_rows, 1), 3)}}),
-                **({} if self.gpu_busy_seconds is None else {
-                    "gpu_busy_seconds": round(self.gpu_busy_seconds, 4),
-                    "gpu_idle_per_step_us": round(1e6 * (self.seconds - self.gpu_busy_seconds) / max(self.steps, 1), 1)})}
 
 
 class Engine:
@@ -121,7 +75,26 @@ class Engine:
         self.stop_ids = set(ex.loaded.config.eos_token_ids) | set(self.generation.eos_token_ids)
         sp = config.speculative
         self.drafter = NgramDrafter(sp.draft_len, sp.ngram_min, sp.ngram_max) if sp and speculative else None
-        self.stats = RunStats()
+        self.scheduler = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size, self.drafter,
+                                   config.limits.max_seq_len)
+        self.scheduler.pipelining = self.broadcast is None  # ranks follow one broadcast step at a time
+        self.stats = RunStats(record_seconds=self.record_seconds)
+        self._preemptions_before = 0  # the scheduler's count when `stats` began
+        self._run_start: float | None = None  # when `stats` began counting seconds
+        self._timing = False  # CUDA events around each step (generate(gpu_timing=True))
+        self._live: dict[str, _Live] = {}  # requests being served, by id
+        self._undelivered: list[RequestOutput] = []  # refusals, and outputs handed back
+        self._aborts: set[str] = set()  # applied at the next step
+        self._arrivals = 0  # requests added so far: each sequence's arrival order
+        self._inflight: _InFlight | None = None  # a launched step whose tokens are not read yet
+        self._last: tuple | None = None  # the last step's (key, rows) for the fast path
+        self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
+        pin = ex.device.type == "cuda"
+        # Two pinned host buffer pairs used in turn: one step's tokens land while the other's are read.
+        self._result_bufs = [(torch.zeros(ex.buffers.max_rows, dtype=torch.int64, pin_memory=pin),
+                              torch.zeros(ex.buffers.max_seqs, dtype=torch.int64, pin_memory=pin))
+                             for _ in range(2)]
+        self._result_turn = 0
 
     @property
     def config(self):
@@ -216,53 +189,163 @@ class Engine:
     def scheduler_has_sampled(self) -> bool:
         return "sampled" in {k.sampling for k in self.manifest.graph_keys}
 
+    # ---- the incremental core: add, abort, step -----------------------------------------
+    def add_request(self, request: Request | dict, where: str = "request") -> None:
+        """Queue a request; it joins the running batch at a coming step. A request no
+        recorded key can serve comes back from the next step() as an error Result. Raises
+        PromptError for a malformed dict or an id that is already live."""
+        req = request if isinstance(request, Request) else parse_request(
+            request, where, self.executor.loaded.config.vocab_size)
+        if self._is_live(req.id):
+            raise PromptError(f"{where}: duplicate id {req.id!r}: a request with that id is still being "
+                              f"served; ids must be unique, results are keyed by them.")
+        if not self.has_unfinished():
+            self.executor.runner.check_weights()
+        if self._run_start is None:
+            self._run_start = time.perf_counter()
+        self._arrivals += 1
+        self.stats.requests += 1
+        item = self._admit(req, self._arrivals)
+        if isinstance(item, Result):
+            self.stats.refused += 1
+            self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
+            return
+        self.stats.prompt_tokens += len(item.prompt_ids)
+        self._live[req.id] = _Live(item, time.perf_counter(), TextStream(self.tokenizer, req.stop_strings))
+        self.scheduler.add(item)
+
+    def _is_live(self, request_id: str) -> bool:
+        """Being served, or finished with its last output not yet handed out."""
+        return request_id in self._live or any(o.id == request_id for o in self._undelivered)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop serving a live request at the next step: it leaves the scheduler, its KV
+        blocks are freed, and no more outputs come for it. False if it is not live."""
+        if not self._is_live(request_id):
+            return False
+        self._aborts.add(request_id)
+        return True
+
+    def has_unfinished(self) -> bool:
+        """Whether step() has anything left to do or hand out."""
+        return bool(self._live or self._undelivered or self._inflight is not None)
+
+    def step(self) -> list[RequestOutput]:
+        """Advance by one step: apply aborts, launch a step if none is in flight (and, in
+        steady decoding, the next one before reading this one's tokens), read its tokens
+        back. Returns every request's news: outputs handed back by other consumers first,
+        then refusals, then this step's."""
+        self._apply_aborts()
+        outputs, self._undelivered = self._undelivered, []
+        with torch.inference_mode():
+            if self._inflight is None:
+                self._inflight = self._launch_next()
+            if self._inflight is not None:
+                f = self._inflight
+                # Overlap: while the device runs this decode step, launch the next one (same
+                # rows, inputs advanced on the device) before reading this one's tokens back.
+                self._inflight = (self._launch(f.step, ahead=1) if self.scheduler.extend_decode(f.step)
+                                  else None)
+                outputs += self._complete(f)
+                if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
+                    self._complete(self._inflight)  # ran ahead for rows that all finished: drain it
+                    self._inflight = None
+        self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
+        if self._run_start is not None:
+            self.stats.seconds = time.perf_counter() - self._run_start
+        return outputs
+
+    def hand_back(self, outputs: list[RequestOutput]) -> None:
+        """Outputs a consumer took from step() that belong to another consumer's requests:
+        the next step() returns them first."""
+        self._undelivered = list(outputs) + self._undelivered
+
+    def outputs_of(self, ids: Iterable[str]) -> Iterator[RequestOutput]:
+        """Step until every request in `ids` has finished, yielding their outputs as they
+        come and handing every other request's back for its own consumer."""
+        remaining = set(ids)
+        while remaining:
+            outputs = self.step()
+            self.hand_back([o for o in outputs if o.id not in remaining])
+            for out in outputs:
+                if out.id in remaining:
+                    if out.finished:
+                        remaining.discard(out.id)
+                    yield out
+
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
-        """Serve `requests`; yield each Result as soon as it finishes (errors first).
+        """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
-        reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", self.executor.loaded.config.vocab_size)
+        ids = self.submit(requests, gpu_timing)
+        for out in self.outputs_of(ids):
+            if out.finished:
+                yield out.result
+
+    def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> list[str]:
+        """Validate every request (ids unique within the batch and among live requests),
+        then queue them all; their ids. Submitted to an idle engine they start a new run:
+        `stats` then cover this batch (and whatever joins it before the engine is idle)."""
+        vocab = self.executor.loaded.config.vocab_size
+        reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab)
                 for i, r in enumerate(requests)]
         first: dict[str, int] = {}
         for i, r in enumerate(reqs):
             if r.id in first:
                 raise PromptError(f"request {i}: duplicate id {r.id!r} (first at request {first[r.id]}); "
                                   f"ids must be unique, results are keyed by them.")
+            if self._is_live(r.id):
+                raise PromptError(f"request {i}: duplicate id {r.id!r}: a request with that id is still being "
+                                  f"served; ids must be unique, results are keyed by them.")
             first[r.id] = i
-        ex = self.executor
-        ex.runner.check_weights()
-        sched = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size, self.drafter,
-                          self.config.limits.max_seq_len)
-        sched.pipelining = self.broadcast is None  # ranks follow one broadcast step at a time
-        stats = self.stats = RunStats(requests=len(reqs), record_seconds=self.record_seconds)
-        start = time.perf_counter()
+        if not self.has_unfinished():
+            self.start_run(gpu_timing)
         for i, req in enumerate(reqs):
-            item = self._admit(req, i)
-            if isinstance(item, Result):
-                stats.refused += 1
-                yield item
-            else:
-                stats.prompt_tokens += len(item.prompt_ids)
-                sched.add(item)
-        self._timing = gpu_timing and ex.device.type == "cuda"
+            self.add_request(req, f"request {i}")
+        return list(first)
+
+    def start_run(self, gpu_timing: bool = False) -> None:
+        """Fresh stats, from now on (an idle engine only; submit() and generate() start one
+        when the engine is idle, so what they report covers their own call). gpu_timing:
+        CUDA events around every step, for the GPU's idle time."""
+        if self.has_unfinished():
+            raise RuntimeError("start_run() on an engine that is still serving requests")
+        self.stats = RunStats(record_seconds=self.record_seconds)
+        self._preemptions_before = self.scheduler.num_preemptions
+        self._run_start = time.perf_counter()
+        self._timing = gpu_timing and self.executor.device.type == "cuda"
         if self._timing:
-            stats.gpu_busy_seconds = 0.0
-        self._last = None
-        self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
-        with torch.inference_mode():
-            inflight = None
-            while inflight is not None or sched.has_work:
-                if inflight is None:
-                    step = sched.schedule()
-                    if step is None:  # every running row stepped aside this time; they are waiting now
-                        continue
-                    inflight = self._launch(step)
-                # Overlap: while the GPU runs this decode step, launch the next one (same rows,
-                # inputs advanced on the device) before reading this one's tokens back.
-                following = self._launch(inflight.step, ahead=1) if sched.extend_decode(inflight.step) else None
-                for result in self._complete(inflight, sched, start):
-                    yield result
-                inflight = following
-        stats.preemptions = sched.num_preemptions
-        stats.seconds = time.perf_counter() - start
+            self.stats.gpu_busy_seconds = 0.0
+
+    def _apply_aborts(self) -> None:
+        sched = self.scheduler
+        for rid in self._aborts:
+            live = self._live.pop(rid, None)
+            if live is None:  # finished; its last output is dropped below
+                continue
+            self.stats.aborted += 1
+            self._choices.pop(rid, None)
+            # the request's sequence, and with n > 1 every completion forked from it
+            seqs = [live.seq] + [s for s in (*sched.running, *sched.waiting)
+                                 if s.request is live.seq.request and s is not live.seq]
+            for seq in seqs:
+                if seq.finished:
+                    continue
+                if seq in sched.running:
+                    sched.finish(seq)
+                else:  # waiting: it holds no blocks
+                    sched.waiting.remove(seq)
+                    seq.finished = True
+        if self._aborts:
+            self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
+            self._aborts.clear()
+
+    def _launch_next(self) -> "_InFlight | None":
+        """Form and launch a step; None when nothing is left to run."""
+        while self.scheduler.has_work:
+            step = self.scheduler.schedule()
+            if step is not None:  # None: every running row stepped aside this time; they wait now
+                return self._launch(step)
+        return None
 
     def follow(self) -> int:
         """Ranks other than 0: replay every step rank 0 broadcasts, until it closes."""
@@ -316,19 +399,11 @@ class Engine:
                          logprobs)
 
     def _host_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two pinned host buffer pairs used in turn: one step's results land while the
-        other's are read."""
-        if not hasattr(self, "_result_bufs"):
-            pin = self.executor.device.type == "cuda"
-            b = self.executor.buffers
-            self._result_bufs = [(torch.zeros(b.max_rows, dtype=torch.int64, pin_memory=pin),
-                                  torch.zeros(b.max_seqs, dtype=torch.int64, pin_memory=pin)) for _ in range(2)]
-            self._result_turn = 0
         self._result_turn ^= 1
         return self._result_bufs[self._result_turn]
 
-    def _complete(self, f: "_InFlight", sched: Scheduler, start: float) -> Iterator[Result]:
-        """Wait for a step's tokens, account them, and yield the requests that finished."""
+    def _complete(self, f: "_InFlight") -> list[RequestOutput]:
+        """Wait for a step's tokens, account them, and return each drawing request's news."""
         if f.done is not None:
             f.done.synchronize()
         if f.events:
@@ -337,29 +412,49 @@ class Engine:
         if accepted is not None:
             self.stats.drafts_accepted += sum(accepted)
             self.stats.verify_tokens += sum(accepted) + len(accepted)
-        drew = sched.advance(f.step, f.tokens.tolist(), accepted)
+        drew = self.scheduler.advance(f.step, f.tokens.tolist(), accepted)
         if f.logprobs is not None:
             self._keep_logprobs(f, drew)
+        outputs = []
         for seq, n_new in drew:
-            self._fork(seq, sched)
-            result = self._check_stop(seq, n_new, start)
-            if result is not None:
-                sched.finish(seq)
-                self.stats.completion_tokens += len(result.token_ids)
-                self.stats.seconds = time.perf_counter() - start
-                result = self._gather(seq, result)
+            self._fork(seq)
+            live = self._live[seq.request.id]
+            result = self._check_stop(seq, n_new, live.arrival_seconds)
+            if seq.request.n > 1:  # one output, once all n completions have finished
                 if result is not None:
-                    yield result
+                    outputs += self._finish_choice(seq, result)
+                continue
+            if result is None:
+                out = seq.output_ids
+                outputs.append(RequestOutput(seq.request.id, out[live.num_sent:], live.text.feed(out)))
+                live.num_sent = len(out)
+                continue
+            self.scheduler.finish(seq)
+            del self._live[seq.request.id]
+            self.stats.completion_tokens += len(result.token_ids)
+            outputs.append(RequestOutput(result.id, result.token_ids[live.num_sent:], live.text.finish(result.text),
+                                         True, result.finish_reason, result))
+        return outputs
+
+    def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:
+        """n > 1: one completion finished; the request's output once all n have."""
+        self.scheduler.finish(seq)
+        self.stats.completion_tokens += len(result.token_ids)
+        result = self._gather(seq, result)
+        if result is None:
+            return []
+        del self._live[seq.request.id]
+        return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
 
     # ---- n > 1: fork after the prompt, gather the n completions -------------------------
-    def _fork(self, seq: Sequence, sched: Scheduler) -> None:
+    def _fork(self, seq: Sequence) -> None:
         """When completion 0 of an n > 1 request has drawn its first token (its prompt is in
         the cache), start completions 1..n-1; completion i draws with seed + i (mod 2**63)."""
         req = seq.request
         if req.n == 1 or req.id in self._choices:
             return
         self._choices[req.id] = [None] * req.n
-        sched.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])
+        self.scheduler.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])
 
     def _gather(self, seq: Sequence, result: Result) -> Result | None:
         """n > 1: hold each finished completion until all n have; then one Result carrying
@@ -469,6 +564,15 @@ class Engine:
                         "top_logprobs": [{"token_id": t, "token": dec([t]), "logprob": v}
                                          for t, v in zip(ids[:k], values[1:k + 1])]})
         return out
+
+
+@dataclass
+class _Live:
+    """A request being served: its sequence, when it arrived, and what was handed out."""
+    seq: Sequence
+    arrival_seconds: float  # time.perf_counter() at add_request
+    text: TextStream
+    num_sent: int = 0  # output tokens already handed out
 
 
 @dataclass

@@ -1,40 +1,192 @@
-"""The Python API: `LLM(manifest_path).generate(requests)`, the same fields as the JSONL.
+"""The Python API: prompts in, typed completions out, on one engine.
 
     import trtgraph
     llm = trtgraph.LLM("trtgraph-artifacts")
-    for out in llm.generate([{"id": "a", "prompt": "Hello", "max_tokens": 8}]):
-        print(out["id"], out["text"], out["finish_reason"])
+    for c in llm.generate(["Hello", "The capital of France is"], {"max_tokens": 8}):
+        print(c.id, c.text, c.finish_reason)
+
+Prompts are a string, a list of token ids, a request dict with the JSONL fields (`id`
+optional), or a list of those. `sampling` (a SamplingParams or a dict of the JSONL sampling
+fields) applies to every prompt; a dict prompt's own fields win. Every request goes through
+the JSONL validator. Several `generate` / `stream` / `chat` calls may be live at once (a
+stream consumed alternately with another, a generate in between): they share one scheduler
+and each gets exactly the tokens it would get alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import numbers
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterator
 
+from ..errors import PromptError
 from .engine import Engine
-from .requests import Request
+from .requests import Request, Result, parse_request
+from .streaming import RequestOutput
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    ttft_ms: float | None  # arrival to first token
+    tpot_ms: float | None  # mean time per output token after the first
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished request. `to_json()` is its line in `trtgraph run`'s output."""
+    id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # stop | length | error
+    usage: Usage
+    timings: Timings
+    error: str | None = None
+    logprobs: list | None = None
+    _result: Result = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, r: Result) -> "Completion":
+        return cls(id=r.id, text=r.text, token_ids=list(r.token_ids), finish_reason=r.finish_reason,
+                   usage=Usage(r.prompt_tokens, len(r.token_ids)), timings=Timings(r.ttft_ms, r.tpot_ms),
+                   error=r.error, logprobs=getattr(r, "logprobs", None), _result=r)
+
+    def to_json(self) -> dict:
+        return self._result.to_json()
+
+
+@dataclass(frozen=True)
+class CompletionDelta:
+    """What one engine step added to a request: new token ids and new text (never part of a
+    character, never the start of a stop string), and at the end the whole Completion."""
+    id: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    completion: Completion | None
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> "CompletionDelta":
+        return cls(out.id, list(out.token_ids), out.text, out.finished, out.finish_reason,
+                   Completion.of(out.result) if out.result is not None else None)
 
 
 class LLM:
+    """One engine, used from one thread (the server gives its engine a thread of its own)."""
+
     def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False,
                  model: str | Path | None = None):
         """Load and check the manifest, re-record its graphs, lock. `eager=True` runs the same
         scheduler without graphs, for A/B checks. `model`: the checkpoint directory where it has
         moved since capture (checked against the manifest's file sizes and sha256)."""
         self.engine = Engine(manifest_path, eager=eager, model=model)
+        self._next_id = itertools.count()
 
-    def stream(self, requests: Iterable[dict | Request]) -> Iterator[dict]:
-        """Yield one result dict per request, as each finishes."""
-        for result in self.engine.generate(requests):
-            yield result.to_json()
+    def generate(self, prompts, sampling=None) -> list[Completion]:
+        """Every prompt's Completion, in the order given."""
+        reqs = self._requests(prompts, sampling)
+        done: dict[str, Completion] = {}
+        for out in self.engine.outputs_of(self.engine.submit(reqs)):
+            if out.finished:
+                done[out.id] = Completion.of(out.result)
+        return [done[r.id] for r in reqs]
 
-    def generate(self, requests: Iterable[dict | Request]) -> list[dict]:
-        """All results, in the order of `requests`."""
-        requests = list(requests)
-        by_id = {r["id"]: r for r in self.stream(requests)}
-        return [by_id[str(r.id if isinstance(r, Request) else r["id"])] for r in requests]
+    def stream(self, prompts, sampling=None) -> Iterator[CompletionDelta]:
+        """Deltas as tokens are produced, each prompt's in order, prompts interleaved; the
+        last delta of each has `finished` and the Completion. Validated at the call; the
+        requests join the engine when iteration starts. Closing the iterator early aborts
+        what it had not finished."""
+        return self._stream(self._requests(prompts, sampling))
+
+    def chat(self, conversations, sampling=None) -> list[Completion]:
+        """One conversation (a list of {role, content}) or a list of them, rendered with the
+        checkpoint's chat template; a Completion per conversation."""
+        if isinstance(conversations, list) and conversations and all(isinstance(m, dict) for m in conversations):
+            conversations = [conversations]
+        if not isinstance(conversations, list) or not conversations:
+            raise PromptError("chat: expected a conversation (a list of {role, content}) or a list of them.")
+        return self.generate([{"messages": c} for c in conversations], sampling)
 
     @property
     def stats(self) -> dict:
-        """The last generate()'s summary: tokens/s, steps per key, padding waste, ..."""
+        """The summary of the engine's current run (since it was last idle): tokens/s,
+        steps per key, padding waste, ..."""
         return self.engine.stats.to_json()
+
+    def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
+        ids: list[str] = []
+        try:
+            ids = self.engine.submit(reqs)
+            for out in self.engine.outputs_of(ids):
+                yield CompletionDelta.of(out)
+        finally:  # closed early: the rest leaves the engine at its next step
+            for rid in ids:
+                self.engine.abort(rid)
+
+    def _requests(self, prompts, sampling) -> list[Request]:
+        """Every prompt as a validated Request (ids made for those without one)."""
+        defaults = _sampling_fields(sampling)
+        vocab = self.engine.executor.loaded.config.vocab_size
+        items = [prompts] if _is_one_prompt(prompts) else list(prompts)
+        reqs = []
+        for i, item in enumerate(items):
+            if isinstance(item, Request):
+                reqs.append(item)
+                continue
+            raw = {**defaults, **_prompt_fields(item, f"prompts[{i}]")}
+            if raw.get("id") is None:
+                raw["id"] = f"trtgraph-{next(self._next_id)}"
+            reqs.append(parse_request(raw, f"prompts[{i}]", vocab))
+        return reqs
+
+
+def _is_one_prompt(prompts) -> bool:
+    return isinstance(prompts, (str, dict, Request)) or (
+        isinstance(prompts, (list, tuple)) and bool(prompts) and all(_is_token(t) for t in prompts))
+
+
+def _is_token(t) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)  # numpy integers too
+
+
+def _prompt_fields(item, where: str) -> dict:
+    if isinstance(item, str):
+        return {"prompt": item}
+    if isinstance(item, dict):
+        return dict(item)
+    if isinstance(item, (list, tuple)):
+        return {"prompt_token_ids": [int(t) if _is_token(t) else t for t in item]}
+    raise PromptError(f"{where}: a prompt is a string, a list of token ids or a request dict; got "
+                      f"{type(item).__name__}.")
+
+
+def _sampling_fields(sampling) -> dict[str, Any]:
+    """The JSONL sampling fields of a SamplingParams (those not at their defaults) or a dict."""
+    if sampling is None:
+        return {}
+    if isinstance(sampling, dict):
+        fields = dict(sampling)
+    elif dataclasses.is_dataclass(sampling) and not isinstance(sampling, type):
+        fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)
+                  if getattr(sampling, f.name) != f.default}
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+    else:
+        raise PromptError(f"sampling: expected a SamplingParams or a dict of sampling fields; got "
+                          f"{type(sampling).__name__}.")
+    for name in ("id", "prompt", "prompt_token_ids", "messages"):
+        if name in fields:
+            raise PromptError(f"sampling: `{name}` is not a sampling field; give it with the prompt.")
+    return fields

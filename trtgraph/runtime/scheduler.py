@@ -239,9 +239,12 @@ class Scheduler:
         for i, seed in enumerate(seeds, start=1):
             child = Sequence(request=parent.request, arrival=parent.arrival + i / (len(seeds) + 1),
                              prompt_ids=parent.prompt_ids, seed=seed, index=i)
-            if len(self.running) < self.plan.max_batch_size and shared:
+            # Shared blocks skip the prompt's prefill, and with it the in-graph scan that seeds a
+            # slot's penalty counts: a request with logits processors computes its prompt itself.
+            if len(self.running) < self.plan.max_batch_size and shared and not parent.request.sampling.uses_processors:
                 child.block_table = self.allocator.share(parent.block_table[:shared])
                 child.num_computed = shared * self.block_size
+                child.slot = self.free_slots.pop()
                 self._insert_running(child)
             else:
                 pos = next((j for j, w in enumerate(self.waiting) if w.arrival > child.arrival), len(self.waiting))

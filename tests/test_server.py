@@ -1,0 +1,409 @@
+"""`trtgraph serve` (trtgraph/server/): a real uvicorn server on 127.0.0.1, talked to with the
+official `openai` client. Greedy and seeded requests get exactly the tokens `trtgraph run`
+gives (completions, streaming and not); bad requests get OpenAI error JSON (400 naming the
+field, 401, 429); a client that disconnects has its sequence aborted and its KV blocks
+freed; /health and /metrics parse; a bounded load test of concurrent streaming clients ends
+with every response complete and equal to the offline run and no KV block leaked. Last,
+the CLI: `trtgraph serve` under SIGTERM finishes or aborts in-flight work and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from trtgraph.runtime import requests as request_fields
+from trtgraph.server.app import build_server
+
+ROOT = Path(__file__).resolve().parents[1]
+API_KEY = "test-key"
+MODEL = "trtgraph-synthetic"
+START_TIMEOUT_S = 300
+NUM_CLIENTS, REQUESTS_PER_CLIENT = 32, 4
+
+BASIC = [
+    {"id": "greedy-text", "prompt": "The server says", "max_tokens": 12},
+    {"id": "greedy-ids", "prompt_token_ids": [(9 * j) % 310 for j in range(30)], "max_tokens": 10},
+    {"id": "seeded", "prompt": "a seeded ¿qué? draw", "max_tokens": 14, "temperature": 0.9, "top_k": 50,
+     "seed": 77},
+    {"id": "seeded-top-p", "prompt": "top p", "max_tokens": 9, "temperature": 1.3, "top_p": 0.8, "seed": 5},
+    {"id": "too-long", "prompt_token_ids": [3] * 250, "max_tokens": 50},
+]
+
+
+def load_requests() -> list[dict]:
+    rng = random.Random(0)
+    out = []
+    for c in range(NUM_CLIENTS):
+        for k in range(REQUESTS_PER_CLIENT):
+            req = {"id": f"load-{c}-{k}", "prompt": f"client {c} request {k} " * rng.randint(1, 4),
+                   "max_tokens": rng.randint(2, 12)}
+            if (c + k) % 2:
+                req.update(temperature=0.7, seed=1000 * c + k)
+            out.append(req)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def body_of(req: dict) -> dict:
+    """The OpenAI completion body of a run request."""
+    body = {k: v for k, v in req.items() if k not in ("id", "prompt", "prompt_token_ids", "top_k")}
+    body["prompt"] = req.get("prompt", req.get("prompt_token_ids"))
+    if "top_k" in req:
+        body.setdefault("extra_body", {})["top_k"] = req["top_k"]
+    return body
+
+
+@pytest.fixture(scope="module")
+def offline(default_artifacts, tmp_path_factory):
+    """`trtgraph run` over every request the tests send: {id: result line}."""
+    d = tmp_path_factory.mktemp("offline")
+    prompts, out = d / "prompts.jsonl", d / "out.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in BASIC + load_requests()), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", str(prompts), "--manifest",
+                    str(default_artifacts), "--output", str(out)], check=True, capture_output=True, env=env,
+                   timeout=600)
+    return {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+
+
+class Running:
+    def __init__(self, server, thread, port):
+        self.server, self.thread, self.port = server, thread, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.health_before_load: int | None = None
+
+    def client(self, key: str = API_KEY, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
+
+    def metrics(self) -> dict:
+        text = httpx.get(self.url + "/metrics", timeout=30).text
+        return {s.name + str(sorted(s.labels.items())): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    @property
+    def engine(self):
+        return self.thread.engine
+
+    def idle_and_leak_free(self) -> bool:
+        e = self.engine
+        return (not e.has_unfinished() and not e.scheduler.running and not e.scheduler.waiting
+                and e.scheduler.allocator.num_free == e.executor.num_blocks - 1)
+
+
+@pytest.fixture(scope="module")
+def server(default_artifacts, one_torch_thread):
+    port = free_port()
+    srv, thread = build_server(default_artifacts, "127.0.0.1", port, max_waiting=64, api_key=API_KEY,
+                               log_level="warning")
+    runner = threading.Thread(target=srv.run, daemon=True)
+    runner.start()
+    running = Running(srv, thread, port)
+    try:
+        wait_for(lambda: srv.started, 60, "uvicorn to start")
+        running.health_before_load = httpx.get(running.url + "/health", timeout=30).status_code
+        thread.start()
+        wait_for(lambda: httpx.get(running.url + "/health", timeout=30).status_code == 200, START_TIMEOUT_S,
+                 "GET /health to answer 200")
+        yield running
+    finally:
+        srv.should_exit = True
+        runner.join(60)
+        assert not runner.is_alive(), "the server did not stop within 60 s"
+
+
+# ---- health, models, exact tokens ----------------------------------------------------------
+
+def test_health_is_503_until_the_graphs_are_locked_then_200(server):
+    assert server.health_before_load == 503
+    assert httpx.get(server.url + "/health", timeout=30).json() == {"status": "ok"}
+    assert [m.id for m in server.client().models.list().data] == [MODEL]
+
+
+@pytest.mark.parametrize("rid", ["greedy-text", "greedy-ids", "seeded", "seeded-top-p"])
+def test_completion_gives_run_tokens(server, offline, rid):
+    want = offline[rid]
+    req = next(r for r in BASIC if r["id"] == rid)
+    c = server.client().completions.create(model=MODEL, **body_of(req))
+    (choice,) = c.choices
+    assert choice.token_ids == want["token_ids"] and choice.text == want["text"]
+    assert choice.finish_reason == want["finish_reason"] == "length"
+    assert c.usage.prompt_tokens == want["usage"]["prompt_tokens"]
+    assert c.usage.completion_tokens == len(want["token_ids"])
+    assert c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+
+
+@pytest.mark.parametrize("rid", ["greedy-text", "seeded"])
+def test_streamed_completion_gives_run_tokens_and_usage(server, offline, rid):
+    want = offline[rid]
+    req = next(r for r in BASIC if r["id"] == rid)
+    chunks = list(server.client().completions.create(model=MODEL, stream=True,
+                                                      stream_options={"include_usage": True}, **body_of(req)))
+    *deltas, last = chunks
+    assert len(deltas) > 2  # incremental, not one chunk at the end
+    assert sum((ch.choices[0].token_ids for ch in deltas), []) == want["token_ids"]
+    assert "".join(ch.choices[0].text for ch in deltas) == want["text"]
+    assert [ch.choices[0].finish_reason for ch in deltas] == [None] * (len(deltas) - 1) + ["length"]
+    assert last.choices == [] and last.usage.completion_tokens == len(want["token_ids"])
+    assert all(ch.usage is None for ch in deltas)
+
+
+def test_stream_ends_with_done(server):
+    body = {"model": MODEL, "prompt": "done?", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.skipif("messages" not in request_fields.FIELDS,
+                    reason="chat needs the request `messages` field and chat templates (trtgraph/models/chat.py)")
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_gives_run_tokens(server, default_artifacts, tmp_path, stream):
+    messages = [{"role": "user", "content": "Hello there"}]
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "o.jsonl"
+    prompts.write_text(json.dumps({"id": "chat", "messages": messages, "max_tokens": 8}) + "\n")
+    subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", str(prompts), "--manifest",
+                    str(default_artifacts), "--output", str(out)], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    want = json.loads(out.read_text())
+    chat = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=8, stream=stream)
+    if stream:
+        chunks = list(chat)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert sum((ch.choices[0].token_ids for ch in chunks), []) == want["token_ids"]
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want["text"]
+    else:
+        assert chat.choices[0].message.content == want["text"]
+        assert chat.choices[0].token_ids == want["token_ids"]
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+def error_of(exc: openai.APIStatusError) -> dict:
+    body = exc.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"temperature": -1}, "temperature"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"extra_body": {"bogus": 1}}, "bogus"),
+    ({"n": 2}, "n"),
+    ({"prompt": ["two", "prompts"]}, "prompt"),
+    ({"prompt": [1, 2, 99999]}, "prompt_token_ids"),
+], ids=["temperature", "max_tokens", "unknown", "n", "batch", "token-id"])
+def test_bad_requests_get_400_naming_the_field(server, kwargs, param):
+    args = {"model": MODEL, "prompt": "hello", "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as exc:
+        server.client().completions.create(**args)
+    err = error_of(exc.value)
+    assert err["param"] == param and param in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_a_prompt_no_key_can_serve_gets_400_with_runs_message(server, offline):
+    req = next(r for r in BASIC if r["id"] == "too-long")
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as exc:
+            server.client().completions.create(model=MODEL, stream=stream, **body_of(req))
+        assert error_of(exc.value)["message"] == offline["too-long"]["error"]
+
+
+def test_malformed_json_and_wrong_model(server):
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=30,
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError) as exc:
+        server.client().completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert error_of(exc.value)["param"] == "model"
+
+
+def test_api_key_is_required(server):
+    with pytest.raises(openai.AuthenticationError) as exc:
+        server.client(key="wrong").completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert error_of(exc.value)["code"] == "invalid_api_key"
+    r = httpx.get(server.url + "/v1/models", timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+# ---- queue limit and disconnects ----------------------------------------------------------------
+
+def open_stream(server, prompt: str, max_tokens: int):
+    """A raw streaming request and its line iterator, read up to the first chunk."""
+    client = httpx.Client(timeout=120)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    cm = client.stream("POST", server.url + "/v1/completions", json=body,
+                       headers={"Authorization": f"Bearer {API_KEY}"})
+    resp = cm.__enter__()
+    assert resp.status_code == 200
+    lines = resp.iter_lines()
+    assert next(line for line in lines if line).startswith("data: {")
+    return client, cm, lines
+
+
+def test_disconnect_mid_stream_aborts_and_frees_kv_blocks(server):
+    before = server.metrics().get("trtgraph_requests_total[('outcome', 'abort')]", 0)
+    client, cm, lines = open_stream(server, "talk for a long time", 200)
+    assert next(line for line in lines if line).startswith("data: {")  # a second delta: decoding
+    assert server.engine.scheduler.running
+    cm.__exit__(None, None, None)
+    client.close()
+    wait_for(server.idle_and_leak_free, 60, "the aborted sequence to leave and free its blocks")
+    assert server.metrics()["trtgraph_requests_total[('outcome', 'abort')]"] == before + 1
+
+
+def test_more_than_max_waiting_gets_429(server):
+    batch = server.engine.config.limits.max_batch_size
+    server.thread.max_waiting = 2
+    streams = []
+    try:
+        streams = [open_stream(server, f"long runner {i}", 230) for i in range(batch)]  # a full batch
+        waiting = [threading.Thread(target=lambda i=i: _post_quietly(server, f"waiting {i}"), daemon=True)
+                   for i in range(2)]
+        for t in waiting:
+            t.start()
+        wait_for(lambda: server.thread.queued == 2, 60, "two requests waiting")
+        with pytest.raises(openai.RateLimitError) as exc:
+            server.client().completions.create(model=MODEL, prompt="one too many", max_tokens=2)
+        assert error_of(exc.value)["code"] == "too_many_waiting_requests"
+        assert server.metrics()["trtgraph_queue_depth[]"] == 2
+    finally:
+        server.thread.max_waiting = 64
+        for client, cm, _ in streams:
+            cm.__exit__(None, None, None)
+            client.close()
+    for t in waiting:
+        t.join(120)
+    wait_for(server.idle_and_leak_free, 60, "every sequence to finish or abort and free its blocks")
+
+
+def _post_quietly(server, prompt):
+    httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
+               headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300)
+
+
+# ---- metrics and load ----------------------------------------------------------------------------
+
+def test_metrics_parse_in_the_prometheus_text_format(server):
+    server.client().completions.create(model=MODEL, prompt="count me", max_tokens=3)
+    wait_for(server.idle_and_leak_free, 60, "the request to finish")
+    m = server.metrics()
+    assert m["trtgraph_generation_tokens_total[]"] > 0 and m["trtgraph_prompt_tokens_total[]"] > 0
+    assert m["trtgraph_requests_total[('outcome', 'length')]"] >= 1
+    assert any(k.startswith("trtgraph_steps_total[('key', '(bs=") for k in m)
+    assert m["trtgraph_time_to_first_token_seconds_count[]"] >= 1
+    assert m["trtgraph_time_per_output_token_seconds_count[]"] >= 1
+    assert 0.0 <= m["trtgraph_padding_waste_ratio[]"] < 1.0
+    assert m["trtgraph_kv_blocks_free[]"] == m["trtgraph_kv_blocks_total[]"] == server.engine.executor.num_blocks - 1
+    assert "trtgraph_running_sequences[]" in m and "trtgraph_step_seconds_count[]" in m
+
+
+def test_load_concurrent_streaming_clients_get_run_tokens(server, offline):
+    reqs = load_requests()
+    order = random.Random(1).sample(range(NUM_CLIENTS), NUM_CLIENTS)
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+    async def one(req):
+        t0 = time.perf_counter()
+        stream = await client.completions.create(model=MODEL, stream=True, **body_of(req))
+        times, toks, finish = [], [], None
+        async for ch in stream:
+            times.append(time.perf_counter())
+            toks += ch.choices[0].token_ids
+            finish = ch.choices[0].finish_reason or finish
+        return req["id"], toks, finish, times[0] - t0, (times[-1] - times[0]) / max(len(times) - 1, 1)
+
+    async def user(c, rng):
+        await asyncio.sleep(rng.random() * 0.5)  # arrivals spread out, in random order
+        return [await one(reqs[c * REQUESTS_PER_CLIENT + k]) for k in range(REQUESTS_PER_CLIENT)]
+
+    async def everyone():
+        rng = random.Random(2)
+        return sum(await asyncio.gather(*(user(c, rng) for c in order)), [])
+
+    results = asyncio.run(asyncio.wait_for(everyone(), 600))
+    assert len(results) == NUM_CLIENTS * REQUESTS_PER_CLIENT
+    for rid, toks, finish, _, _ in results:
+        assert toks == offline[rid]["token_ids"], rid
+        assert finish == offline[rid]["finish_reason"], rid
+    wait_for(server.idle_and_leak_free, 60, "no KV block leaked")
+    ttft = sorted(r[3] * 1e3 for r in results)
+    tpot = sorted(r[4] * 1e3 for r in results)
+    q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+    print(f"\nload: {len(results)} streamed requests from {NUM_CLIENTS} clients: TTFT p50 {q(ttft, .5):.1f} ms "
+          f"p99 {q(ttft, .99):.1f} ms; TPOT p50 {statistics.median(tpot):.1f} ms p99 {q(tpot, .99):.1f} ms")
+
+
+# ---- the CLI under SIGTERM -----------------------------------------------------------------------
+
+def test_cli_serve_sigterm_finishes_or_aborts_in_flight_and_exits_0(default_artifacts):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRTGRAPH_API_KEY": "env-key"}
+    proc = subprocess.Popen([sys.executable, "-m", "trtgraph", "serve", "--manifest", str(default_artifacts),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def healthy():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                return httpx.get(url + "/health", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for(healthy, START_TIMEOUT_S, "the CLI server to answer /health 200")
+        assert httpx.get(url + "/v1/models", timeout=30).status_code == 401  # TRTGRAPH_API_KEY applies
+        got: list = []
+        body = {"model": MODEL, "prompt": "in flight at SIGTERM", "max_tokens": 200, "stream": True}
+
+        def consume():
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120,
+                              headers={"Authorization": "Bearer env-key"}) as r:
+                got.extend(line for line in r.iter_lines() if line)
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        wait_for(lambda: len(got) >= 2, 60, "the stream to start")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        reader.join(30)
+        assert proc.returncode == 0, stderr.decode()
+        assert "Traceback" not in stderr.decode()
+        assert got[-1] == "data: [DONE]"  # finished, or ended with an abort event before [DONE]
+        last = json.loads(got[-2][6:])
+        assert last.get("error", {}).get("code") == "aborted" or last["choices"][0]["finish_reason"] == "length"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

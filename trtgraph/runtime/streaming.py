@@ -1,0 +1,70 @@
+"""Incremental outputs: what one engine step adds to a request, as token ids and text.
+
+Streamed text never splits a UTF-8 character (a token that ends inside one is held until
+the character completes) and never shows text that may turn out to be the start of a stop
+string (that suffix is held until it cannot be one, or the request finishes). Concatenated,
+a request's text deltas equal its final `Result.text`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .requests import Result
+
+REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that do not (yet) form a character
+
+
+@dataclass
+class RequestOutput:
+    """One step's news for one request: new token ids, new text, and at the end its Result."""
+    id: str
+    token_ids: list[int] = field(default_factory=list)  # new since this request's previous output
+    text: str = ""  # new text since the previous output
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | error, when finished
+    result: Result | None = None  # the whole request, when finished
+
+
+class TextStream:
+    """One request's detokenizer. It decodes a sliding window of ids (the tokens since the
+    last complete character boundary plus the new ones), so each step costs a few tokens'
+    decoding, not the whole output's."""
+
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...] = ()):
+        self._decode = tokenizer.decode
+        self._stops = stop_strings
+        self._prefix_offset = 0  # window start: ids before it are text already
+        self._read_offset = 0  # ids up to here are in `text`
+        self.text = ""  # decoded so far, ending on a complete character
+        self.sent = 0  # characters of `text` already handed out
+
+    def feed(self, ids: list[int]) -> str:
+        """The new text after `ids` (all of the request's output ids so far) grew."""
+        before = self._decode(ids[self._prefix_offset:self._read_offset])
+        now = self._decode(ids[self._prefix_offset:])
+        if len(now) > len(before) and not now.endswith(REPLACEMENT):
+            self.text += now[len(before):]
+            self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+        safe = min([len(self.text) - stop_prefix_length(self.text, self._stops)]
+                   + [self.text.find(s) for s in self._stops if s in self.text])
+        if safe <= self.sent:
+            return ""
+        delta, self.sent = self.text[self.sent:safe], safe
+        return delta
+
+    def finish(self, final_text: str) -> str:
+        """The rest of `final_text` (the Result's text) after what was handed out."""
+        sent = self.text[:self.sent]
+        return final_text[len(sent):] if final_text.startswith(sent) else ""
+
+
+def stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

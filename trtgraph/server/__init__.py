@@ -1,0 +1,1 @@
+"""`trtgraph serve`: an OpenAI-compatible HTTP server on the replay-only engine."""

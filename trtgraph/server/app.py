@@ -1,0 +1,233 @@
+"""The OpenAI-compatible HTTP front on FastAPI + uvicorn: /v1/completions,
+/v1/chat/completions (JSON or Server-Sent Events), /v1/models, /health, /metrics.
+
+Handlers validate the body, hand the request to the engine thread and drain its queue; they
+never touch the engine. A client that disconnects has its request aborted (the engine frees
+its KV blocks at the next step). SIGTERM: uvicorn stops accepting, in-flight requests get
+GRACE_SECONDS to finish, the rest are aborted, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import threading
+import time
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import ConfigError, PromptError, TrtgraphError
+from .engine_thread import Aborted, EngineThread
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import OpenAIError, Shapes, bad_request, chat_request, completion_request, new_id
+
+DRAIN_SECONDS = 5.0  # after SIGTERM, how long in-flight requests may run before they are aborted
+GRACE_SECONDS = 10.0  # then uvicorn closes whatever connection is still open
+DISCONNECT_POLL_SECONDS = 0.5  # non-streaming requests: how often to look for a gone client
+
+
+def create_app(thread: EngineThread, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The app over an engine thread (started by the caller; stopped when the app shuts down)."""
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(thread.stop, GRACE_SECONDS)
+
+    app = FastAPI(title="trtgraph", lifespan=lifespan)
+    app.state.thread = thread
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request, exc: OpenAIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode(), api_key.encode())):
+            raise OpenAIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`.",
+                              error_type="authentication_error", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        if thread.ready.is_set():
+            return {"status": "ok"}
+        return JSONResponse({"status": "loading"}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(thread.metrics.text(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "trtgraph"}]}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(request: Request):
+        return await _respond(request, thread, model_name, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(request: Request):
+        return await _respond(request, thread, model_name, chat=True)
+
+    return app
+
+
+async def _respond(request: Request, thread: EngineThread, model_name: str, chat: bool):
+    if not thread.ready.is_set():
+        raise OpenAIError(503, "the engine is still loading; retry when GET /health answers 200.",
+                          error_type="server_error", code="loading")
+    body = await _body(request)
+    if body.get("model", model_name) != model_name:
+        raise OpenAIError(404, f"model {body.get('model')!r} is not served here; this server serves "
+                               f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
+    rid = new_id("chatcmpl" if chat else "cmpl")
+    vocab = thread.engine.executor.loaded.config.vocab_size
+    req, edge = (chat_request if chat else completion_request)(body, rid, vocab)
+    queue = thread.submit(req)
+    if queue is None:
+        thread.metrics.requests.labels("rejected").inc()
+        raise OpenAIError(429, f"more than {thread.max_waiting} requests are waiting (--max-waiting); "
+                               f"retry later.", error_type="rate_limit_error", code="too_many_waiting_requests")
+    try:
+        first = await _next(queue, request, thread, rid)
+    except BaseException:
+        thread.abort(rid)
+        raise
+    _raise_if_refused(first)
+    shapes = Shapes(chat, model_name, rid)
+    if edge["stream"]:
+        return StreamingResponse(_events(first, queue, shapes, edge["include_usage"], thread, rid),
+                                 media_type="text/event-stream")
+    item = first
+    while not item.finished:
+        item = await _next(queue, request, thread, rid)
+        _raise_if_refused(item)
+    return shapes.full(item.result)
+
+
+async def _body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, RecursionError):
+        raise bad_request("the request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object.")
+    return body
+
+
+async def _next(queue: asyncio.Queue, request: Request, thread: EngineThread, rid: str):
+    """The request's next output; aborts it if the client went away meanwhile."""
+    while True:
+        try:
+            return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                thread.abort(rid)
+                raise OpenAIError(499, "the client disconnected.") from None
+
+
+def _raise_if_refused(item) -> None:
+    if isinstance(item, Aborted):
+        raise OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error", code="aborted")
+    if isinstance(item, PromptError):
+        raise bad_request(str(item))
+    if isinstance(item, TrtgraphError):
+        raise OpenAIError(500, str(item), error_type="server_error")
+    if item.finished and item.finish_reason == "error":  # no recorded key can serve it: run's message
+        raise bad_request(item.result.error)
+
+
+async def _events(first, queue: asyncio.Queue, shapes: Shapes, include_usage: bool, thread: EngineThread,
+                  rid: str):
+    """Server-Sent Events: a chunk per step's delta, usage if asked, then [DONE]. Leaving
+    early (the client disconnected, the server stopping) aborts the request."""
+    done, item, is_first = False, first, True
+    try:
+        while True:
+            if isinstance(item, Aborted):
+                yield _sse(OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error",
+                                       code="aborted").body())
+                break
+            yield _sse(shapes.chunk(item.text, item.token_ids, item.finish_reason if item.finished else None,
+                                    first=is_first, with_usage=include_usage))
+            is_first = False
+            if item.finished:
+                if include_usage:
+                    yield _sse(shapes.usage_chunk(item.result))
+                break
+            item = await queue.get()
+        done = True
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:
+            thread.abort(rid)
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str | None,
+                 log_level: str = "info") -> tuple[uvicorn.Server, EngineThread]:
+    """The uvicorn server and its engine thread (not started: the thread loads the engine
+    when started, and GET /health answers 503 until then)."""
+    from ..artifacts import load_manifest
+    from ..runtime.engine import Engine
+
+    manifest_obj = load_manifest(manifest)
+    if manifest_obj.parallel.get("tensor_parallel_size", 1) != 1:
+        raise ConfigError(f"{manifest}: `trtgraph serve` serves single-process manifests; this one was captured "
+                          f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
+    path = manifest_obj.app_config().model.path
+    model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
+    thread = EngineThread(lambda: Engine(manifest), Metrics(), max_waiting)
+    config = uvicorn.Config(create_app(thread, model_name, api_key), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=GRACE_SECONDS, lifespan="on")
+    server = _Server(config, thread)
+    thread.on_failure = lambda: setattr(server, "should_exit", True)
+    return server, thread
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server; on SIGTERM/SIGINT it also starts the clock on in-flight requests:
+    DRAIN_SECONDS to finish, then they end with an abort event (and their streams with
+    [DONE]) instead of a cut connection."""
+
+    def __init__(self, config: uvicorn.Config, thread: EngineThread):
+        super().__init__(config)
+        self._drain = threading.Timer(DRAIN_SECONDS, thread.abort_all, ["the server is shutting down"])
+        self._drain.daemon = True
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        if not self._drain.is_alive() and not self._drain.finished.is_set():
+            self._drain.start()
+
+
+def serve(manifest, host: str, port: int, max_waiting: int, api_key: str | None) -> None:
+    """Bind, load the engine in its thread, serve until SIGTERM or SIGINT. Raises the
+    engine's load error (a TrtgraphError) if loading fails."""
+    server, thread = build_server(manifest, host, port, max_waiting, api_key)
+    # uvicorn handles SIGTERM/SIGINT itself and re-raises the signal once it has shut down;
+    # by then every request is finished or aborted, so that re-raise should just return.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    thread.start()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits 1 when it cannot bind; say why, exit 2
+        if server.started:
+            raise
+    if thread.failed is not None:
+        raise thread.failed
+    if not server.started:
+        raise ConfigError(f"cannot listen on {host}:{port} (in use, or not an address of this machine); "
+                          f"pick another --host/--port.")
