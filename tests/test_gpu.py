@@ -99,10 +99,11 @@ def test_cuda_runtime_replay_equals_eager_and_oracle(tmp_path):
     assert engine.stats.preemptions > 0 and engine.stats.fast_path_steps > 0
     del engine
     gc.collect()
-    eager = {r.id: r.token_ids for r in Engine(tmp_path, eager=True).generate(reqs)}
+    eager_engine = Engine(tmp_path, eager=True)
+    eager = {r.id: r.token_ids for r in eager_engine.generate(reqs)}
     assert replay == eager
     for q in reqs:  # fp32 on the GPU: the oracle agrees token for token
-        want = generate(engine.executor.loaded, q["prompt_token_ids"], q["max_tokens"],
+        want = generate(eager_engine.executor.loaded, q["prompt_token_ids"], q["max_tokens"],
                         temperature=q["temperature"], top_k=q["top_k"], seed=q["seed"])
         assert replay[str(q["id"])] == want, q["id"]
 

@@ -158,9 +158,17 @@ def test_rope_write_kv(device, dtype):
 
 
 @needs_triton
+@pytest.mark.parametrize("invariant", [True, False], ids=["fixed-splits", "adaptive-splits"])
 @pytest.mark.parametrize("q_len,batch", [(1, 1), (1, 3), (3, 2), (8, 2)])
-def test_paged_attention(q_len, batch):
-    run_attention(CPU, torch.float32, q_len, batch, seed=q_len * 10 + batch)
+def test_paged_attention(q_len, batch, invariant):
+    """Both split-KV modes (deterministic: true / false) equal the torch reference."""
+    from trtgraph.kernels.triton_ops import set_attention_invariant
+
+    set_attention_invariant(invariant)
+    try:
+        run_attention(CPU, torch.float32, q_len, batch, seed=q_len * 10 + batch)
+    finally:
+        set_attention_invariant(True)
 
 
 @needs_triton

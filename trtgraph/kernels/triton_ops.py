@@ -173,11 +173,13 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                 mask=row_ok[:, None], other=0.0)
     ctx = tl.max(pos, axis=0) + 1
 
-    # Split s owns KV tiles [s * SPLIT_TILES, (s + 1) * SPLIT_TILES): where a row's KV range
-    # is cut depends on its own context length only, never on the rest of the step.
+    # Batch-invariant (SPLIT_TILES > 0): split s owns KV tiles [s * SPLIT_TILES, (s + 1) *
+    # SPLIT_TILES), so where a row's KV range is cut depends on its own context length only.
+    # Adaptive (SPLIT_TILES == 0): the row's tiles are shared out over the key's NUM_SPLITS.
     tiles = tl.cdiv(ctx, BLOCK_N)
-    start = split * SPLIT_TILES
-    end = tl.minimum(start + SPLIT_TILES, tiles) if NUM_SPLITS > 1 else tiles
+    per_split = SPLIT_TILES if SPLIT_TILES > 0 else tl.cdiv(tiles, NUM_SPLITS)
+    start = split * per_split
+    end = tl.minimum(start + per_split, tiles) if NUM_SPLITS > 1 else tiles
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -231,7 +233,7 @@ def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, pos_ptr, q_str
     # Only the splits the main kernel gave work to (short contexts leave most empty).
     ctx = tl.max(tl.load(pos_ptr + tok, mask=row_ok, other=-1), axis=0) + 1
     tiles = tl.cdiv(ctx, BLOCK_N)
-    used = tl.cdiv(tiles, SPLIT_TILES)
+    used = tl.cdiv(tiles, SPLIT_TILES if SPLIT_TILES > 0 else tl.cdiv(tiles, NUM_SPLITS))
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(used):
         rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -249,22 +251,49 @@ def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, pos_ptr, q_str
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+_NUM_SMS: dict = {}
+# Batch-invariant split-KV (fixed pieces of KV tiles) or the faster adaptive split (as many
+# splits as fill the GPU for this key's batch). The executor sets it once at build from the
+# config's `deterministic`, before any warm-up or capture.
+_INVARIANT_ATTENTION = [True]
+
+
+def set_attention_invariant(invariant: bool) -> None:
+    _INVARIANT_ATTENTION[0] = bool(invariant)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    if device not in _NUM_SMS:
+        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS[device]
+
+
 def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
                            device: torch.device) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, query blocks per sequence, KV splits, KV tiles per split): a pure
     function of the key's shapes, so a recorded graph always launches the same grid.
 
-    Decode splits the KV range into fixed pieces of `tiles per split` tiles (flash-decoding),
-    so a row's reduction order depends on its own context length only: the same in every
-    bucket and whatever else shares the step. The grid holds enough splits for the longest
-    context the block table allows; splits past a row's context do no work."""
+    Batch-invariant (the default, and `deterministic: true`): decode splits the KV range into
+    fixed pieces of `tiles per split` tiles (flash-decoding), so a row's reduction order
+    depends on its own context length only: the same in every bucket and whatever else shares
+    the step; splits past a row's context do no work. Adaptive (`deterministic: false`):
+    tiles per split is 0 and the key gets as many splits as fill the GPU about twice over,
+    each row's tiles shared out over them — faster at large batches, but a row's rounding
+    then depends on its bucket."""
     rows = q_len * group
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
     block_n = 64 if device.type == "cuda" else 16
     q_blocks = triton.cdiv(rows, block_m)
-    split_tiles = 4 if device.type == "cuda" else 2
-    splits = 1 if q_len > 1 else triton.cdiv(triton.cdiv(max_len, block_n), split_tiles)
-    return block_m, block_n, q_blocks, splits, split_tiles
+    max_tiles = triton.cdiv(max_len, block_n)
+    if _INVARIANT_ATTENTION[0]:
+        split_tiles = 4 if device.type == "cuda" else 2
+        splits = 1 if q_len > 1 else triton.cdiv(max_tiles, split_tiles)
+        return block_m, block_n, q_blocks, splits, split_tiles
+    programs = batch * q_blocks * num_kv_heads
+    splits = 1 if q_len > 1 else max(1, min(max_tiles, 2 * _num_sms(device) // programs, 32))
+    return block_m, block_n, q_blocks, splits, 0
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -131,8 +131,11 @@ class Executor:
         if loaded is None:
             kernels = get_kernels(resolve_kernels(config.kernels, device.type))
             loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels, tp)
-        if loaded.model.ops.name == "triton":  # each GEMM shape's backend, batch-invariant where asked
+        if loaded.model.ops.name == "triton":  # GEMM backends and attention splits, batch-invariant where asked
             from ..kernels.linear import choose_backends
+            from ..kernels.triton_ops import set_attention_invariant
+
+            set_attention_invariant(config.deterministic)
 
             counts = loaded.model.linear_row_counts([k.num_tokens for k in plan.keys],
                                                     [k.num_logit_rows for k in plan.keys])
