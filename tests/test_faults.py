@@ -127,9 +127,10 @@ def test_resume_repairs_a_line_cut_short_by_a_hard_kill(tmp_path):
     from trtgraph.runtime.requests import finished_ids
 
     out = tmp_path / "out.jsonl"
-    out.write_bytes(b'{"id": "a", "token_ids": [1]}\n{"id": "b", "token_ids": [2]}\n{"id": "c", "tok')
+    out.write_bytes(b'{"id": "a", "token_ids": [1], "finish_reason": "length"}\n'
+                    b'{"id": "b", "token_ids": [2], "finish_reason": "stop"}\n{"id": "c", "tok')
     assert finished_ids(out) == {"a", "b"}
-    assert out.read_bytes().endswith(b'[2]}\n')  # valid JSONL again; "c" runs again
+    assert out.read_bytes().endswith(b'"stop"}\n')  # valid JSONL again; "c" runs again
 
 
 def test_resume_refuses_a_file_that_is_not_run_output(tmp_path):
