@@ -71,6 +71,8 @@ def greedy_only_artifacts(tmp_path_factory):
 
 def generate_with_scheduler(engine, requests):
     """Run engine.generate to the end; return ({id: Result}, the engine's Scheduler), so tests
-    can look at the block allocator and queues afterwards."""
+    can look at the block allocator and queues afterwards. The engine keeps one scheduler for
+    its life: its allocator's peak is reset first, so `peak_used` is this call's."""
+    engine.scheduler.allocator.peak_used = 0
     results = {r.id: r for r in engine.generate(requests)}
     return results, engine.scheduler

@@ -431,8 +431,6 @@ MANIFEST_CASES = [
     ("nul-in-triton-cache-path", _set("paths", "triton_cache", "a\0b"), ["paths.triton_cache = 'a\\x00b'", "NUL"]),
     ("config-model-path-relative", _set("config", "model", {"path": "ckpt"}),
      ["config.model.path = 'ckpt'", "absolute"]),
-    ("moved-checkpoint", _moved_checkpoint,
-     ["config.model.path = '/nonexistent/trtgraph-test/ckpt'", "moved or deleted", "Put it back"]),
     ("synthetic-seed-disagrees", _set("model", "seed", 7), ["model.seed = 7", "expected 0, from the synthetic spec"]),
     ("synthetic-spec-incomplete", lambda b: b["config"]["model"]["synthetic"].pop("hidden_size"),
      ["its config section is invalid", "model.synthetic has no `hidden_size`"]),
@@ -470,14 +468,18 @@ def test_nan_literal_in_a_manifest_is_refused(tmp_path, default_artifacts):
     assert "NaN is not a JSON number" in result.output
 
 
-def test_forged_manifest_exits_2_through_inspect_and_run(tmp_path, default_artifacts):
+def test_a_moved_checkpoint_is_shown_by_inspect_and_refused_by_run_naming_the_field(tmp_path, default_artifacts):
+    """A checkpoint that moved after capture: `inspect` still shows the manifest (artifacts can
+    move), `run` refuses it (exit 2) naming config.model.path and `--model PATH`."""
     art = forge(default_artifacts, tmp_path / "art", _moved_checkpoint)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "prompt": "x"}\n')
-    for args in (["inspect", str(art)], ["run", "--prompts", str(prompts), "--manifest", str(art)]):
-        result = CliRunner().invoke(main, args)
-        assert result.exit_code == 2, result.output
-        assert "config.model.path" in result.output and "moved or deleted" in result.output
+    shown = CliRunner().invoke(main, ["inspect", str(art)])
+    assert shown.exit_code == 0, shown.output
+    result = CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--manifest", str(art)])
+    assert result.exit_code == 2, result.output
+    for fragment in ("config.model.path", "moved or deleted", "--model PATH"):
+        assert fragment in result.output, result.output
 
 
 def test_unedited_copy_loads(tmp_path, default_artifacts):

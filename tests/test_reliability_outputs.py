@@ -37,9 +37,9 @@ def cli(*args, env=None):
     return CliRunner().invoke(main, [str(a) for a in args], env=env)
 
 
-def write_prompts(path: Path, rows=PROMPTS, n: int | None = None) -> Path:
-    rows = rows if n is None else [{"id": f"r{i:03d}", "prompt": f"request {i} " * (1 + i % 7), "max_tokens": 120}
-                                   for i in range(n)]
+def write_prompts(path: Path, rows=PROMPTS, n: int | None = None, max_tokens: int = 120) -> Path:
+    rows = rows if n is None else [{"id": f"r{i:03d}", "prompt": f"request {i} " * (1 + i % 7),
+                                    "max_tokens": max_tokens} for i in range(n)]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return path
 
@@ -566,7 +566,8 @@ def _holds_open(pid: int, path: Path) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_tensor_parallel_ranks_end_with_their_launcher(sig, tp_artifacts, tmp_path):
-    prompts, out = write_prompts(tmp_path / "p.jsonl", n=24), tmp_path / "out.jsonl"
+    # max_seq_len is 128: prompts of up to 78 tokens + 48 new ones fit (none is refused)
+    prompts, out = write_prompts(tmp_path / "p.jsonl", n=24, max_tokens=48), tmp_path / "out.jsonl"
     run = _cli_cmd("run", "--prompts", prompts, "--manifest", tp_artifacts, "--output", out)
     proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
     ranks: list[int] = []

@@ -27,7 +27,6 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtgraph.runtime import requests as request_fields
 from trtgraph.server.app import build_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,26 +187,16 @@ def test_stream_ends_with_done(server):
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
 
 
-@pytest.mark.skipif("messages" not in request_fields.FIELDS,
-                    reason="chat needs the request `messages` field and chat templates (trtgraph/models/chat.py)")
 @pytest.mark.parametrize("stream", [False, True])
-def test_chat_gives_run_tokens(server, default_artifacts, tmp_path, stream):
+def test_chat_on_a_checkpoint_without_a_template_is_a_400_naming_it(server, stream):
+    """The served model (the synthetic default) has no chat template: a chat request gets the
+    same per-request refusal `run` gives, as an OpenAI 400, streaming or not. (Chat rendering
+    itself is proven against transformers in tests/test_chat.py, through `run`.)"""
     messages = [{"role": "user", "content": "Hello there"}]
-    prompts, out = tmp_path / "p.jsonl", tmp_path / "o.jsonl"
-    prompts.write_text(json.dumps({"id": "chat", "messages": messages, "max_tokens": 8}) + "\n")
-    subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", str(prompts), "--manifest",
-                    str(default_artifacts), "--output", str(out)], check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
-    want = json.loads(out.read_text())
-    chat = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=8, stream=stream)
-    if stream:
-        chunks = list(chat)
-        assert chunks[0].choices[0].delta.role == "assistant"
-        assert sum((ch.choices[0].token_ids for ch in chunks), []) == want["token_ids"]
-        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want["text"]
-    else:
-        assert chat.choices[0].message.content == want["text"]
-        assert chat.choices[0].token_ids == want["token_ids"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        chat = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=8, stream=stream)
+        list(chat) if stream else None
+    assert "has no chat template" in str(exc.value) and "messages" in str(exc.value)
 
 
 # ---- errors -----------------------------------------------------------------------------------
