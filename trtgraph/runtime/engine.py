@@ -94,6 +94,10 @@ class Engine:
         self._result_bufs = [(torch.zeros(ex.buffers.max_rows, dtype=torch.int64, pin_memory=pin),
                               torch.zeros(ex.buffers.max_seqs, dtype=torch.int64, pin_memory=pin))
                              for _ in range(2)]
+        # Their twins for logprobs (values, ids), used in the same turn: nothing allocated per step.
+        state = ex.buffers.state
+        self._logprob_bufs = [tuple(torch.zeros(state[k].shape, dtype=state[k].dtype, pin_memory=pin)
+                                    for k in ("logprob_values", "logprob_ids")) for _ in range(2)]
         self._result_turn = 0
 
     @property
@@ -385,9 +389,9 @@ class Engine:
             stats.drafts_fed += n * step.key.draft_len
         logprobs = None
         if out.logprob_values is not None and any(q.request.logprobs is not None for q in step.seqs):
-            pin = ex.device.type == "cuda"  # copied now: a step launched ahead rewrites the device buffers
-            logprobs = tuple(torch.empty(t[:rows].shape, dtype=t.dtype, pin_memory=pin).copy_(t[:rows], non_blocking=True)
-                             for t in (out.logprob_values, out.logprob_ids))
+            # copied now (a step launched ahead rewrites the device buffers), into this turn's host pair
+            logprobs = tuple(h[:rows].copy_(t[:rows], non_blocking=True)
+                             for h, t in zip(self._logprob_bufs[self._result_turn], (out.logprob_values, out.logprob_ids)))
         done = torch.cuda.Event() if ex.device.type == "cuda" else None
         if done is not None:
             done.record()
