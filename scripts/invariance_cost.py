@@ -14,7 +14,7 @@ from trtgraph.bench import BenchOptions, _timed, decode_times, measure_bandwidth
 from trtgraph.buckets import GraphKey
 from trtgraph.compiler.pipeline import capture
 from trtgraph.config import Config
-from trtgraph.runtime.executor import StepRow
+from trtgraph.runtime.step.executor import StepRow
 
 
 def prefill_ms(ex, key: GraphKey) -> float:

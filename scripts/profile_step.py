@@ -9,7 +9,7 @@ from torch.profiler import ProfilerActivity, profile
 from trtgraph.bench import decode_rows
 from trtgraph.buckets import GraphKey
 from trtgraph.artifacts import load_manifest
-from trtgraph.runtime.executor import Executor
+from trtgraph.runtime.step.executor import Executor
 
 manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
 ex = Executor.build(manifest.app_config(), manifest.plan())

@@ -18,8 +18,8 @@ import torch
 from trtgraph.bench import _timed, decode_rows
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
-from trtgraph.runtime import sampler
-from trtgraph.runtime.executor import Executor
+from trtgraph.runtime.step import sampler
+from trtgraph.runtime.step.executor import Executor
 
 BATCHES = (1, 8, 64)
 SETTINGS = {

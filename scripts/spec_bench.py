@@ -12,7 +12,7 @@ import yaml
 
 from trtgraph.compiler.pipeline import capture
 from trtgraph.config import Config
-from trtgraph.runtime.engine import Engine
+from trtgraph.runtime.serving.engine import Engine
 
 out_dir = Path(sys.argv[1])
 SMOKE = len(sys.argv) > 2 and sys.argv[2] == "--cpu-smoke"  # the tiny default config, to test this script

@@ -477,9 +477,9 @@ def call_api(args: list[str]):
     from trtgraph.artifacts import load_manifest
     from trtgraph.compiler.pipeline import capture
     from trtgraph.config import Config
-    from trtgraph.runtime.checks import check_manifest
-    from trtgraph.runtime.engine import Engine
-    from trtgraph.runtime.requests import read_prompts
+    from trtgraph.runtime.step.checks import check_manifest
+    from trtgraph.runtime.serving.engine import Engine
+    from trtgraph.runtime.serving.requests import read_prompts
 
     cmd, rest = args[0], args[1:]
     opt = dict(zip(rest[::2], rest[1::2])) if cmd != "inspect" else {}

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletion
 from trtgraph.cli import main
 from trtgraph.errors import PromptError
 from trtgraph.formats.batch import read_requests
-from trtgraph.runtime import requests as native
+from trtgraph.runtime.serving import requests as native
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -21,7 +21,7 @@ from trtgraph.compiler.verify import verify_key
 from trtgraph.config import Config
 from trtgraph.errors import BucketMissError, CaptureError, ManifestError
 from trtgraph.report import key_label
-from trtgraph.runtime.executor import Executor
+from trtgraph.runtime.step.executor import Executor
 
 from conftest import tiny_config
 

@@ -13,7 +13,7 @@ from trtgraph.config import Config
 from trtgraph.errors import PromptError
 from trtgraph.models.chat import load_chat_template
 from trtgraph.models.tokenizer import HFTokenizer
-from trtgraph.runtime.requests import parse_request
+from trtgraph.runtime.serving.requests import parse_request
 
 from conftest import tiny_config
 from hf_models import save_tiny
@@ -167,7 +167,7 @@ def chat_model(tmp_path_factory, one_torch_thread):
 
 
 def test_chat_request_greedy_tokens_equal_transformers_generate(chat_model):
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     art, _path, model, hf_tok, eot = chat_model
     engine = Engine(art)
@@ -182,7 +182,7 @@ def test_chat_request_greedy_tokens_equal_transformers_generate(chat_model):
 
 
 def test_the_end_of_turn_id_in_generation_config_stops_the_sequence(chat_model):
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     art, _path, _model, _hf_tok, eot = chat_model
     engine = Engine(art)
@@ -193,7 +193,7 @@ def test_the_end_of_turn_id_in_generation_config_stops_the_sequence(chat_model):
 
 
 def test_requests_without_sampling_fields_get_the_generation_config_defaults(chat_model):
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     art = chat_model[0]
     engine = Engine(art)
@@ -208,7 +208,7 @@ def test_requests_without_sampling_fields_get_the_generation_config_defaults(cha
 
 
 def test_a_checkpoint_without_a_template_refuses_chat_per_request(default_artifacts):
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     engine = Engine(default_artifacts)
     results = {r.id: r for r in engine.generate([{"id": "chat", "messages": ALTERNATING[:1], "max_tokens": 2},

@@ -1,5 +1,5 @@
-"""The incremental engine core (trtgraph/runtime/engine.py: add_request / abort / step) and
-its streamed outputs (trtgraph/runtime/streaming.py).
+"""The incremental engine core (trtgraph/runtime/serving/engine.py: add_request / abort / step) and
+its streamed outputs (trtgraph/runtime/serving/streaming.py).
 
 Requests that arrive between steps, while others decode, get exactly the tokens they get
 alone (greedy and seeded sampled, checked against the eager oracle); token and text deltas
@@ -13,9 +13,9 @@ import pytest
 
 from trtgraph.errors import PromptError
 from trtgraph.models.tokenizer import ByteTokenizer
-from trtgraph.runtime import oracle
-from trtgraph.runtime.engine import Engine
-from trtgraph.runtime.streaming import TextStream, stop_prefix_length
+import oracle
+from trtgraph.runtime.serving.engine import Engine
+from trtgraph.runtime.serving.streaming import TextStream, stop_prefix_length
 
 REQS = [
     {"id": "g-long", "prompt": "an early arrival that decodes for a while", "max_tokens": 30},

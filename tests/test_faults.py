@@ -33,7 +33,7 @@ def test_out_of_memory_during_capture_names_the_key_and_writes_nothing(tmp_path,
     """The device runs out of memory while one key is captured: the error names that key and
     suggests a smaller plan; no manifest (and no temporary file) is left behind."""
     from trtgraph.compiler import pipeline
-    from trtgraph.runtime.executor import Executor
+    from trtgraph.runtime.step.executor import Executor
 
     real = Executor.capture
 
@@ -55,7 +55,7 @@ def test_out_of_memory_during_capture_names_the_key_and_writes_nothing(tmp_path,
 def test_out_of_memory_keeps_an_earlier_manifest_intact(tmp_path, monkeypatch):
     """A failed recapture into a directory that holds a good manifest leaves that manifest as it was."""
     from trtgraph.compiler import pipeline
-    from trtgraph.runtime.executor import Executor
+    from trtgraph.runtime.step.executor import Executor
 
     pipeline.capture(tiny_config(), tmp_path)
     before = (tmp_path / MANIFEST_NAME).read_bytes()
@@ -124,7 +124,7 @@ def test_interrupted_run_keeps_finished_outputs_and_resume_completes_it(default_
 
 
 def test_resume_repairs_a_line_cut_short_by_a_hard_kill(tmp_path):
-    from trtgraph.runtime.requests import finished_ids
+    from trtgraph.runtime.serving.requests import finished_ids
 
     out = tmp_path / "out.jsonl"
     out.write_bytes(b'{"id": "a", "token_ids": [1], "finish_reason": "length"}\n'
@@ -135,7 +135,7 @@ def test_resume_repairs_a_line_cut_short_by_a_hard_kill(tmp_path):
 
 def test_resume_refuses_a_file_that_is_not_run_output(tmp_path):
     from trtgraph.errors import PromptError
-    from trtgraph.runtime.requests import finished_ids
+    from trtgraph.runtime.serving.requests import finished_ids
 
     out = tmp_path / "notes.txt"
     out.write_text("hello\nworld\n")
@@ -230,7 +230,7 @@ def test_manifest_paths_must_stay_inside_the_artifacts_directory(default_artifac
 def engines(tmp_path_factory):
     """Engines over KV caches of three sizes (17 blocks is the minimum for max_seq_len 256)."""
     from trtgraph.compiler.pipeline import capture
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     out = {}
     for blocks in (17, 24, 64):
@@ -255,7 +255,7 @@ _request = st.fixed_dictionaries({
                                                                  HealthCheck.too_slow])
 @given(mix=st.lists(_request, min_size=1, max_size=14), blocks=st.sampled_from([17, 24, 64]), data=st.data())
 def test_random_mixes_equal_the_oracle_and_leak_no_block(engines, mix, blocks, data):
-    from trtgraph.runtime import oracle
+    import oracle
 
     engine = engines[blocks]
     reqs = [{"id": f"q{i}", "prompt_token_ids": [(r["first_token"] + 7 * j) % 256 for j in range(r["prompt_len"])],
@@ -274,7 +274,7 @@ def test_random_mixes_equal_the_oracle_and_leak_no_block(engines, mix, blocks, d
 
 def test_out_of_memory_loading_the_model_or_kv_cache_says_what_to_shrink(tmp_path, monkeypatch):
     from trtgraph.compiler import pipeline
-    from trtgraph.runtime.executor import Executor
+    from trtgraph.runtime.step.executor import Executor
 
     def build(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")

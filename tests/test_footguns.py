@@ -17,10 +17,11 @@ import torch
 
 from trtgraph.buckets import GREEDY, SAMPLED, BucketPlan, GraphKey
 from trtgraph.errors import CaptureError, ReplayMismatchError
-from trtgraph.runtime import oracle, sampler
-from trtgraph.runtime.executor import Executor, StepRow
-from trtgraph.runtime.kv_cache import NULL_BLOCK
-from trtgraph.runtime.metadata import AttentionMetadata
+import oracle
+from trtgraph.runtime.step import sampler
+from trtgraph.runtime.step.executor import Executor, StepRow
+from trtgraph.runtime.step.kv_cache import NULL_BLOCK
+from trtgraph.runtime.step.metadata import AttentionMetadata
 
 from conftest import tiny_config
 
@@ -257,7 +258,7 @@ def test_a_buffer_moved_and_another_put_in_its_place_is_refused(cfg, loaded):
 def test_reloaded_weights_are_refused_before_serving(default_artifacts):
     """Footgun: weights re-allocated after capture (a reload, .to(), assign=True) leave the graphs
     reading freed memory; the engine checks every parameter's address before each generate()."""
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     engine = Engine(default_artifacts)
     embed = engine.executor.model.embed_tokens
@@ -370,7 +371,7 @@ def test_captured_on_padding_then_real_requests_match_the_oracle(cfg, loaded, sa
 
 def test_engine_serves_sampled_requests_like_the_oracle(default_artifacts):
     """Footgun: the same leak through the real runtime (scheduler, fast decode path, mixed batches)."""
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     engine = Engine(default_artifacts)
     assert engine.executor.runner.locked

@@ -9,7 +9,7 @@ from openai.types.chat import ChatCompletion
 
 from trtgraph.errors import PromptError
 from trtgraph.formats import openai as oa
-from trtgraph.runtime.requests import Result, parse_request
+from trtgraph.runtime.serving.requests import Result, parse_request
 
 
 # ---- requests -------------------------------------------------------------------------------

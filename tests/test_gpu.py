@@ -37,7 +37,7 @@ def cuda():
 def test_hf_parity_bf16(arch, tmp_path, cuda):
     from trtgraph.kernels import get_kernels
     from trtgraph.models.loader import load_checkpoint
-    from trtgraph.runtime.oracle import EagerSequence
+    from oracle import EagerSequence
 
     hf = save_tiny(arch, tmp_path)  # fp32 reference on the CPU
     ours = load_checkpoint(tmp_path, "bfloat16", cuda, 256, get_kernels())
@@ -84,8 +84,8 @@ def test_cuda_capture_parity_and_checks(tmp_path, cuda):
 
 def test_cuda_runtime_replay_equals_eager_and_oracle(tmp_path):
     from trtgraph.compiler.pipeline import capture
-    from trtgraph.runtime.engine import Engine
-    from trtgraph.runtime.oracle import generate
+    from trtgraph.runtime.serving.engine import Engine
+    from oracle import generate
 
     capture(tiny_config(device="cuda", kv_cache={"num_blocks": 24}), tmp_path)
     reqs = [{"id": i, "prompt_token_ids": [(7 * i + j) % 300 for j in range(1 + (37 * i) % 120)],
@@ -166,7 +166,7 @@ def test_one_rows_logits_are_bitwise_equal_in_every_decode_bucket(tmp_path):
 
 
 def test_32_requests_alone_in_crowds_replayed_and_eager_give_the_same_tokens(tmp_path):
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     _1b_shapes(tmp_path)
     gc.collect()  # the capture's executor, before the engine records (see _collect_before)

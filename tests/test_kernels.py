@@ -192,7 +192,7 @@ def test_model_with_triton_kernels_matches_reference():
     from trtgraph.config import Config
     from trtgraph.kernels import get_kernels
     from trtgraph.models import load_model
-    from trtgraph.runtime.oracle import EagerSequence
+    from oracle import EagerSequence
 
     cfg = Config.default()
     outs = []
@@ -218,7 +218,7 @@ def test_gpu_kernels(dtype):
     run_linear(dev, dtype, m=3, n=300, k=200)  # ragged edges
     run_attention_batch_invariance(dev, dtype)
     run_linear_batch_invariance(dev, dtype, sizes=(1, 2, 3, 8, 17, 64, 65, 200, 2048), n=2048, k=8192)
-    from trtgraph.runtime import sampler
+    from trtgraph.runtime.step import sampler
 
     seeds, positions = torch.arange(7, device=dev) * 977, torch.arange(7, device=dev) + 100
     ids = torch.stack([torch.randperm(50000, device=dev) for _ in range(7)])
@@ -231,7 +231,7 @@ def test_gpu_kernels(dtype):
 def test_gumbel_noise_kernel_matches_the_sampler_hash():
     """The fused Triton noise computes the torch sampler's bits (identical uniforms; the
     logs agree to rounding)."""
-    from trtgraph.runtime import sampler
+    from trtgraph.runtime.step import sampler
 
     g = torch.Generator().manual_seed(3)
     seeds = torch.randint(0, 2**62, (5,), generator=g)

@@ -1,4 +1,4 @@
-"""The Python API (trtgraph/runtime/llm.py): prompts in every accepted form, sampling given
+"""The Python API (trtgraph/runtime/serving/llm.py): prompts in every accepted form, sampling given
 once, typed completions that serialise to `run`'s JSONL, incremental streams, and any
 interleaving of generate/stream calls on one LLM giving each request its tokens alone."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import trtgraph
 from trtgraph.errors import PromptError
-from trtgraph.runtime import oracle
+import oracle
 
 RESULT_FIELDS = {"id", "text", "token_ids", "finish_reason", "error", "usage", "ttft_ms", "tpot_ms"}
 

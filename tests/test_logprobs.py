@@ -51,7 +51,7 @@ def test_logprobs_equal_log_softmax_of_transformers_logits(setup, request_fields
 
 def test_logprobs_field_is_validated():
     from trtgraph.errors import PromptError
-    from trtgraph.runtime.requests import parse_request
+    from trtgraph.runtime.serving.requests import parse_request
 
     for bad in (21, -1, 2.5, True):
         with pytest.raises(PromptError, match="`logprobs`"):

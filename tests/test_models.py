@@ -20,7 +20,7 @@ except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys
 
 from trtgraph.kernels import get_kernels
 from trtgraph.models.loader import load_checkpoint
-from trtgraph.runtime.oracle import EagerSequence, generate
+from oracle import EagerSequence, generate
 
 pytest.importorskip("transformers")
 

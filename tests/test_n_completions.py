@@ -8,9 +8,9 @@ import pytest
 
 from conftest import generate_with_scheduler
 from trtgraph.errors import PromptError
-from trtgraph.runtime.engine import Engine
-from trtgraph.runtime.kv_cache import BlockAllocator
-from trtgraph.runtime.requests import MAX_N, Result, parse_request
+from trtgraph.runtime.serving.engine import Engine
+from trtgraph.runtime.step.kv_cache import BlockAllocator
+from trtgraph.runtime.serving.requests import MAX_N, Result, parse_request
 
 PROMPT = [(7 * j + 3) % 300 for j in range(40)]  # 2 full blocks of 16 before the last prompt token
 
@@ -116,8 +116,8 @@ def run_forking_scheduler(specs, num_blocks: int, block_size: int = 16):
 
     from conftest import tiny_config
     from trtgraph.buckets import BucketPlan
-    from trtgraph.runtime.requests import Request
-    from trtgraph.runtime.scheduler import Scheduler, Sequence
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Scheduler, Sequence
 
     sched = Scheduler(BucketPlan.from_config(tiny_config()), num_blocks, block_size)
     for i, (plen, max_tokens, n) in enumerate(specs):

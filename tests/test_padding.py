@@ -10,7 +10,7 @@ import torch
 
 from trtgraph.buckets import BatchShape, BucketPlan, GraphKey, select
 from trtgraph.compiler.verify import random_rows
-from trtgraph.runtime.executor import Executor
+from trtgraph.runtime.step.executor import Executor
 
 from conftest import tiny_config
 

@@ -29,7 +29,7 @@ def _forward(tp, source_kind, path):
     from trtgraph.config import ModelSource
     from trtgraph.kernels import get_kernels
     from trtgraph.models import load_model
-    from trtgraph.runtime.oracle import EagerSequence
+    from oracle import EagerSequence
 
     source = Config_default_model() if source_kind == "synthetic" else ModelSource(path=path)
     lm = load_model(source, "float32", torch.device("cpu"), 256, get_kernels(), tp)
@@ -125,7 +125,7 @@ def test_capture_fails_fast_when_a_rank_has_another_key_list(tmp_path):
 
 def test_running_a_tp_manifest_in_one_process_is_refused(tmp_path):
     from trtgraph.errors import ManifestError
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     art = tmp_path / "art"
     res = CliRunner().invoke(main, ["capture", "--config", str(_write_config(tmp_path / "c.yaml", 2)), "--out", str(art)])

@@ -16,7 +16,7 @@ except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys
     from hf_models import save_tiny
 
 from trtgraph.config import Config
-from trtgraph.runtime import sampler
+from trtgraph.runtime.step import sampler
 
 PROMPT = [(7 * i + 3) % 300 for i in range(23)]
 EOS_AT = 3  # the greedy continuation's token at this index is made the checkpoint's EOS
@@ -30,7 +30,7 @@ def _one_thread(one_torch_thread):
 def capture_checkpoint(tmp_path_factory, name: str, eos_from: list[int] | None = None):
     """(HF model, engine, eos id or None): a tiny Llama saved with save_pretrained and captured."""
     from trtgraph.compiler.pipeline import capture
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     ck, art = tmp_path_factory.mktemp(name + "-ckpt"), tmp_path_factory.mktemp(name + "-art")
     hf = save_tiny("LlamaForCausalLM", ck, seed=3)
@@ -154,7 +154,7 @@ def test_processed_rows_do_not_depend_on_their_batch(setup):
 
 def test_penalties_are_refused_with_speculative_decoding(setup):
     _, engine, _ = setup
-    from trtgraph.runtime.drafter import NgramDrafter
+    from trtgraph.runtime.serving.drafter import NgramDrafter
 
     engine.drafter, before = NgramDrafter(2, 1, 2), engine.drafter
     try:
@@ -166,7 +166,7 @@ def test_penalties_are_refused_with_speculative_decoding(setup):
 
 def test_greedy_key_stays_a_pure_argmax():
     """Rows with a processor or logprobs run on sampled keys even at temperature 0."""
-    from trtgraph.runtime.requests import Request
+    from trtgraph.runtime.serving.requests import Request
 
     assert Request(id="a", prompt="x").is_greedy
     assert Request(id="a", prompt="x", min_p=0.3).is_greedy  # min_p never drops the argmax
@@ -183,7 +183,7 @@ def test_greedy_key_stays_a_pure_argmax():
 ])
 def test_sampling_fields_are_validated(field, value):
     from trtgraph.errors import PromptError
-    from trtgraph.runtime.requests import SamplingParams, parse_request
+    from trtgraph.runtime.serving.requests import SamplingParams, parse_request
 
     with pytest.raises(PromptError, match=f"prompts.jsonl line 4: field `{field}`"):
         parse_request({"id": "x", "prompt": "hi", "max_tokens": 16, field: value}, "prompts.jsonl line 4")
@@ -200,7 +200,7 @@ def test_logit_bias_outside_the_vocabulary_is_refused(setup):
 
 
 def test_sampling_params_distinguish_omitted_from_given():
-    from trtgraph.runtime.requests import Request, SamplingParams
+    from trtgraph.runtime.serving.requests import Request, SamplingParams
 
     s = SamplingParams()
     assert (s.temperature, s.top_p, s.top_k) == (None, None, None)

@@ -30,7 +30,7 @@ from trtgraph.cli import main
 from trtgraph.config import Config
 from trtgraph.errors import ConfigError, ManifestError, PromptError
 from trtgraph.models.config import ModelConfig
-from trtgraph.runtime.requests import parse_request, read_prompts
+from trtgraph.runtime.serving.requests import parse_request, read_prompts
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_YAML = (REPO / "trtgraph" / "default.yaml").read_text()
@@ -322,7 +322,7 @@ def test_prompts_that_are_not_a_regular_file_fail_at_once(tmp_path, kind):
     path = Path("/dev/zero") if kind == "device" else tmp_path / "prompts.jsonl"
     if kind == "fifo":
         os.mkfifo(path)
-    code = ("from trtgraph.runtime.requests import read_prompts\n"
+    code = ("from trtgraph.runtime.serving.requests import read_prompts\n"
             "from trtgraph.errors import PromptError\n"
             f"try:\n    read_prompts({str(path)!r})\nexcept PromptError as exc:\n    print(exc)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -55,7 +55,7 @@ def art(default_artifacts, tmp_path):
 @pytest.fixture
 def no_model(monkeypatch):
     """Any model work (an Engine) fails the test: refusals must come before it."""
-    from trtgraph.runtime import engine
+    from trtgraph.runtime.serving import engine
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the refusal")
@@ -204,7 +204,7 @@ def _cpu_oom():
 
 def test_host_memory_running_out_during_capture_is_the_same_capture_error(tmp_path, monkeypatch):
     from trtgraph.compiler import pipeline
-    from trtgraph.runtime.executor import Executor
+    from trtgraph.runtime.step.executor import Executor
 
     def capture(self, key):
         raise _cpu_oom()
@@ -216,7 +216,7 @@ def test_host_memory_running_out_during_capture_is_the_same_capture_error(tmp_pa
 
 
 def test_host_memory_running_out_at_run_start_up_exits_2(art, tmp_path, monkeypatch):
-    from trtgraph.runtime.executor import Executor
+    from trtgraph.runtime.step.executor import Executor
 
     def build(*a, **k):
         raise _cpu_oom()
@@ -320,7 +320,7 @@ def test_a_failed_capture_leaves_nothing_behind(failure, tmp_path, monkeypatch):
     directory) is left."""
     from trtgraph.compiler import pipeline
     from trtgraph.compiler.verify import Parity
-    from trtgraph.runtime.executor import Executor
+    from trtgraph.runtime.step.executor import Executor
 
     if failure == "parity":
         monkeypatch.setattr(pipeline, "verify_key", lambda ex, key, seed: Parity(0.5, False, False))
@@ -357,7 +357,7 @@ def test_the_manifest_gets_the_permissions_of_a_new_file(umask, tmp_path):
 # ---- item 11: numpy numbers through the Python API -----------------------------------------------
 
 def test_numpy_numbers_are_accepted_or_refused_with_a_prompt_error():
-    from trtgraph.runtime.requests import parse_request
+    from trtgraph.runtime.serving.requests import parse_request
 
     req = parse_request({"id": np.int64(7), "prompt_token_ids": [np.int64(3), np.int32(4)], "max_tokens": np.int64(2),
                          "temperature": np.float32(0.5), "top_k": np.int16(5), "seed": np.uint32(9),
@@ -380,14 +380,14 @@ def test_numpy_numbers_are_accepted_or_refused_with_a_prompt_error():
 @pytest.fixture(scope="module")
 def executor():
     from trtgraph.buckets import BucketPlan
-    from trtgraph.runtime.executor import Executor
+    from trtgraph.runtime.step.executor import Executor
 
     cfg = tiny_config(kv_cache={"num_blocks": 40})
     return Executor.build(cfg, BucketPlan.from_config(cfg), torch.device("cpu"))
 
 
 def _row(**changes):
-    from trtgraph.runtime.executor import StepRow
+    from trtgraph.runtime.step.executor import StepRow
 
     base = dict(token_ids=[5], start_pos=20, block_table=[3, 4])
     return StepRow(**{**base, **changes})

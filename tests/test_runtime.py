@@ -1,4 +1,4 @@
-"""Acceptance test of the replay-only runtime (trtgraph/runtime/engine.py and friends).
+"""Acceptance test of the replay-only runtime (trtgraph/runtime/serving/engine.py and friends).
 
 A mix of prompts larger than max_batch_size, of every length from one token to several
 prefill chunks, greedy and seeded sampled, served on a KV cache small enough to force
@@ -21,10 +21,10 @@ import torch
 import trtgraph
 from trtgraph.buckets import GREEDY, SAMPLED, BatchShape, GraphKey, select
 from trtgraph.errors import BucketMissError, CaptureError, ReplayMismatchError
-from trtgraph.runtime import oracle
-from trtgraph.runtime.engine import Engine
-from trtgraph.runtime.requests import read_prompts
-from trtgraph.runtime.scheduler import Scheduler
+import oracle
+from trtgraph.runtime.serving.engine import Engine
+from trtgraph.runtime.serving.requests import read_prompts
+from trtgraph.runtime.serving.scheduler import Scheduler
 
 MAX_SEQ_LEN = 256
 RESULT_FIELDS = {"id", "text", "token_ids", "finish_reason", "error", "usage", "ttft_ms", "tpot_ms"}
@@ -471,7 +471,7 @@ def test_llm_generate_returns_results_in_input_order(default_artifacts):
 
 def test_duplicate_ids_in_one_generate_call_are_refused(default_artifacts):
     from trtgraph.errors import PromptError
-    from trtgraph.runtime.llm import LLM
+    from trtgraph.runtime.serving.llm import LLM
 
     llm = LLM(default_artifacts)
     with pytest.raises(PromptError, match="duplicate id 'a'"):
@@ -481,7 +481,7 @@ def test_duplicate_ids_in_one_generate_call_are_refused(default_artifacts):
 
 
 def test_subnormal_temperature_acts_like_a_tiny_one_not_noise():
-    from trtgraph.runtime import sampler
+    from trtgraph.runtime.step import sampler
 
     logits = torch.randn((4, 300), generator=torch.Generator().manual_seed(0))
     for temp in (1e-40, 1e-45, 1e-7):

@@ -1,4 +1,4 @@
-"""The continuous-batching scheduler on its own (trtgraph/runtime/scheduler.py): no model,
+"""The continuous-batching scheduler on its own (trtgraph/runtime/serving/scheduler.py): no model,
 fake tokens. Every step must select a recorded key that fits, preemption must pick the
 newest running sequence, every sequence must finish, and no KV block may leak."""
 
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from conftest import tiny_config
 from trtgraph.buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, select
-from trtgraph.runtime.kv_cache import blocks_for_tokens
-from trtgraph.runtime.requests import Request
-from trtgraph.runtime.scheduler import Scheduler, Sequence
+from trtgraph.runtime.step.kv_cache import blocks_for_tokens
+from trtgraph.runtime.serving.requests import Request
+from trtgraph.runtime.serving.scheduler import Scheduler, Sequence
 
 BLOCK = 16
 MAX_SEQ_LEN = 256

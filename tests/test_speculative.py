@@ -15,8 +15,9 @@ import torch
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
 from trtgraph.errors import ConfigError
-from trtgraph.runtime import oracle, sampler
-from trtgraph.runtime.drafter import NgramDrafter, NgramIndex
+import oracle
+from trtgraph.runtime.step import sampler
+from trtgraph.runtime.serving.drafter import NgramDrafter, NgramIndex
 
 from conftest import generate_with_scheduler, tiny_config
 
@@ -34,7 +35,7 @@ def spec_artifacts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(spec_artifacts):
-    from trtgraph.runtime.engine import Engine
+    from trtgraph.runtime.serving.engine import Engine
 
     return Engine(spec_artifacts), Engine(spec_artifacts, speculative=False)
 
@@ -123,8 +124,8 @@ def test_drafter_proposes_what_followed_the_latest_earlier_occurrence():
 
 
 def test_a_step_where_no_row_matches_is_a_plain_decode_step():
-    from trtgraph.runtime.requests import Request
-    from trtgraph.runtime.scheduler import Scheduler, Sequence
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Scheduler, Sequence
 
     cfg = tiny_config(speculative={"draft_len": K})
     sched = Scheduler(BucketPlan.from_config(cfg), 40, 16, NgramDrafter(K, 1, 3), 256)

@@ -23,7 +23,7 @@ from trtgraph.errors import WeightLoadError
 from trtgraph.kernels import get_kernels
 from trtgraph.models.loader import load_checkpoint
 from trtgraph.models.tokenizer import ByteTokenizer, load_tokenizer
-from trtgraph.runtime.oracle import EagerSequence
+from oracle import EagerSequence
 
 pytest.importorskip("transformers")
 

@@ -9,11 +9,11 @@ _LAZY = {"LLM", "Completion", "CompletionDelta", "Usage", "Timings"}
 
 def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use of the API
     if name in _LAZY:
-        from .runtime import llm
+        from .runtime.serving import llm
 
         return getattr(llm, name)
     if name == "SamplingParams":
-        from .runtime.requests import SamplingParams
+        from .runtime.serving.requests import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'trtgraph' has no attribute {name!r}")

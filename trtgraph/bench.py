@@ -24,9 +24,9 @@ from .buckets import GREEDY
 from .errors import ConfigError
 from .models import DTYPES
 from .artifacts import load_manifest
-from .runtime.engine import Engine
-from .runtime.executor import Executor, StepRow
-from .runtime.kv_cache import blocks_for_tokens
+from .runtime.serving.engine import Engine
+from .runtime.step.executor import Executor, StepRow
+from .runtime.step.kv_cache import blocks_for_tokens
 
 Log = Callable[[str], None]
 

@@ -242,7 +242,7 @@ def inspect(path, as_json, check):
     the manifest file."""
     from .artifacts import load_manifest, manifest_path
     from .report import manifest_text
-    from .runtime.checks import check_manifest
+    from .runtime.step.checks import check_manifest
 
     manifest = load_manifest(path)
     diffs = check_manifest(manifest) if check else []
@@ -294,7 +294,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
     from .outputs import check_outputs, manifest_inputs, place
-    from .runtime.requests import finished_ids
+    from .runtime.serving.requests import finished_ids
 
     output = None if output == "-" else output
     if resume and not output:
@@ -329,7 +329,7 @@ def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, specu
     """One rank of `run` (tp None: the only process); rank 0 serves and writes, the others
     replay what it broadcasts. Returns the exit code."""
     from .models.parallel import TPGroup
-    from .runtime.engine import Engine
+    from .runtime.serving.engine import Engine
 
     tp = tp or TPGroup()
     if tp.rank == 0:

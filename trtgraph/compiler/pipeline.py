@@ -28,8 +28,8 @@ from ..config import AUTO, Config
 from ..errors import CaptureError
 from ..models.parallel import TPGroup
 from ..runtime.distributed import agree, gather
-from ..runtime.executor import Executor, resolve_device
-from ..runtime.kv_cache import kv_bytes_per_block
+from ..runtime.step.executor import Executor, resolve_device
+from ..runtime.step.kv_cache import kv_bytes_per_block
 from ..models import DTYPES
 from ..models.loader import position_limit
 from .verify import verify_key, time_step

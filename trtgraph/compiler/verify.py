@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..buckets import SAMPLED, GraphKey
-from ..runtime.executor import Executor, StepRow
-from ..runtime.kv_cache import blocks_for_tokens
+from ..runtime.step.executor import Executor, StepRow
+from ..runtime.step.kv_cache import blocks_for_tokens
 
 # Replay and eager run the same kernels on the same inputs; any gap beyond this is a bug.
 LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 from ..errors import PromptError
-from ..runtime.requests import Request, Result, json_lines, parse_prompts, parse_request, read_input
+from ..runtime.serving.requests import Request, Result, json_lines, parse_prompts, parse_request, read_input
 from . import openai as oa
 
 BATCH_FIELDS = ("custom_id", "method", "url", "body")

@@ -4,7 +4,7 @@ Requests: `completion_request(body, request_id)` and `chat_request(body, request
 OpenAI body into a native request dict (the JSONL fields; chat bodies keep their `messages`,
 rendered with the checkpoint's template at admission). Only the shape is checked here: an
 unknown field, a wrong container, an OpenAI-only rule. The values are then checked by the
-native validation (`runtime.requests.parse_request`), which names the same fields.
+native validation (`runtime.serving.requests.parse_request`), which names the same fields.
 
 Responses: `completion_object(result, model)` / `chat_completion_object(result, model)` turn
 a native Result (one completion, or `n` of them in `result.choices`) into a `text_completion`

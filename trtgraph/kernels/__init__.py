@@ -24,7 +24,7 @@ class KernelSet:
     rope_write_kv: Callable
     paged_attention: Callable
     linear: Callable
-    # the sampler (runtime/sampler.py is the torch reference, kernels/sampling.py the Triton twin)
+    # the sampler (runtime/step/sampler.py is the torch reference, kernels/sampling.py the Triton twin)
     sample: Callable
     process_logits: Callable
     top_logprobs: Callable
@@ -57,7 +57,7 @@ def _triton_set() -> KernelSet:
 
 
 def _torch_sampler() -> dict:
-    from ..runtime import sampler
+    from ..runtime.step import sampler
 
     return dict(sample=sampler.sample, process_logits=sampler.process, top_logprobs=sampler.top_logprobs)
 

@@ -1,4 +1,4 @@
-"""Triton twins of the sampler's torch reference (runtime/sampler.py), same signatures.
+"""Triton twins of the sampler's torch reference (runtime/step/sampler.py), same signatures.
 
 `sample`: one program per row, the row streamed in blocks (it stays in L2 between passes).
 Instead of the reference's fixed bitwise threshold searches it finds the same token by
@@ -35,7 +35,7 @@ def _keys(x):
 
 @triton.jit
 def _mix32(x):
-    """runtime/sampler._mix32 in native uint32 arithmetic (products wrap mod 2**32, as the
+    """runtime/step/sampler._mix32 in native uint32 arithmetic (products wrap mod 2**32, as the
     reference's masks make them): the same bits, without 64-bit multiplies."""
     x = (x ^ (x >> 16)) * 0x7FEB352D
     x = (x ^ (x >> 15)) * 0x646F1B35
@@ -181,9 +181,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            seeds: torch.Tensor, positions: torch.Tensor, min_p: torch.Tensor | None = None,
            processed: torch.Tensor | None = None, active: torch.Tensor | None = None,
            block: int = BLOCK) -> torch.Tensor:
-    """runtime/sampler.sample's tokens. With `processed` [R, V] and `active` [R], rows whose
+    """runtime/step/sampler.sample's tokens. With `processed` [R, V] and `active` [R], rows whose
     active flag is set read `processed` instead of `logits`. `block`: elements per iteration."""
-    from ..runtime.sampler import row_hash
+    from ..runtime.step.sampler import row_hash
 
     R, V = logits.shape
     logits = logits.contiguous()
@@ -242,7 +242,7 @@ def _process_kernel(logits_ptr, out_ptr, active_ptr, slots_ptr, counts_ptr, bias
 
 
 def process(logits: torch.Tensor, rows, state, positions: torch.Tensor) -> torch.Tensor:
-    """runtime/sampler.process for the rows with `active` set; the other rows of the result
+    """runtime/step/sampler.process for the rows with `active` set; the other rows of the result
     are left unwritten (the sampler reads `logits` for them)."""
     R, V = logits.shape
     logits = logits.contiguous()
@@ -297,7 +297,7 @@ def _logprobs_kernel(logits_ptr, tokens_ptr, want_ptr, vals_ptr, ids_ptr, V, K: 
 
 
 def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor, k: int):
-    """runtime/sampler.top_logprobs for the rows with `want` set (others left unwritten)."""
+    """runtime/step/sampler.top_logprobs for the rows with `want` set (others left unwritten)."""
     R, V = logits.shape
     logits = logits.contiguous()
     vals = torch.empty(R, 1 + k, dtype=torch.float32, device=logits.device)

@@ -4,7 +4,7 @@
 forward(input_ids [T], positions [T], meta) -> hidden [T, H]
 compute_logits(hidden [R, H]) -> logits [R, V] in fp32
 
-`meta` is an AttentionMetadata (runtime/metadata.py): q_len (a constant of the graph
+`meta` is an AttentionMetadata (runtime/step/metadata.py): q_len (a constant of the graph
 key), slot_mapping [T], block_tables [B, MB] and the per-layer KV caches. Every shape
 here is fixed by T and B, so the forward can be recorded into a CUDA graph.
 """

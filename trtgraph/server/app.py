@@ -180,7 +180,7 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
     """The uvicorn server and its engine thread (not started: the thread loads the engine
     when started, and GET /health answers 503 until then)."""
     from ..artifacts import load_manifest
-    from ..runtime.engine import Engine
+    from ..runtime.serving.engine import Engine
 
     manifest_obj = load_manifest(manifest)
     if manifest_obj.parallel.get("tensor_parallel_size", 1) != 1:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import TrtgraphError
-from ..runtime.requests import Request
-from ..runtime.streaming import RequestOutput
+from ..runtime.serving.requests import Request
+from ..runtime.serving.streaming import RequestOutput
 from .metrics import Metrics
 
 IDLE_WAIT_SECONDS = 0.05  # how long an idle engine thread sleeps before looking at its inbox again

@@ -13,7 +13,7 @@ import time
 import uuid
 
 from ..errors import PromptError
-from ..runtime.requests import Request, Result, parse_request
+from ..runtime.serving.requests import Request, Result, parse_request
 
 # Fields this edge consumes itself; every other field goes to the request validator, which
 # refuses what it does not know, naming the field.

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..buckets import GREEDY, BucketPlan, GraphKey
-from ..config import AUTO, Config
-from ..errors import ConfigError, ReplayMismatchError
-from ..kernels import get_kernels
-from ..kernels import resolve as resolve_kernels
-from ..models import DTYPES, LoadedModel, load_model
-from ..models.parallel import TPGroup
+from ...buckets import GREEDY, BucketPlan, GraphKey
+from ...config import AUTO, Config
+from ...errors import ConfigError, ReplayMismatchError
+from ...kernels import get_kernels
+from ...kernels import resolve as resolve_kernels
+from ...models import DTYPES, LoadedModel, load_model
+from ...models.parallel import TPGroup
 from . import sampler
 from .buffers import ROW_DEFAULTS, StepBuffers
 from .graph_runner import CaptureStats, GraphRunner
@@ -39,7 +39,7 @@ class StepRow:
     top_p: float = 1.0
     seed: int = 0
     min_p: float = 0.0
-    # logits processors (runtime/sampler.py); `processors` False leaves the logits untouched
+    # logits processors (runtime/step/sampler.py); `processors` False leaves the logits untouched
     processors: bool = False
     slot: int | None = None  # the sequence's state slot (None: the scratch slot)
     counted: bool = True  # whether the drawn token counts (False: a prefill chunk that is not the last)
@@ -132,8 +132,8 @@ class Executor:
             kernels = get_kernels(resolve_kernels(config.kernels, device.type))
             loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels, tp)
         if loaded.model.ops.name == "triton":  # GEMM backends and attention splits, batch-invariant where asked
-            from ..kernels.linear import choose_backends
-            from ..kernels.triton_ops import set_attention_invariant
+            from ...kernels.linear import choose_backends
+            from ...kernels.triton_ops import set_attention_invariant
 
             set_attention_invariant(config.deterministic)
 

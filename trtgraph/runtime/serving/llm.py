@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import PromptError
+from ...errors import PromptError
 from .engine import Engine
 from .requests import Request, Result, parse_request
 from .streaming import RequestOutput

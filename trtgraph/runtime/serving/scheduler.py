@@ -19,9 +19,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
+from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from .drafter import NgramDrafter, NgramIndex
-from .kv_cache import BlockAllocator, blocks_for_tokens
+from ..step.kv_cache import BlockAllocator, blocks_for_tokens
 from .requests import Request
 
 MAX_PADDING = 0.10  # a prefill step prefers the chunk size that keeps padding at or under this share
@@ -42,7 +42,7 @@ class Sequence:
     ngram: NgramIndex = field(default_factory=NgramIndex)  # the drafter's index of this sequence
     first_token_time: float | None = None
     last_token_time: float | None = None
-    slot: int | None = None  # the device state slot while running (runtime/buffers.py)
+    slot: int | None = None  # the device state slot while running (runtime/step/buffers.py)
     logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
 
     def __post_init__(self):

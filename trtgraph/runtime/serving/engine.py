@@ -14,16 +14,16 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..artifacts import load_manifest, manifest_path, use_triton_cache
-from ..errors import ManifestError, PromptError
-from ..models import load_tokenizer
-from ..models.chat import load_chat_template
-from ..models.parallel import TPGroup
-from .checks import check_manifest
-from .distributed import StepBroadcast, agree
+from ...artifacts import load_manifest, manifest_path, use_triton_cache
+from ...errors import ManifestError, PromptError
+from ...models import load_tokenizer
+from ...models.chat import load_chat_template
+from ...models.parallel import TPGroup
+from ..step.checks import check_manifest
+from ..distributed import StepBroadcast, agree
 from .drafter import NgramDrafter
-from .buffers import MAX_STOP_IDS
-from .executor import Executor, StepRow, resolve_device
+from ..step.buffers import MAX_STOP_IDS
+from ..step.executor import Executor, StepRow, resolve_device
 from .requests import Request, Result, parse_request, resolve_sampling_defaults
 from .scheduler import ScheduledStep, Scheduler, Sequence
 from .stats import RunStats
@@ -560,7 +560,7 @@ class Engine:
                 seq.logprobs += [(values[r + j].tolist(), ids[r + j].tolist()) for j in range(n_new)]
 
     def _logprob_entries(self, seq: Sequence, n: int) -> list[dict]:
-        """One entry per generated token (runtime/requests.py documents the shape)."""
+        """One entry per generated token (runtime/serving/requests.py documents the shape)."""
         k, dec = seq.request.logprobs, self.tokenizer.decode
         out = []
         for token, (values, ids) in zip(seq.output_ids[:n], seq.logprobs[:n]):
@@ -592,7 +592,7 @@ class _InFlight:
 def _with_checkpoint(config, mpath: Path, model: str | Path | None):
     """The manifest's config, with the checkpoint at `model` when given. A checkpoint directory
     that is gone is refused here, naming the field and the option that points elsewhere."""
-    from ..config import ModelSource
+    from ...config import ModelSource
 
     if model is not None:
         ckpt = Path(model).expanduser()
@@ -609,8 +609,8 @@ def _with_checkpoint(config, mpath: Path, model: str | Path | None):
 
 
 def _model_differences(manifest, fingerprint: dict):
-    from ..artifacts import compare_model
-    from .checks import Difference
+    from ...artifacts import compare_model
+    from ..step.checks import Difference
 
     return [Difference(*d) for d in compare_model(manifest, fingerprint)]
 

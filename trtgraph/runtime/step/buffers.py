@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .requests import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
+from ..serving.requests import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
 
 # stop ids masked for min_tokens: the model's EOS ids and the request's stop ids
 MAX_STOP_IDS = MAX_STOP_TOKEN_IDS + 8
@@ -35,7 +35,7 @@ INT_FIELDS = (
     ("seeds", "rows"),
     ("top_k", "rows"),
     ("block_tables", "table"),
-    ("processors", "rows"),  # 1: the row's logits go through the processors (runtime/sampler.py)
+    ("processors", "rows"),  # 1: the row's logits go through the processors (runtime/step/sampler.py)
     ("slots", "rows"),  # the row's state slot (processors, prompt scan); scratch slot otherwise
     ("count_slots", "rows"),  # where the drawn token is counted: the slot, or scratch when discarded
     ("prompt_lens", "rows"),  # tokens of the original prompt (for the prompt scan of prefill chunks)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..models import DTYPES, LoadedModel
-from .kv_cache import allocate_kv_caches, blocks_for_tokens
-from .metadata import AttentionMetadata
-from . import sampler
+from trtgraph.models import DTYPES, LoadedModel
+from trtgraph.runtime.step.kv_cache import allocate_kv_caches, blocks_for_tokens
+from trtgraph.runtime.step.metadata import AttentionMetadata
+from trtgraph.runtime.step import sampler
 
 
 class EagerSequence:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import torch
 
-from ..models.config import ModelConfig
+from ...models.config import ModelConfig
 
 NULL_BLOCK = 0
 

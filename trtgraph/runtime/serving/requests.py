@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import PromptError
-from ..inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_bounded, short, text_problem
+from ...errors import PromptError
+from ...inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_bounded, short, text_problem
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")

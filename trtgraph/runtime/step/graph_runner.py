@@ -18,8 +18,8 @@ from typing import Callable
 
 import torch
 
-from ..buckets import GraphKey
-from ..errors import CaptureError, ReplayMismatchError
+from ...buckets import GraphKey
+from ...errors import CaptureError, ReplayMismatchError
 
 BACKENDS = ("cuda", "static")
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..artifacts import Manifest, compare_environment, compare_model, environment
-from ..models.loader import model_fingerprint
+from ...artifacts import Manifest, compare_environment, compare_model, environment
+from ...models.loader import model_fingerprint
 from .executor import backend_for, resolve_device
 
 

@@ -1,0 +1,1 @@
+"""One step: typed buffers, attention metadata, the executor, graph replay, load checks, the sampler reference, the KV pool."""
