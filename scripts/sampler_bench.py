@@ -18,7 +18,7 @@ import torch
 from trtgraph.bench import _timed, decode_rows
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
-from trtgraph.runtime.step import sampler
+from trtgraph.kernels import sampler_reference as sampler
 from trtgraph.runtime.step.executor import Executor
 
 BATCHES = (1, 8, 64)

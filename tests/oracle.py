@@ -9,7 +9,7 @@ import torch
 from trtgraph.models import DTYPES, LoadedModel
 from trtgraph.runtime.step.kv_cache import allocate_kv_caches, blocks_for_tokens
 from trtgraph.runtime.step.metadata import AttentionMetadata
-from trtgraph.runtime.step import sampler
+from trtgraph.kernels import sampler_reference as sampler
 
 
 class EagerSequence:

@@ -97,7 +97,7 @@ def test_inspect_json_has_the_documented_fields(captured, body):
     assert {"torch", "backend", "device_name"} <= set(data["environment"])
     assert data["totals"]["num_keys"] == len(data["keys"]) == len(DEFAULT_KEYS)
     assert {b["name"] for b in data["buffers"]} >= {"input_ids", "positions", "slot_mapping", "block_tables",
-                                                     "temperature", "sampled"}
+                                                     "temperature", "next_tokens"}
     for rec in data["keys"]:
         for f in KEY_FIELDS:
             assert f in rec, f

@@ -72,7 +72,7 @@ def test_cuda_capture_parity_and_checks(tmp_path, cuda):
     ex.runner.lock()
     with pytest.raises(CaptureError):
         ex.runner.capture(key, ex.step_fn(key), ex.metadata[key])
-    pos = ex.buffers.view("positions")[:key.num_tokens]
+    pos = ex.buffers.dev.positions[:key.num_tokens]
     with pytest.raises(ReplayMismatchError, match="stale"):
         ex.runner.replay(key, ex.metadata[key], key.num_tokens - 1 if key.num_tokens > 1 else 2, pos)
     old = ex.buffers.ints

@@ -218,7 +218,7 @@ def test_gpu_kernels(dtype):
     run_linear(dev, dtype, m=3, n=300, k=200)  # ragged edges
     run_attention_batch_invariance(dev, dtype)
     run_linear_batch_invariance(dev, dtype, sizes=(1, 2, 3, 8, 17, 64, 65, 200, 2048), n=2048, k=8192)
-    from trtgraph.runtime.step import sampler
+    from trtgraph.kernels import sampler_reference as sampler
 
     seeds, positions = torch.arange(7, device=dev) * 977, torch.arange(7, device=dev) + 100
     ids = torch.stack([torch.randperm(50000, device=dev) for _ in range(7)])
@@ -231,7 +231,7 @@ def test_gpu_kernels(dtype):
 def test_gumbel_noise_kernel_matches_the_sampler_hash():
     """The fused Triton noise computes the torch sampler's bits (identical uniforms; the
     logs agree to rounding)."""
-    from trtgraph.runtime.step import sampler
+    from trtgraph.kernels import sampler_reference as sampler
 
     g = torch.Generator().manual_seed(3)
     seeds = torch.randint(0, 2**62, (5,), generator=g)
@@ -240,6 +240,12 @@ def test_gumbel_noise_kernel_matches_the_sampler_hash():
     got = _tri().gumbel_noise(sampler.row_hash(seeds, positions), ids)
     want = -torch.log(-torch.log(sampler.uniform_noise(seeds, positions, 3000).gather(1, ids)))
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    from trtgraph.kernels import get_kernels
+
+    # chosen once, with its kernel set: `kernels: torch` runs the reference wherever it runs
+    assert get_kernels("triton").gumbel_noise is _tri().gumbel_noise
+    torch.testing.assert_close(get_kernels("torch").gumbel_noise(sampler.row_hash(seeds, positions), ids), want,
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_deterministic_is_a_checked_boolean_and_cpu_gemms_stay_triton():

@@ -16,7 +16,7 @@ except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys
     from hf_models import save_tiny
 
 from trtgraph.config import Config
-from trtgraph.runtime.step import sampler
+from trtgraph.kernels import sampler_reference as sampler
 
 PROMPT = [(7 * i + 3) % 300 for i in range(23)]
 EOS_AT = 3  # the greedy continuation's token at this index is made the checkpoint's EOS

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtgraph.runtime.step import sampler
+from trtgraph.kernels import sampler_reference as sampler
 
 
 def sorted_keep(x: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:

@@ -16,7 +16,7 @@ from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
 from trtgraph.errors import ConfigError
 import oracle
-from trtgraph.runtime.step import sampler
+from trtgraph.kernels import sampler_reference as sampler
 from trtgraph.runtime.serving.drafter import NgramDrafter, NgramIndex
 
 from conftest import generate_with_scheduler, tiny_config

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import ConfigError
-from . import reference
+from . import reference, sampler_reference
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,11 @@ class KernelSet:
     rope_write_kv: Callable
     paged_attention: Callable
     linear: Callable
-    # the sampler (runtime/step/sampler.py is the torch reference, kernels/sampling.py the Triton twin)
+    # the sampler (kernels/sampler_reference.py is the torch reference, kernels/sampling.py the Triton twin)
     sample: Callable
     process_logits: Callable
     top_logprobs: Callable
+    gumbel_noise: Callable  # the sampler's noise alone: (row hashes [R], vocab ids [R, N]) -> [R, N]
 
 
 _REGISTRY: dict[str, Callable[[], KernelSet]] = {
@@ -39,7 +40,10 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
         linear=reference.linear,
-        **_torch_sampler(),
+        sample=sampler_reference.sample,
+        process_logits=sampler_reference.process,
+        top_logprobs=sampler_reference.top_logprobs,
+        gumbel_noise=sampler_reference.gumbel_noise,
     ),
     "triton": lambda: _triton_set(),
 }
@@ -53,17 +57,8 @@ def _triton_set() -> KernelSet:
 
     return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
-                     sample=s.sample, process_logits=s.process, top_logprobs=s.top_logprobs)
-
-
-def _torch_sampler() -> dict:
-    from ..runtime.step import sampler
-
-    return dict(sample=sampler.sample, process_logits=sampler.process, top_logprobs=sampler.top_logprobs)
-
-
-def available() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+                     sample=s.sample, process_logits=s.process, top_logprobs=s.top_logprobs,
+                     gumbel_noise=t.gumbel_noise)
 
 
 def resolve(name: str, device_type: str) -> str:

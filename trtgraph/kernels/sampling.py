@@ -181,9 +181,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            seeds: torch.Tensor, positions: torch.Tensor, min_p: torch.Tensor | None = None,
            processed: torch.Tensor | None = None, active: torch.Tensor | None = None,
            block: int = BLOCK) -> torch.Tensor:
-    """runtime/step/sampler.sample's tokens. With `processed` [R, V] and `active` [R], rows whose
+    """kernels/sampler_reference.sample's tokens. With `processed` [R, V] and `active` [R], rows whose
     active flag is set read `processed` instead of `logits`. `block`: elements per iteration."""
-    from ..runtime.step.sampler import row_hash
+    from .sampler_reference import row_hash
 
     R, V = logits.shape
     logits = logits.contiguous()

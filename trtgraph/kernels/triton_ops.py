@@ -331,7 +331,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
 
 
 # ---------------------------------------------------------------------------------------
-# Gumbel noise for the sampler: the same 32-bit hash as runtime/step/sampler.py, one pass
+# Gumbel noise for the sampler: the same 32-bit hash as kernels/sampler_reference.py, one pass
 # ---------------------------------------------------------------------------------------
 
 

@@ -6,7 +6,6 @@ never imports the compiler.
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,14 @@ from ...models.chat import load_chat_template
 from ...models.parallel import TPGroup
 from ..step.checks import check_manifest
 from ..distributed import StepBroadcast, agree
+from ..step.executor import Executor, resolve_device
+from .admission import Admission
 from .drafter import NgramDrafter
-from ..step.buffers import MAX_STOP_IDS
-from ..step.executor import Executor, StepRow, resolve_device
-from .requests import Request, Result, parse_request, resolve_sampling_defaults
-from .scheduler import ScheduledStep, Scheduler, Sequence
+from .launcher import InFlight, StepLauncher
+from .requests import Request, Result, parse_request
+from .scheduler import Scheduler, Sequence
 from .stats import RunStats
-from .streaming import RequestOutput, TextStream
+from .streaming import RequestOutput, TextStream, final_result
 
 # Re-recorded graphs may take a little more or less pool than at capture (allocator
 # rounding, library versions); more than this means the plan or the machine changed.
@@ -76,29 +76,22 @@ class Engine:
         sp = config.speculative
         self.drafter = NgramDrafter(sp.draft_len, sp.ngram_min, sp.ngram_max) if sp and speculative else None
         self.scheduler = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size, self.drafter,
-                                   config.limits.max_seq_len)
-        self.scheduler.pipelining = self.broadcast is None  # ranks follow one broadcast step at a time
+                                   config.limits.max_seq_len, eos_ids=self.stop_ids)
+        self.scheduler.fast_path = self.broadcast is None  # the other ranks get every step's full inputs
+        self.admission = Admission(self.tokenizer, self.chat_template, ex.loaded.config, self.generation,
+                                   ex.loaded.checkpoint_dir, config.limits.max_seq_len,
+                                   has_sampled="sampled" in {k.sampling for k in self.manifest.graph_keys},
+                                   speculative=self.drafter is not None, tensor_parallel=tp.active)
+        self.launcher = StepLauncher(ex, eager, self.broadcast)
         self.stats = RunStats(record_seconds=self.record_seconds)
         self._preemptions_before = 0  # the scheduler's count when `stats` began
         self._run_start: float | None = None  # when `stats` began counting seconds
-        self._timing = False  # CUDA events around each step (generate(gpu_timing=True))
         self._live: dict[str, _Live] = {}  # requests being served, by id
         self._undelivered: list[RequestOutput] = []  # refusals, and outputs handed back
         self._aborts: set[str] = set()  # applied at the next step
         self._arrivals = 0  # requests added so far: each sequence's arrival order
-        self._inflight: _InFlight | None = None  # a launched step whose tokens are not read yet
-        self._last: tuple | None = None  # the last step's (key, rows) for the fast path
+        self._inflight: InFlight | None = None  # a launched step whose tokens are not read yet
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
-        pin = ex.device.type == "cuda"
-        # Two pinned host buffer pairs used in turn: one step's tokens land while the other's are read.
-        self._result_bufs = [(torch.zeros(ex.buffers.max_rows, dtype=torch.int64, pin_memory=pin),
-                              torch.zeros(ex.buffers.max_seqs, dtype=torch.int64, pin_memory=pin))
-                             for _ in range(2)]
-        # Their twins for logprobs (values, ids), used in the same turn: nothing allocated per step.
-        state = ex.buffers.state
-        self._logprob_bufs = [tuple(torch.zeros(state[k].shape, dtype=state[k].dtype, pin_memory=pin)
-                                    for k in ("logprob_values", "logprob_ids")) for _ in range(2)]
-        self._result_turn = 0
 
     @property
     def config(self):
@@ -127,72 +120,6 @@ class Engine:
         ex.num_eager_steps = 0
         return time.perf_counter() - t0
 
-    # ---- requests ----------------------------------------------------------------------
-    def _admit(self, req: Request, arrival: float) -> Sequence | Result:
-        """A Sequence, or an error Result when no recorded key can serve the request. Sampling
-        fields the request left out take the model's generation_config.json defaults."""
-        req = resolve_sampling_defaults(req, self.generation)
-        ids, fail = self._prompt_ids(req)
-        if fail is None:
-            fail = self._refusal(req, ids)
-        if fail:
-            return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
-        seed = req.seed if req.seed is not None else secrets.randbits(62)
-        return Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
-
-    def _sampling_refusal(self, req: Request) -> str | None:
-        """Why this engine cannot serve the request's sampling fields exactly, or None."""
-        s, cfg = req.sampling, self.executor.loaded.config
-        if s.uses_penalties and self.drafter is not None:
-            return ("repetition / presence / frequency penalties are not supported with speculative decoding "
-                    "(draft tokens would count before they are accepted); run with speculative decoding off")
-        if (s.logit_bias or s.min_tokens) and self.tp.active:
-            return "logit_bias and min_tokens are not supported with tensor parallelism yet"
-        if s.min_tokens and len(set(cfg.eos_token_ids) | set(s.stop_token_ids)) > MAX_STOP_IDS:
-            return (f"min_tokens masks the EOS and stop token ids, at most {MAX_STOP_IDS} of them; this request "
-                    f"has {len(set(cfg.eos_token_ids) | set(s.stop_token_ids))}")
-        bad = [t for t, _ in s.logit_bias if t >= cfg.vocab_size]
-        if bad:
-            return f"logit_bias token id {bad[0]} is outside the vocabulary (size {cfg.vocab_size})"
-        return None
-
-    def _refusal(self, req: Request, ids: list[int]) -> str | None:
-        """Why no recorded key can serve this prompt, or None."""
-        cfg, lim = self.executor.loaded.config, self.config.limits
-        if not ids:
-            return "the prompt encodes to no tokens"
-        if max(ids) >= cfg.vocab_size:
-            return f"prompt token id {max(ids)} is outside the vocabulary (size {cfg.vocab_size})"
-        if len(ids) + req.max_tokens > lim.max_seq_len:
-            return (f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) = {len(ids) + req.max_tokens} "
-                    f"exceeds the manifest's limits.max_seq_len ({lim.max_seq_len})")
-        if not req.is_greedy and not self.scheduler_has_sampled:
-            return ("temperature > 0, a logits processor or logprobs need sampled graphs, but this manifest "
-                    "holds only greedy keys; recapture with buckets.sampling: [greedy, sampled], or send "
-                    "temperature 0 without them")
-        return self._sampling_refusal(req)
-
-    def _prompt_ids(self, req: Request) -> tuple[list[int], str | None]:
-        """The request's prompt as token ids: given, encoded text, or a chat rendered with the
-        checkpoint's template. (ids, None) or ([], why not)."""
-        if req.prompt_token_ids is not None:
-            return list(req.prompt_token_ids), None
-        if req.messages is None:
-            return self.tokenizer.encode(req.prompt), None
-        if self.chat_template is None:
-            where = self.executor.loaded.checkpoint_dir or "the synthetic model"
-            return [], (f"{where} has no chat template (no `chat_template` in tokenizer_config.json and no "
-                        f"chat_template.jinja), so it cannot serve `messages`; send `prompt` text instead")
-        try:
-            text = self.chat_template.render(req.chat_messages, add_generation_prompt=True)
-        except PromptError as exc:
-            return [], str(exc)
-        return self.tokenizer.encode(text, add_special_tokens=False), None
-
-    @property
-    def scheduler_has_sampled(self) -> bool:
-        return "sampled" in {k.sampling for k in self.manifest.graph_keys}
-
     # ---- the incremental core: add, abort, step -----------------------------------------
     def add_request(self, request: Request | dict, where: str = "request") -> None:
         """Queue a request; it joins the running batch at a coming step. A request no
@@ -209,7 +136,7 @@ class Engine:
             self._run_start = time.perf_counter()
         self._arrivals += 1
         self.stats.requests += 1
-        item = self._admit(req, self._arrivals)
+        item = self.admission.admit(req, self._arrivals)
         if isinstance(item, Result):
             self.stats.refused += 1
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
@@ -248,8 +175,8 @@ class Engine:
                 f = self._inflight
                 # Overlap: while the device runs this decode step, launch the next one (same
                 # rows, inputs advanced on the device) before reading this one's tokens back.
-                self._inflight = (self._launch(f.step, ahead=1) if self.scheduler.extend_decode(f.step)
-                                  else None)
+                ahead = self.scheduler.extend_decode(f.step)
+                self._inflight = self.launcher.launch(ahead, self.stats) if ahead is not None else None
                 outputs += self._complete(f)
                 if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
                     self._complete(self._inflight)  # ran ahead for rows that all finished: drain it
@@ -316,39 +243,28 @@ class Engine:
         self.stats = RunStats(record_seconds=self.record_seconds)
         self._preemptions_before = self.scheduler.num_preemptions
         self._run_start = time.perf_counter()
-        self._timing = gpu_timing and self.executor.device.type == "cuda"
-        if self._timing:
+        self.launcher.timing = gpu_timing and self.executor.device.type == "cuda"
+        if self.launcher.timing:
             self.stats.gpu_busy_seconds = 0.0
 
     def _apply_aborts(self) -> None:
-        sched = self.scheduler
         for rid in self._aborts:
             live = self._live.pop(rid, None)
             if live is None:  # finished; its last output is dropped below
                 continue
             self.stats.aborted += 1
             self._choices.pop(rid, None)
-            # the request's sequence, and with n > 1 every completion forked from it
-            seqs = [live.seq] + [s for s in (*sched.running, *sched.waiting)
-                                 if s.request is live.seq.request and s is not live.seq]
-            for seq in seqs:
-                if seq.finished:
-                    continue
-                if seq in sched.running:
-                    sched.finish(seq)
-                else:  # waiting: it holds no blocks
-                    sched.waiting.remove(seq)
-                    seq.finished = True
+            self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it
         if self._aborts:
             self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
             self._aborts.clear()
 
-    def _launch_next(self) -> "_InFlight | None":
+    def _launch_next(self) -> InFlight | None:
         """Form and launch a step; None when nothing is left to run."""
         while self.scheduler.has_work:
             step = self.scheduler.schedule()
             if step is not None:  # None: every running row stepped aside this time; they wait now
-                return self._launch(step)
+                return self.launcher.launch(step, self.stats)
         return None
 
     def follow(self) -> int:
@@ -360,214 +276,54 @@ class Engine:
         if self.broadcast is not None:
             self.broadcast.stop()
 
-    # ---- one step ------------------------------------------------------------------------
-    def _launch(self, step: ScheduledStep, ahead: int = 0) -> "_InFlight":
-        """Prepare and enqueue a step, and the non-blocking copy of its tokens to the host.
-        `ahead`: tokens the step's rows are beyond what the scheduler has accounted."""
-        ex, stats = self.executor, self.stats
-        if self.broadcast is not None:  # the other ranks get the full inputs every step
-            self._last = None
-        self._last = self._prepare(step, self._last, ahead)
-        if self.broadcast is not None:
-            self.broadcast.send(step.key)
-        events = None
-        if self._timing:
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            events[0].record()
-        out = ex.execute(step.key, eager=self.eager)
-        if events:
-            events[1].record()
-        n = len(step.seqs)
-        rows = n if step.is_prefill else n * step.key.q_len  # logit rows of the real sequences
-        host, host_accepted = self._host_buffers()
-        host[:rows].copy_(out.tokens[:rows], non_blocking=True)
-        if step.drafts is not None:
-            host_accepted[:n].copy_(out.accepted[:n], non_blocking=True)
-            stats.verify_steps += 1
-            stats.verify_rows += n
-            stats.drafted_rows += step.num_proposed
-            stats.drafts_fed += n * step.key.draft_len
-        logprobs = None
-        if out.logprob_values is not None and any(q.request.logprobs is not None for q in step.seqs):
-            # copied now (a step launched ahead rewrites the device buffers), into this turn's host pair
-            logprobs = tuple(h[:rows].copy_(t[:rows], non_blocking=True)
-                             for h, t in zip(self._logprob_bufs[self._result_turn], (out.logprob_values, out.logprob_ids)))
-        done = torch.cuda.Event() if ex.device.type == "cuda" else None
-        if done is not None:
-            done.record()
-        stats.steps += 1
-        stats.steps_per_key[step.key] += 1
-        stats.real_tokens += sum(step.num_new)
-        stats.padded_tokens += step.key.num_tokens
-        return _InFlight(step, host[:rows], host_accepted[:n] if step.drafts is not None else None, done, events,
-                         logprobs)
-
-    def _host_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self._result_turn ^= 1
-        return self._result_bufs[self._result_turn]
-
-    def _complete(self, f: "_InFlight") -> list[RequestOutput]:
-        """Wait for a step's tokens, account them, and return each drawing request's news."""
-        if f.done is not None:
-            f.done.synchronize()
-        if f.events:
-            self.stats.gpu_busy_seconds += f.events[0].elapsed_time(f.events[1]) / 1e3
-        accepted = f.accepted.tolist() if f.accepted is not None else None
-        if accepted is not None:
-            self.stats.drafts_accepted += sum(accepted)
-            self.stats.verify_tokens += sum(accepted) + len(accepted)
-        drew = self.scheduler.advance(f.step, f.tokens.tolist(), accepted)
-        if f.logprobs is not None:
-            self._keep_logprobs(f, drew)
+    # ---- after a step: tokens to text and outputs ------------------------------------------
+    def _complete(self, f: InFlight) -> list[RequestOutput]:
+        """Wait for a step's tokens; the scheduler applies them; each drawing request's news."""
+        tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
         outputs = []
-        for seq, n_new in drew:
-            self._fork(seq)
-            live = self._live[seq.request.id]
-            result = self._check_stop(seq, n_new, live.arrival_seconds)
-            if seq.request.n > 1:  # one output, once all n completions have finished
-                if result is not None:
-                    outputs += self._finish_choice(seq, result)
-                continue
-            if result is None:
-                out = seq.output_ids
-                outputs.append(RequestOutput(seq.request.id, out[live.num_sent:], live.text.feed(out)))
-                live.num_sent = len(out)
-                continue
-            self.scheduler.finish(seq)
-            del self._live[seq.request.id]
-            self.stats.completion_tokens += len(result.token_ids)
-            outputs.append(RequestOutput(result.id, result.token_ids[live.num_sent:], live.text.finish(result.text),
-                                         True, result.finish_reason, result))
+        for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
+            outputs += self._news(seq, reason)
         return outputs
 
-    def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:
-        """n > 1: one completion finished; the request's output once all n have."""
-        self.scheduler.finish(seq)
-        self.stats.completion_tokens += len(result.token_ids)
-        result = self._gather(seq, result)
-        if result is None:
-            return []
-        del self._live[seq.request.id]
-        return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
-
-    # ---- n > 1: fork after the prompt, gather the n completions -------------------------
-    def _fork(self, seq: Sequence) -> None:
-        """When completion 0 of an n > 1 request has drawn its first token (its prompt is in
-        the cache), start completions 1..n-1; completion i draws with seed + i (mod 2**63)."""
-        req = seq.request
-        if req.n == 1 or req.id in self._choices:
-            return
-        self._choices[req.id] = [None] * req.n
-        self.scheduler.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])
-
-    def _gather(self, seq: Sequence, result: Result) -> Result | None:
-        """n > 1: hold each finished completion until all n have; then one Result carrying
-        them as `choices`."""
-        if seq.request.n == 1:
-            return result
-        slots = self._choices[seq.request.id]
-        slots[seq.index] = result
-        if any(r is None for r in slots):
-            return None
-        del self._choices[seq.request.id]
-        return Result(id=result.id, prompt_tokens=result.prompt_tokens, choices=slots,
-                      finish_reason=slots[0].finish_reason, ttft_ms=min(r.ttft_ms for r in slots))
-
-    def _prepare(self, step: ScheduledStep, last: tuple | None, ahead: int = 0) -> tuple:
-        """Fast path when the same generation rows repeat in the same order; otherwise
-        pack on the host and copy once. Returns what the next step compares against."""
-        ex = self.executor
-        ids = tuple(id(s) for s in step.seqs)
-        plain_decode = not step.is_prefill and step.drafts is None
-        if plain_decode and last == (step.key, ids):
-            new_blocks = []
-            for row, seq in enumerate(step.seqs):
-                pos = seq.num_computed + ahead  # the position this step's token takes
-                if pos % ex.block_size == 0:
-                    new_blocks.append((row, pos // ex.block_size, seq.block_table[pos // ex.block_size]))
-            ex.advance_decode(len(step.seqs), new_blocks)
-            self.stats.fast_path_steps += 1
-        else:
-            assert ahead == 0, "a step launched ahead must be on the fast path"
-            for seq in step.seqs:  # a sequence entering its slot: its tables replace the last occupant's
-                if step.is_prefill and seq.num_computed == 0 and seq.request.sampling.uses_processors:
-                    ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq.request))
-            drafts = step.drafts or [None] * len(step.seqs)
-            ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])
-        return (step.key, ids) if plain_decode else None
-
-    def _masked_ids(self, req: Request) -> list[int]:
-        """What min_tokens masks: the model's EOS ids and the request's stop ids."""
-        return sorted(set(self.executor.loaded.config.eos_token_ids) | set(req.stop_token_ids))
-
-    @staticmethod
-    def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
-        r, s = seq.request, seq.request.sampling
-        fed = seq.all_ids[seq.num_computed:seq.num_computed + n] if drafts is None else [seq.all_ids[-1]] + drafts
-        prompt_len = len(seq.prompt_ids)
-        return StepRow(token_ids=fed, start_pos=seq.num_computed,
-                       block_table=seq.block_table, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                       seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
-                       slot=seq.slot if s.uses_processors else None,
-                       counted=seq.num_computed + len(fed) >= len(seq.all_ids), prompt_len=prompt_len,
-                       eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
-                       repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-                       frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
-
-    def _check_stop(self, seq: Sequence, n_new: int, start: float) -> Result | None:
-        """Check the `n_new` tokens just appended, in order; at a stop, drop what follows."""
-        req, out = seq.request, seq.output_ids
-        reason, cut = None, len(out)
-        for j in range(len(out) - n_new, len(out)):
-            stops = j + 1 >= req.min_tokens and (out[j] in req.stop_token_ids
-                                                 or (out[j] in self.stop_ids and not req.ignore_eos))
-            if stops:
-                reason, cut = "stop", j + 1
-                break
-            if j + 1 >= req.max_tokens:
-                reason, cut = "length", j + 1
-                break
-        out = out[:cut]
+    def _news(self, seq: Sequence, reason: str | None) -> list[RequestOutput]:
+        """One sequence's new tokens as its request's output: the text so far, or, when a stop
+        (token-level, from the scheduler, or a stop string, checked here) ended it, its Result."""
+        req, live = seq.request, self._live[seq.request.id]
+        out = seq.output_ids
         text = None
         if req.stop_strings and len(out) >= req.min_tokens:
-            text = self.tokenizer.decode(out)
-            hit = min((text.find(s) for s in req.stop_strings if s in text), default=-1)
-            if hit >= 0:
-                reason, text = "stop", text[:hit]
+            text, hit = live.text.stop_text(out)
+            if hit:
+                reason = "stop"
+                if not seq.finished:
+                    self.scheduler.finish(seq)
         if reason is None:
-            return None
-        if cut < len(seq.output_ids):  # a verify step ran past the stop
-            del seq.all_ids[len(seq.prompt_ids) + cut:]
-        if text is None:
-            text = self.tokenizer.decode(out)
-        n = len(out)
-        tpot = (seq.last_token_time - seq.first_token_time) * 1e3 / (n - 1) if n > 1 else None
-        logprobs = self._logprob_entries(seq, len(out)) if req.logprobs is not None else None
-        return Result(id=req.id, text=text, token_ids=list(out), finish_reason=reason,
-                      prompt_tokens=len(seq.prompt_ids), ttft_ms=(seq.first_token_time - start) * 1e3, tpot_ms=tpot,
-                      logprobs=logprobs)
+            if req.n > 1:  # one output, once all n completions have finished
+                return []
+            delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out))
+            live.num_sent = len(out)
+            return [delta]
+        result = final_result(seq, reason, self.tokenizer.decode(out) if text is None else text,
+                              live.arrival_seconds, self.tokenizer.decode)
+        self.stats.completion_tokens += len(result.token_ids)
+        if req.n > 1:
+            return self._finish_choice(seq, result)
+        del self._live[req.id]
+        return [RequestOutput(result.id, result.token_ids[live.num_sent:], live.text.finish(result.text),
+                              True, result.finish_reason, result)]
 
-    # ---- logprobs ------------------------------------------------------------------------
-    @staticmethod
-    def _keep_logprobs(f: "_InFlight", drew: list) -> None:
-        """Each drawing sequence's rows of the step's log-probabilities, in token order."""
-        values, ids = f.logprobs
-        q = 1 if f.step.is_prefill else f.step.key.q_len
-        row_of = {id(seq): i * q for i, seq in enumerate(f.step.seqs)}
-        for seq, n_new in drew:
-            if seq.request.logprobs is not None:
-                r = row_of[id(seq)]
-                seq.logprobs += [(values[r + j].tolist(), ids[r + j].tolist()) for j in range(n_new)]
-
-    def _logprob_entries(self, seq: Sequence, n: int) -> list[dict]:
-        """One entry per generated token (runtime/serving/requests.py documents the shape)."""
-        k, dec = seq.request.logprobs, self.tokenizer.decode
-        out = []
-        for token, (values, ids) in zip(seq.output_ids[:n], seq.logprobs[:n]):
-            out.append({"token_id": token, "token": dec([token]), "logprob": values[0],
-                        "top_logprobs": [{"token_id": t, "token": dec([t]), "logprob": v}
-                                         for t, v in zip(ids[:k], values[1:k + 1])]})
-        return out
+    def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:
+        """n > 1: hold each finished completion until all n have; then the request's one
+        output, a Result carrying them as `choices`."""
+        slots = self._choices.setdefault(seq.request.id, [None] * seq.request.n)
+        slots[seq.index] = result
+        if any(r is None for r in slots):
+            return []
+        del self._choices[seq.request.id]
+        del self._live[seq.request.id]
+        result = Result(id=result.id, prompt_tokens=result.prompt_tokens, choices=slots,
+                        finish_reason=slots[0].finish_reason, ttft_ms=min(r.ttft_ms for r in slots))
+        return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
 
 
 @dataclass
@@ -577,16 +333,6 @@ class _Live:
     arrival_seconds: float  # time.perf_counter() at add_request
     text: TextStream
     num_sent: int = 0  # output tokens already handed out
-
-
-@dataclass
-class _InFlight:
-    step: ScheduledStep
-    tokens: torch.Tensor  # host view the step's tokens are copied into
-    accepted: torch.Tensor | None  # verify steps: host view of the accepted counts
-    done: object  # CUDA event recorded after that copy (None on a CPU)
-    events: tuple | None  # (begin, end) around the replay, with gpu_timing
-    logprobs: tuple | None = None  # (values [rows, 1 + K], ids [rows, K]) on the host, when a row asked
 
 
 def _with_checkpoint(config, mpath: Path, model: str | Path | None):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ...errors import PromptError
 from ...inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_bounded, short, text_problem
+from ...limits import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
@@ -30,9 +31,6 @@ FIELDS = ("id", "prompt", "prompt_token_ids", "messages", "n") + SAMPLING_FIELDS
 MAX_TOKENS_CAP = 1 << 20
 MAX_N = 16  # completions of one prompt (`n`)
 CHAT_ROLES = ("system", "user", "assistant")
-LOGIT_BIAS_CAPACITY = 300  # entries per request (OpenAI's limit); the per-slot device table holds this many
-MAX_STOP_TOKEN_IDS = 16  # stop token ids per request (with min_tokens they are masked in the graph)
-MAX_LOGPROBS = 20  # alternatives per token; the graph computes this many for every row that asks
 # What an omitted temperature / top_p / top_k means until the checkpoint's generation_config
 # is consulted: greedy, no top-p, no top-k.
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}

@@ -6,6 +6,12 @@ blocks run out the newest running sequence is preempted (its blocks freed) and l
 recomputed from its prompt plus what it has generated. No step is larger than the largest
 recorded key, so every step selects a key. Pure host logic: no tensors here.
 
+The scheduler owns every change to a sequence: admission, blocks, preemption, forking, and
+after each step `postprocess`: appending the drawn tokens, the stop checks (stop ids, EOS,
+max_tokens; what a verify step drew past a stop is dropped) and freeing the blocks of the
+sequences that finished. A step it hands out says whether it repeats the rows of the step
+handed out before it (`repeats`: the fast path) and which of those rows enter a new block.
+
 n completions of one prompt: the prompt is prefilled once (completion 0, the parent), then
 `fork` starts completions 1..n-1, each holding the prompt's full KV blocks by reference and
 computing the rest of the prompt (less than one block) itself, so each draws its first token
@@ -65,6 +71,12 @@ class ScheduledStep:
     num_new: list[int]  # query tokens each sequence feeds this step
     drafts: list[list[int]] | None = None  # verify steps: K drafted tokens per row
     num_proposed: int = 0  # rows whose drafts came from an n-gram match (not filler)
+    # The fast path: the same key and generation rows, in the same order, as the step handed out
+    # just before, so the device advances the inputs itself ...
+    repeats: bool = False
+    # ... and writes only these block-table entries: (row, column, block id) of each row whose
+    # fed token is the first of a block.
+    new_blocks: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def is_prefill(self) -> bool:
@@ -73,8 +85,11 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, plan: BucketPlan, num_blocks: int, block_size: int,
-                 drafter: NgramDrafter | None = None, max_seq_len: int | None = None):
+                 drafter: NgramDrafter | None = None, max_seq_len: int | None = None,
+                 eos_ids: frozenset[int] = frozenset()):
+        """eos_ids: the model's end-of-sequence ids (a request with ignore_eos draws past them)."""
         self.plan = plan
+        self.eos_ids = frozenset(eos_ids)
         self.drafter = drafter
         self.max_seq_len = max_seq_len
         self.block_size = block_size
@@ -86,7 +101,10 @@ class Scheduler:
         self.has_sampled = SAMPLED in {k.sampling for k in plan.keys}
         self.num_preemptions = 0
         self.free_slots = list(range(plan.max_batch_size - 1, -1, -1))  # popped from the end: 0 first
-        self.pipelining = True  # may extend_decode launch a step ahead
+        # May a step repeat the last one's inputs on the device (`repeats`, and extend_decode's
+        # step launched ahead)? Off under tensor parallelism: the other ranks get full inputs.
+        self.fast_path = True
+        self._last: tuple | None = None  # (key, rows) of the last plain generation step handed out
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -97,9 +115,28 @@ class Scheduler:
 
     # ---- forming a step --------------------------------------------------------------
     def schedule(self) -> ScheduledStep | None:
+        """The next step to launch (the one before it has been postprocessed), or None."""
         if not self.has_work:
             return None
-        return self._prefill_step() or self._decode_step()
+        return self._handed_out(self._prefill_step() or self._decode_step())
+
+    def _handed_out(self, step: ScheduledStep | None, ahead: int = 0) -> ScheduledStep | None:
+        """Mark `step` as repeating when it has the last step's key and rows, and remember it.
+        ahead: tokens each row is beyond what postprocess has appended (a step launched ahead)."""
+        if step is None:
+            self._last = None
+            return None
+        plain = self.fast_path and not step.is_prefill and step.drafts is None
+        rows = (step.key, tuple(step.seqs)) if plain else None
+        if rows is not None and rows == self._last:
+            step.repeats = True
+            bs = self.block_size
+            for row, seq in enumerate(step.seqs):
+                pos = seq.num_computed + ahead  # the position this step's fed token takes
+                if pos % bs == 0:
+                    step.new_blocks.append((row, pos // bs, seq.block_table[pos // bs]))
+        self._last = rows
+        return step
 
     def _prefill_step(self) -> ScheduledStep | None:
         candidates = [s for s in self.running if s.num_pending > 1] + list(self.waiting)
@@ -212,22 +249,25 @@ class Scheduler:
         pos = next((i for i, r in enumerate(self.running) if r.arrival > seq.arrival), len(self.running))
         self.running.insert(pos, seq)
 
-    def extend_decode(self, step: ScheduledStep) -> bool:
-        """Whether the same generation step can be launched again before this one's tokens
-        are read back (the rows are every running sequence, nothing waits, no preemption is
-        needed); if so, reserve each row's block for that next token. A row that finishes in
-        `step` wastes its slot in the next one; its blocks are freed when it finishes."""
+    def extend_decode(self, step: ScheduledStep) -> ScheduledStep | None:
+        """The same generation step again, to launch before `step`'s tokens are read back, when
+        it can be (the rows are every running sequence, nothing waits, no preemption is needed):
+        each row's block for that next token is reserved, and the step repeats `step` (the fast
+        path). A row that finishes in `step` wastes its slot in the next one; its blocks are
+        freed when it finishes. None when it cannot be."""
         admissible = self.waiting and len(self.running) < self.plan.max_batch_size
-        if not self.pipelining or step.is_prefill or self.drafter is not None or admissible \
+        if not self.fast_path or step.is_prefill or self.drafter is not None or admissible \
                 or step.seqs != self.running:
-            return False  # (with a drafter every step is planned afresh: drafts come from the last tokens)
+            return None  # (with a drafter every step is planned afresh: drafts come from the last tokens)
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
-            return False
+            return None
         for seq, n in zip(step.seqs, need):
             if n > 0:
                 seq.block_table += self.allocator.allocate(n)
-        return True
+        ahead = self._handed_out(ScheduledStep(step.key, list(step.seqs), list(step.num_new)), ahead=1)
+        assert ahead.repeats, "a step launched ahead repeats the one before it"
+        return ahead
 
     def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
         """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the
@@ -253,11 +293,22 @@ class Scheduler:
         return children
 
     def finish(self, seq: Sequence) -> None:
+        """A running sequence is done: its blocks and slot are freed."""
         seq.finished = True
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
         self.free_slots.append(seq.slot)
         seq.block_table, seq.slot = [], None
+
+    def abort(self, request: Request) -> None:
+        """Stop every unfinished sequence of `request` (with n > 1, each completion): running
+        ones free their blocks, waiting ones (which hold none) leave the queue."""
+        for seq in [s for s in (*self.running, *self.waiting) if s.request is request]:
+            if seq in self.running:
+                self.finish(seq)
+            else:
+                self.waiting.remove(seq)
+                seq.finished = True
 
     # ---- after a step ----------------------------------------------------------------
     def advance(self, step: ScheduledStep, tokens: list[int], accepted: list[int] | None = None,
@@ -286,3 +337,53 @@ class Scheduler:
             seq.last_token_time = now
             drew.append((seq, len(new)))
         return drew
+
+    def postprocess(self, step: ScheduledStep, tokens: list[int], accepted: list[int] | None = None,
+                    logprobs: tuple | None = None, now: float | None = None) -> list[tuple[Sequence, str | None]]:
+        """Everything a finished step changes in its sequences: append the drawn tokens
+        (`advance`) and, for rows that asked, their log-probabilities (logprobs: (values, ids),
+        lists per logit row); after an n > 1 request's first token start its other completions;
+        stop at a stop id, EOS or max_tokens and free the finished sequences' blocks.
+        Returns (sequence, finish reason or None) for each sequence that drew."""
+        drew = self.advance(step, tokens, accepted, now)
+        if logprobs is not None:
+            _keep_logprobs(step, drew, logprobs)
+        news = []
+        for seq, n_new in drew:
+            req = seq.request
+            if req.n > 1 and seq.index == 0 and len(seq.all_ids) - len(seq.prompt_ids) == n_new:
+                self.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])  # completion i: seed + i
+            reason = self._stop(seq, n_new)
+            if reason is not None:
+                self.finish(seq)
+            news.append((seq, reason))
+        return news
+
+    def _stop(self, seq: Sequence, n_new: int) -> str | None:
+        """Check the `n_new` tokens just appended, in order: "stop" at a stop id or EOS (not
+        before min_tokens; EOS not with ignore_eos), "length" at max_tokens. Tokens a verify
+        step drew past that point are dropped."""
+        req, ids, p = seq.request, seq.all_ids, len(seq.prompt_ids)
+        num_out = len(ids) - p
+        for j in range(num_out - n_new, num_out):
+            t = ids[p + j]
+            if j + 1 >= req.min_tokens and (t in req.stop_token_ids or (t in self.eos_ids and not req.ignore_eos)):
+                reason = "stop"
+            elif j + 1 >= req.max_tokens:
+                reason = "length"
+            else:
+                continue
+            del ids[p + j + 1:]
+            return reason
+        return None
+
+
+def _keep_logprobs(step: ScheduledStep, drew: list[tuple[Sequence, int]], logprobs: tuple) -> None:
+    """Each drawing sequence's rows of the step's log-probabilities, in token order."""
+    values, ids = logprobs
+    q = 1 if step.is_prefill else step.key.q_len
+    row_of = {id(seq): i * q for i, seq in enumerate(step.seqs)}
+    for seq, n_new in drew:
+        if seq.request.logprobs is not None:
+            r = row_of[id(seq)]
+            seq.logprobs += [(values[r + j], ids[r + j]) for j in range(n_new)]

@@ -4,6 +4,10 @@ Streamed text never splits a UTF-8 character (a token that ends inside one is he
 the character completes) and never shows text that may turn out to be the start of a stop
 string (that suffix is held until it cannot be one, or the request finishes). Concatenated,
 a request's text deltas equal its final `Result.text`.
+
+This is the text side of serving: the scheduler has appended the tokens and applied the
+token-level stops; here they become text, stop strings end a request, and a finished
+sequence becomes its `Result`.
 """
 
 from __future__ import annotations
@@ -57,6 +61,36 @@ class TextStream:
         """The rest of `final_text` (the Result's text) after what was handed out."""
         sent = self.text[:self.sent]
         return final_text[len(sent):] if final_text.startswith(sent) else ""
+
+    def stop_text(self, ids: list[int]) -> tuple[str, bool]:
+        """(the text of `ids`, cut before the first stop string it holds; whether it held one)."""
+        text = self._decode(ids)
+        hit = min((text.find(s) for s in self._stops if s in text), default=-1)
+        return (text[:hit], True) if hit >= 0 else (text, False)
+
+
+def final_result(seq, reason: str, text: str, arrival_seconds: float, decode) -> Result:
+    """A finished sequence's Result: tokens, text, timings (ms) and, when asked, logprobs.
+    seq: a scheduler Sequence; decode: the tokenizer's decode."""
+    out = seq.output_ids
+    n = len(out)
+    tpot = (seq.last_token_time - seq.first_token_time) * 1e3 / (n - 1) if n > 1 else None
+    req = seq.request
+    logprobs = logprob_entries(out, seq.logprobs, req.logprobs, decode) if req.logprobs is not None else None
+    return Result(id=req.id, text=text, token_ids=list(out), finish_reason=reason,
+                  prompt_tokens=len(seq.prompt_ids), ttft_ms=(seq.first_token_time - arrival_seconds) * 1e3,
+                  tpot_ms=tpot, logprobs=logprobs)
+
+
+def logprob_entries(tokens: list[int], rows: list, k: int, decode) -> list[dict]:
+    """One entry per generated token (runtime/serving/requests.py documents the shape); rows:
+    (values, ids) per token, values[0] the token's own log-probability."""
+    out = []
+    for token, (values, ids) in zip(tokens, rows):
+        out.append({"token_id": token, "token": decode([token]), "logprob": values[0],
+                    "top_logprobs": [{"token_id": t, "token": decode([t]), "logprob": v}
+                                     for t, v in zip(ids[:k], values[1:k + 1])]})
+    return out
 
 
 def stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:

@@ -3,8 +3,9 @@
 Every graph reads its inputs from views at offset 0 of these tensors. All per-step integer
 metadata lives in one int64 tensor (`ints`) and the float sampling parameters in one fp32
 tensor (`floats`), each with a host staging twin (pinned on CUDA), so a step's inputs
-cross to the device in two copies. `sampled` holds the last step's tokens on the device,
-where the steady-state fast path gathers the next inputs from.
+cross to the device in two copies. `dev` and `host` name every field (`StepFields`, views
+made once). `next_tokens` holds the last step's drawn tokens on the device, where the
+steady-state fast path gathers the next inputs from.
 
 Per-sequence sampling state lives by slot (`Sequence.slot`; the last slot is scratch for
 rows that use no processor, and for padding): `token_counts` [slots + 1, V] int32 (generated
@@ -16,34 +17,52 @@ row's log-probabilities, read back only when a row asked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
+import numpy as np
 import torch
 
-from ..serving.requests import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
+from ...limits import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_IDS
 
-# stop ids masked for min_tokens: the model's EOS ids and the request's stop ids
-MAX_STOP_IDS = MAX_STOP_TOKEN_IDS + 8
+View = torch.Tensor | np.ndarray  # a device tensor (StepBuffers.dev) or a host staging view (StepBuffers.host)
 
-# name -> which limit sizes it: "tokens" (max_num_tokens), "rows" (max logit rows),
-# "seqs" (max batch size), "table" (max batch size * blocks per sequence)
-INT_FIELDS = (
-    ("input_ids", "tokens"),
-    ("positions", "tokens"),
-    ("slot_mapping", "tokens"),
-    ("logits_indices", "seqs"),  # prefill: the row of each sequence's last real token
-    ("seeds", "rows"),
-    ("top_k", "rows"),
-    ("block_tables", "table"),
-    ("processors", "rows"),  # 1: the row's logits go through the processors (runtime/step/sampler.py)
-    ("slots", "rows"),  # the row's state slot (processors, prompt scan); scratch slot otherwise
-    ("count_slots", "rows"),  # where the drawn token is counted: the slot, or scratch when discarded
-    ("prompt_lens", "rows"),  # tokens of the original prompt (for the prompt scan of prefill chunks)
-    ("eos_until", "rows"),  # stop ids are masked while the drawn token's position is below this
-    ("logprobs", "rows"),  # 1: compute the row's log-probabilities
-)
-FLOAT_FIELDS = (("temperature", "rows"), ("top_p", "rows"), ("min_p", "rows"), ("repetition_penalty", "rows"),
-                ("presence_penalty", "rows"), ("frequency_penalty", "rows"))
+
+def _packed(size: str, group: str = "ints"):
+    """A field of the packed storage: `group` (ints: int64, floats: fp32) and the limit that
+    sizes it: "tokens" (max tokens), "rows" (max logit rows), "seqs" (max batch size),
+    "table" (max batch size x blocks per sequence, viewed [seqs, blocks per sequence])."""
+    return field(metadata={"size": size, "group": group})
+
+
+@dataclass(frozen=True)
+class StepFields:
+    """Named views of the packed step storage, each at its fixed offset: `StepBuffers.dev`
+    holds the device tensors the graphs read, `StepBuffers.host` numpy views of the host
+    staging the full path packs into. Both are built once."""
+    input_ids: View = _packed("tokens")
+    positions: View = _packed("tokens")
+    slot_mapping: View = _packed("tokens")
+    logits_indices: View = _packed("seqs")  # prefill: the row of each sequence's last real token
+    seeds: View = _packed("rows")
+    top_k: View = _packed("rows")
+    block_tables: View = _packed("table")  # [max_seqs, max_blocks_per_seq]
+    processors: View = _packed("rows")  # 1: the row's logits go through the processors (kernels/sampler_reference.py)
+    slots: View = _packed("rows")  # the row's state slot (processors, prompt scan); scratch slot otherwise
+    count_slots: View = _packed("rows")  # where the drawn token is counted: the slot, or scratch when discarded
+    prompt_lens: View = _packed("rows")  # tokens of the original prompt (for the prompt scan of prefill chunks)
+    eos_until: View = _packed("rows")  # stop ids are masked while the drawn token's position is below this
+    logprobs: View = _packed("rows")  # 1: compute the row's log-probabilities
+    temperature: View = _packed("rows", "floats")
+    top_p: View = _packed("rows", "floats")
+    min_p: View = _packed("rows", "floats")
+    repetition_penalty: View = _packed("rows", "floats")
+    presence_penalty: View = _packed("rows", "floats")
+    frequency_penalty: View = _packed("rows", "floats")
+
+
+# (name, group, size) of every packed field, in storage order (tests import this list)
+FIELDS = tuple((f.name, f.metadata["group"], f.metadata["size"]) for f in fields(StepFields))
 # The neutral value of each per-row sampling field: padding rows and rows that do not use it.
 ROW_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seeds": 0, "min_p": 0.0, "repetition_penalty": 1.0,
                 "presence_penalty": 0.0, "frequency_penalty": 0.0, "processors": 0, "prompt_lens": 0,
@@ -59,28 +78,36 @@ class StepBuffers:
     device: torch.device
     vocab_size: int = 0
     num_slots: int = 0  # state slots of running sequences (the scratch slot is added)
-    ints: torch.Tensor = field(init=False)
-    floats: torch.Tensor = field(init=False)
-    ints_host: torch.Tensor = field(init=False)
+    ints: torch.Tensor = field(init=False)  # every int64 field, packed
+    floats: torch.Tensor = field(init=False)  # every fp32 field, packed
+    ints_host: torch.Tensor = field(init=False)  # their host staging (pinned on CUDA)
     floats_host: torch.Tensor = field(init=False)
-    sampled: torch.Tensor = field(init=False)  # [max_rows] int64, written inside the graph
-    accepted: torch.Tensor = field(init=False)  # [max_seqs] int64: drafts accepted per row (verify keys)
-    offsets: dict = field(init=False)
+    dev: StepFields = field(init=False)  # named device views of `ints` / `floats`
+    host: StepFields = field(init=False)  # named numpy views of the staging: write after staging_ready()
+    next_tokens: torch.Tensor = field(init=False)  # [max_rows] int64: the step's drawn tokens, written in the graph
+    # [max_seqs] int64: drafts accepted per row, written by verify keys only (other keys leave it stale)
+    accepted: torch.Tensor = field(init=False)
 
     def __post_init__(self):
-        sizes = {"tokens": self.max_tokens, "rows": self.max_rows, "seqs": self.max_seqs,
-                 "table": self.max_seqs * self.max_blocks_per_seq}
-        self.offsets = {}
+        shapes = {"tokens": (self.max_tokens,), "rows": (self.max_rows,), "seqs": (self.max_seqs,),
+                  "table": (self.max_seqs, self.max_blocks_per_seq)}
         pin = self.device.type == "cuda"
-        for group, fields_, dtype in (("ints", INT_FIELDS, torch.int64), ("floats", FLOAT_FIELDS, torch.float32)):
-            offset = 0
-            for name, size_kind in fields_:
-                self.offsets[name] = (group, offset, sizes[size_kind])
-                offset += sizes[size_kind]
-            setattr(self, group, torch.zeros(offset, dtype=dtype, device=self.device))
-            setattr(self, group + "_host", torch.zeros(offset, dtype=dtype, pin_memory=pin))
-        self.sampled = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
-        self.accepted = torch.zeros(self.max_seqs, dtype=torch.int64, device=self.device)  # verify steps
+        spans, ends = {}, {"ints": 0, "floats": 0}  # name -> (group, offset, shape); group -> elements
+        for name, group, size in FIELDS:
+            spans[name] = (group, ends[group], shapes[size])
+            ends[group] += math.prod(shapes[size])
+        for group, dtype in (("ints", torch.int64), ("floats", torch.float32)):
+            setattr(self, group, torch.zeros(ends[group], dtype=dtype, device=self.device))
+            setattr(self, group + "_host", torch.zeros(ends[group], dtype=dtype, pin_memory=pin))
+
+        def views(suffix: str) -> dict:
+            return {n: getattr(self, g + suffix)[o:o + math.prod(shape)].view(shape)
+                    for n, (g, o, shape) in spans.items()}
+
+        self.dev = StepFields(**views(""))
+        self.host = StepFields(**{n: t.numpy() for n, t in views("_host").items()})
+        self.next_tokens = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+        self.accepted = torch.zeros(self.max_seqs, dtype=torch.int64, device=self.device)
         self._uploaded = torch.cuda.Event() if pin else None
         self.scratch_slot = self.num_slots
         S, dev = self.num_slots + 1, self.device
@@ -106,18 +133,7 @@ class StepBuffers:
         self.state["bias_values"][slot].copy_(vals)
         self.state["stop_ids"][slot].copy_(stops)
 
-    # ---- views (device, offset 0 of each field) ------------------------------------
-    def view(self, name: str, host: bool = False) -> torch.Tensor:
-        group, offset, size = self.offsets[name]
-        t = getattr(self, group + ("_host" if host else ""))[offset:offset + size]
-        if name == "block_tables":
-            t = t.view(self.max_seqs, self.max_blocks_per_seq)
-        return t
-
-    def host_np(self, name: str):
-        """A numpy view of the host staging for fast packing. Call `staging_ready()` first."""
-        return self.view(name, host=True).numpy()
-
+    # ---- the full path's upload ----------------------------------------------------
     def staging_ready(self) -> None:
         """Wait until the last upload has left the host staging, so it can be rewritten."""
         if self._uploaded is not None:
@@ -132,17 +148,11 @@ class StepBuffers:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every persistent tensor, by name, for the address snapshot."""
-        return {"ints": self.ints, "floats": self.floats, "sampled": self.sampled, "accepted": self.accepted,
-                **self.state}
+        return {"ints": self.ints, "floats": self.floats, "next_tokens": self.next_tokens,
+                "accepted": self.accepted, **self.state}
 
     def layout(self) -> list[dict]:
         """For the manifest: name, shape, dtype of every field."""
-        out = []
-        for name, (group, _off, size) in self.offsets.items():
-            shape = [self.max_seqs, self.max_blocks_per_seq] if name == "block_tables" else [size]
-            out.append({"name": name, "shape": shape, "dtype": "int64" if group == "ints" else "float32"})
-        out.append({"name": "sampled", "shape": [self.max_rows], "dtype": "int64"})
-        out.append({"name": "accepted", "shape": [self.max_seqs], "dtype": "int64"})
-        out += [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                for n, t in self.state.items()]
-        return out
+        named = [(n, getattr(self.dev, n)) for n, _, _ in FIELDS]
+        named += [("next_tokens", self.next_tokens), ("accepted", self.accepted), *self.state.items()]
+        return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in named]

@@ -21,7 +21,7 @@ from ...kernels import get_kernels
 from ...kernels import resolve as resolve_kernels
 from ...models import DTYPES, LoadedModel, load_model
 from ...models.parallel import TPGroup
-from . import sampler
+from ...kernels import sampler_reference as sampler
 from .buffers import ROW_DEFAULTS, StepBuffers
 from .graph_runner import CaptureStats, GraphRunner
 from .kv_cache import NULL_BLOCK, allocate_kv_caches, auto_num_blocks, blocks_for_tokens
@@ -39,7 +39,7 @@ class StepRow:
     top_p: float = 1.0
     seed: int = 0
     min_p: float = 0.0
-    # logits processors (runtime/step/sampler.py); `processors` False leaves the logits untouched
+    # logits processors (kernels/sampler_reference.py); `processors` False leaves the logits untouched
     processors: bool = False
     slot: int | None = None  # the sequence's state slot (None: the scratch slot)
     counted: bool = True  # whether the drawn token counts (False: a prefill chunk that is not the last)
@@ -62,7 +62,7 @@ ROW_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", 
 class StepOutputs:
     logits: torch.Tensor  # [R, V] fp32 (graph-owned: read before the next step)
     tokens: torch.Tensor  # [R] int64, on the device
-    accepted: torch.Tensor  # [B] int64: drafts accepted per row (verify keys; zeros otherwise)
+    accepted: torch.Tensor  # [B] int64: drafts accepted per row (verify keys; other keys leave it stale)
     logprob_values: torch.Tensor | None = None  # [R, 1 + K] fp32 (sampled keys; rows that asked)
     logprob_ids: torch.Tensor | None = None  # [R, K] int64
 
@@ -119,8 +119,8 @@ class Executor:
         self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors, self.weight_tensors)
         self.metadata = {k: AttentionMetadata(
             q_len=k.q_len, batch_size=k.batch_size,
-            slot_mapping=self.buffers.view("slot_mapping")[:k.num_tokens],
-            block_tables=self.buffers.view("block_tables")[:k.batch_size],
+            slot_mapping=self.buffers.dev.slot_mapping[:k.num_tokens],
+            block_tables=self.buffers.dev.block_tables[:k.batch_size],
             kv_caches=self.kv_caches) for k in keys}
 
     @classmethod
@@ -176,9 +176,9 @@ class Executor:
         """The closure a graph records: model forward, logits, sampler, over buffer views."""
         model, bufs, meta = self.model, self.buffers, self.metadata[key]
         T, B, R = key.num_tokens, key.batch_size, key.num_logit_rows
-        ids, pos = bufs.view("input_ids")[:T], bufs.view("positions")[:T]
-        rows = bufs.view("logits_indices")[:B]
-        out, accepted = bufs.sampled[:R], bufs.accepted[:B]
+        ids, pos = bufs.dev.input_ids[:T], bufs.dev.positions[:T]
+        rows = bufs.dev.logits_indices[:B]
+        out, accepted = bufs.next_tokens[:R], bufs.accepted[:B]
         q = key.q_len
         draw = self._sampled_draw(key) if key.sampling != GREEDY else None
 
@@ -204,15 +204,15 @@ class Executor:
     def _sampled_draw(self, key: GraphKey):
         """The sampled keys' draw: processors, filters, Gumbel-max, the token counts and the
         log-probabilities, through the model's KernelSet."""
-        ops, bufs = self.model.ops, self.buffers
+        ops, d = self.model.ops, self.buffers.dev
         T, B, R, q = key.num_tokens, key.batch_size, key.num_logit_rows, key.q_len
-        ids, pos, last = bufs.view("input_ids")[:T], bufs.view("positions")[:T], bufs.view("logits_indices")[:B]
-        v = {name: bufs.view(name)[:R] for name in ("temperature", "top_k", "top_p", "seeds", "min_p", "slots",
-                                                     "count_slots", "prompt_lens", "logprobs")}
-        params = sampler.RowParams(active=bufs.view("processors")[:R], slots=v["slots"],
-                                   eos_until=bufs.view("eos_until")[:R], repetition=bufs.view("repetition_penalty")[:R],
-                                   presence=bufs.view("presence_penalty")[:R], frequency=bufs.view("frequency_penalty")[:R])
-        st = bufs.state
+        ids, pos, last = d.input_ids[:T], d.positions[:T], d.logits_indices[:B]
+        temperature, top_k, top_p, seeds, min_p = d.temperature[:R], d.top_k[:R], d.top_p[:R], d.seeds[:R], d.min_p[:R]
+        slots, count_slots, prompt_lens, want_logprobs = d.slots[:R], d.count_slots[:R], d.prompt_lens[:R], d.logprobs[:R]
+        params = sampler.RowParams(active=d.processors[:R], slots=slots, eos_until=d.eos_until[:R],
+                                   repetition=d.repetition_penalty[:R], presence=d.presence_penalty[:R],
+                                   frequency=d.frequency_penalty[:R])
+        st = self.buffers.state
         state = sampler.SlotState(st["token_counts"], st["bias_ids"], st["bias_values"], st["stop_ids"])
         lp_vals, lp_ids = st["logprob_values"][:R], st["logprob_ids"][:R]
         k = lp_ids.shape[1]
@@ -220,13 +220,12 @@ class Executor:
         def draw(logits):
             draw_pos = (pos.index_select(0, last) if key.is_prefill else pos) + 1
             if key.is_prefill:  # the fed tokens of sequences with a slot: prompt bits and generated counts
-                sampler.scan_prompt(state, v["slots"], v["prompt_lens"], ids, pos, last, q)
+                sampler.scan_prompt(state, slots, prompt_lens, ids, pos, last, q)
             processed = ops.process_logits(logits, params, state, draw_pos)
-            tokens = ops.sample(logits, v["temperature"], v["top_k"], v["top_p"], v["seeds"], draw_pos, v["min_p"],
-                                processed, params.active)
+            tokens = ops.sample(logits, temperature, top_k, top_p, seeds, draw_pos, min_p, processed, params.active)
             if not key.draft_len:
-                sampler.count_tokens(state, v["count_slots"], tokens)
-            vals, top = ops.top_logprobs(logits, tokens, v["logprobs"], k)
+                sampler.count_tokens(state, count_slots, tokens)
+            vals, top = ops.top_logprobs(logits, tokens, want_logprobs, k)
             lp_vals.copy_(vals)
             lp_ids.copy_(top)
             return tokens
@@ -244,7 +243,7 @@ class Executor:
         return self.runner.capture(key, self.step_fn(key), self.metadata[key])
 
     def execute(self, key: GraphKey, eager: bool = False) -> StepOutputs:
-        pos = self.buffers.view("positions")[:key.num_tokens]
+        pos = self.buffers.dev.positions[:key.num_tokens]
         if key not in self.metadata:
             raise ReplayMismatchError(f"{key} is not in this executor's bucket plan; planned keys: "
                                       f"{', '.join(str(k) for k in self.plan.keys)}")
@@ -268,8 +267,8 @@ class Executor:
             raise ReplayMismatchError(f"{len(rows)} rows do not fit {key}")
         b = self.buffers
         b.staging_ready()
-        ids, pos, slots = b.host_np("input_ids"), b.host_np("positions"), b.host_np("slot_mapping")
-        last, tables = b.host_np("logits_indices"), b.host_np("block_tables")
+        ids, pos, slots = b.host.input_ids, b.host.positions, b.host.slot_mapping
+        last, tables = b.host.logits_indices, b.host.block_tables
         T = key.num_tokens
         # Padding first (every row of the key), then the real rows on top.
         ids[:T] = 0
@@ -305,15 +304,15 @@ class Executor:
         per = 1 if key.is_prefill else key.q_len
         n = len(rows) * per
         for attr, name in ROW_FIELDS.items():
-            arr = b.host_np(name)
+            arr = getattr(b.host, name)
             arr[:R] = ROW_DEFAULTS[name]
             arr[:n] = np.repeat([getattr(row, attr) for row in rows], per)
         scratch = b.scratch_slot
         slots = [scratch if r.slot is None else r.slot for r in rows]
-        b.host_np("slots")[:R] = scratch
-        b.host_np("slots")[:n] = np.repeat(slots, per)
-        b.host_np("count_slots")[:R] = scratch
-        b.host_np("count_slots")[:n] = np.repeat([s if r.counted else scratch for s, r in zip(slots, rows)], per)
+        b.host.slots[:R] = scratch
+        b.host.slots[:n] = np.repeat(slots, per)
+        b.host.count_slots[:R] = scratch
+        b.host.count_slots[:n] = np.repeat([s if r.counted else scratch for s, r in zip(slots, rows)], per)
 
     def _check_row_shape(self, key: GraphKey, i: int, row: StepRow, n: int) -> None:
         """What must hold before a row can be packed at all (scalar checks, one row)."""
@@ -344,17 +343,17 @@ class Executor:
     # ---- input preparation (steady-state fast path) -------------------------------------
     def advance_decode(self, num_real: int, new_blocks: list[tuple[int, int, int]]) -> None:
         """The same generation rows as the last step, in the same order: positions += 1 and
-        input tokens gathered from the last step's sampled tokens, all on the device; block
+        input tokens gathered from the last step's drawn tokens (`next_tokens`), all on the device; block
         tables touched only where a row entered a new block ((row, column, block) each);
         slots recomputed on the device. Padding rows keep what the last full path wrote."""
         b, bs = self.buffers, self.block_size
         entries = torch.tensor(new_blocks, dtype=torch.int64) if new_blocks else None  # [n, 3]: row, column, block
         if entries is not None:
             self._check_new_blocks(num_real, entries)
-        pos = b.view("positions")[:num_real]
+        pos = b.dev.positions[:num_real]
         pos += 1
-        b.view("input_ids")[:num_real].copy_(b.sampled[:num_real])
-        tables = b.view("block_tables")
+        b.dev.input_ids[:num_real].copy_(b.next_tokens[:num_real])
+        tables = b.dev.block_tables
         if new_blocks:  # one small copy and one scatter, however many rows entered a new block
             n = len(new_blocks)
             # A ring of pinned staging slots: a slot is rewritten only two launches later,
@@ -367,7 +366,7 @@ class Executor:
             flat = tables.view(-1)
             flat.index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
         blocks = tables[:num_real].gather(1, (pos // bs).unsqueeze(1)).squeeze(1)
-        b.view("slot_mapping")[:num_real].copy_(blocks * bs + pos % bs)
+        b.dev.slot_mapping[:num_real].copy_(blocks * bs + pos % bs)
 
     def _check_new_blocks(self, num_real: int, entries: torch.Tensor) -> None:
         """The fast path's new (row, column, block) entries, checked at once on the host."""

@@ -71,13 +71,6 @@ class GraphRunner:
         """From now on only replay: any capture raises."""
         self._locked = True
 
-    def has(self, key: GraphKey) -> bool:
-        return key in self._graphs
-
-    @property
-    def keys(self) -> list[GraphKey]:
-        return list(self._graphs)
-
     def capture(self, key: GraphKey, step: Callable[[], object], meta) -> CaptureStats:
         """Record `step` (which reads and writes only persistent buffers) for `key`."""
         if self._locked:

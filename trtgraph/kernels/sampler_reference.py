@@ -1,4 +1,5 @@
-"""The in-graph sampler (torch reference; kernels/sampling.py is the Triton twin).
+"""The in-graph sampler's torch reference (kernels/sampling.py and triton_ops.gumbel_noise are
+the Triton twins; the runtime reaches both through the KernelSet).
 
 greedy: argmax. sampled, per row, in this order:
   1. logits processors (rows whose `active` flag is set; `process`): logit_bias (OpenAI),
@@ -59,10 +60,16 @@ def _uniform_at(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
+def gumbel_noise(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """rows [R] int64 row hashes (`row_hash`), ids [R, N] int64 vocab ids (any order) -> Gumbel
+    noise [R, N] fp32. triton_ops.gumbel_noise has this signature; kernels/sampling.py computes
+    the same bits inside its sampling kernel."""
+    return -torch.log(-torch.log(_uniform_at(rows, ids)))
+
+
 def gumbel_at(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Gumbel noise [R, N] for vocab ids [R, N] (any order); kernels/sampling.py computes the
-    same bits inside its sampling kernel."""
-    return -torch.log(-torch.log(_uniform_at(row_hash(seeds, positions), ids)))
+    """Gumbel noise [R, N] for vocab ids [R, N] of rows (seed, position)."""
+    return gumbel_noise(row_hash(seeds, positions), ids)
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:

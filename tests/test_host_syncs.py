@@ -1,0 +1,141 @@
+"""No step waits on the host in the pipelined path (issue 14), counted on the static backend.
+
+On the static backend every tensor is on the CPU, so reading device data never blocks here;
+on CUDA it would. The test therefore watches every point where the host can read device
+data: Tensor.tolist / item / __bool__ / __int__ / __float__ / numpy on a tensor whose storage
+is device data (the executor's persistent tensors and the weights), a copy_ from device data
+that is not non_blocking, and the engine's designated wait (`StepLauncher.wait`, which on
+CUDA synchronizes one event). Over a run where requests arrive mid-decode, finish at
+different steps and cross KV block boundaries:
+- the host reads device data only inside the one wait per step, and every D2H copy is
+  non-blocking: exactly one synchronisation per step;
+- every step that repeats the one before it (the steady state) was launched before the host
+  waited for that one: the wait is one step behind;
+- a full-path step rewrites the host staging only once every launched step has been waited
+  for, so its wait for the last upload cannot block on running work.
+Not pipelined yet, so not claimed: a step that admits a request, and the step after the
+rows changed because one finished, are formed after the host has read the step before them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtgraph.runtime.serving.engine import Engine
+from trtgraph.runtime.serving.launcher import StepLauncher
+from trtgraph.runtime.serving.scheduler import Scheduler
+from trtgraph.runtime.step.buffers import StepBuffers
+
+READS = ("tolist", "item", "__bool__", "__int__", "__float__", "numpy")
+
+
+@pytest.fixture(scope="module")
+def engine(default_artifacts, one_torch_thread):
+    return Engine(default_artifacts)
+
+
+class SyncWatch:
+    """Records launches, waits and host reads of device data while the engine steps."""
+
+    def __init__(self, engine: Engine, mp: pytest.MonkeyPatch):
+        ex = engine.executor
+        self.device = {t.untyped_storage().data_ptr()
+                       for t in (*ex.persistent_tensors().values(), *ex.weight_tensors().values())}
+        self.log: list[tuple[str, object]] = []  # ("launch" | "wait", step)
+        self.stray: list[str] = []  # device reads outside the one wait, blocking D2H copies
+        self.staging_with_steps_in_flight = 0
+        self.in_wait = False
+        self.in_flight = 0
+        self.finishing: list = []  # steps in which a row stopped (stop id, EOS or max_tokens)
+        self._patch(mp)
+
+    def is_device(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() in self.device
+
+    def _patch(self, mp: pytest.MonkeyPatch) -> None:
+        watch, launch, wait, ready = self, StepLauncher.launch, StepLauncher.wait, StepBuffers.staging_ready
+        postprocess = Scheduler.postprocess
+
+        def postprocessed(sched, step, *args, **kwargs):
+            news = postprocess(sched, step, *args, **kwargs)
+            if any(reason for _, reason in news):
+                watch.finishing.append(step)
+            return news
+
+        def launched(launcher, step, stats):
+            f = launch(launcher, step, stats)
+            watch.log.append(("launch", step))
+            watch.in_flight += 1
+            return f
+
+        def waited(launcher, f, stats):
+            watch.log.append(("wait", f.step))
+            watch.in_wait, watch.in_flight = True, watch.in_flight - 1
+            try:
+                return wait(launcher, f, stats)
+            finally:
+                watch.in_wait = False
+
+        def staging_ready(buffers):
+            watch.staging_with_steps_in_flight += watch.in_flight > 0
+            return ready(buffers)
+
+        mp.setattr(Scheduler, "postprocess", postprocessed)
+        mp.setattr(StepLauncher, "launch", launched)
+        mp.setattr(StepLauncher, "wait", waited)
+        mp.setattr(StepBuffers, "staging_ready", staging_ready)
+        for name in READS:
+            mp.setattr(torch.Tensor, name, self._reader(name, getattr(torch.Tensor, name)))
+        copy = torch.Tensor.copy_
+
+        def copy_(dst, src, non_blocking=False):
+            if watch.is_device(src) and not watch.is_device(dst) and not non_blocking:
+                watch.stray.append("a blocking device-to-host copy_")
+            return copy(dst, src, non_blocking)
+
+        mp.setattr(torch.Tensor, "copy_", copy_)
+
+    def _reader(self, name, original):
+        watch = self
+
+        def read(t, *args, **kwargs):
+            if not watch.in_wait and watch.is_device(t):
+                watch.stray.append(f"Tensor.{name} on device data outside the step's wait")
+            return original(t, *args, **kwargs)
+
+        return read
+
+
+def test_one_host_wait_per_step_one_step_behind(engine):
+    block = engine.executor.block_size
+    reqs = [{"id": f"r{i}", "prompt_token_ids": [(13 * i + j) % 300 for j in range(5 + 9 * i)],
+             "max_tokens": 2 * block + 7 * i} for i in range(4)]
+    late = {"id": "late", "prompt_token_ids": list(range(30)), "max_tokens": block + 3}
+    served = set()
+    with pytest.MonkeyPatch.context() as mp:
+        watch = SyncWatch(engine, mp)
+        for r in reqs:
+            engine.add_request(r)
+        for n in range(4000):
+            if n == 20:
+                engine.add_request(late)  # admitted while the others decode
+            served |= {o.id for o in engine.step() if o.finished}
+            if not engine.has_unfinished():
+                break
+    assert served == {r["id"] for r in reqs} | {"late"}
+    assert not watch.stray, watch.stray[:5]
+
+    launches = [s for what, s in watch.log if what == "launch"]
+    waits = [s for what, s in watch.log if what == "wait"]
+    assert len(launches) == len(waits) == engine.stats.steps
+    assert sorted(map(id, launches)) == sorted(map(id, waits)), "every step is waited for exactly once"
+    assert watch.staging_with_steps_in_flight == 0
+
+    where = {(what, id(s)): i for i, (what, s) in enumerate(watch.log)}
+    repeats = [(before, step) for before, step in zip(launches, launches[1:]) if step.repeats]
+    behind = [where[("launch", id(step))] < where[("wait", id(before))] for before, step in repeats]
+    assert repeats and all(behind), f"{behind.count(False)} of {len(behind)} steady-state steps waited on the host"
+    assert any(step.new_blocks for _, step in repeats), "no pipelined step crossed a block boundary"
+    # a row finished in `before` while the step after it was already running
+    assert {id(before) for before, _ in repeats} & {id(s) for s in watch.finishing}

@@ -1,0 +1,139 @@
+"""Launching scheduled steps and reading their tokens back one step late.
+
+A step the scheduler marks `repeats` (the same generation rows as the step launched before
+it) takes the fast path: the executor advances positions, input tokens and slots on the
+device, touching block tables only for the rows the step says entered a new block.
+Any other step is packed on the host and copied once. Either way the tokens (and, for
+verify steps, the accepted counts; for rows that asked, the log-probabilities) are copied
+without blocking into pinned host buffers used in turn, so a step launched ahead never
+overwrites what the host is still reading. `wait` is the one place the host waits for the
+device: one CUDA event per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..step.executor import Executor, StepRow
+from .scheduler import ScheduledStep, Sequence
+from .stats import RunStats
+
+
+@dataclass
+class InFlight:
+    """A launched step whose tokens the host has not read yet."""
+    step: ScheduledStep
+    tokens: torch.Tensor  # host view the step's tokens are copied into
+    accepted: torch.Tensor | None  # verify steps: host view of the accepted counts
+    done: object  # CUDA event recorded after those copies (None on a CPU)
+    events: tuple | None  # (begin, end) around the replay, with gpu_timing
+    logprobs: tuple | None = None  # (values [rows, 1 + K], ids [rows, K]) on the host, when a row asked
+
+
+class StepLauncher:
+    def __init__(self, executor: Executor, eager: bool = False, broadcast=None):
+        """broadcast: with tensor parallelism, rank 0's StepBroadcast (the other ranks get the
+        full inputs of every step; the scheduler then never marks a step `repeats`)."""
+        self.executor = ex = executor
+        self.eager = eager
+        self.broadcast = broadcast
+        self.timing = False  # CUDA events around each step (generate(gpu_timing=True))
+        pin = ex.device.type == "cuda"
+        # Two pinned host buffer pairs used in turn: one step's tokens land while the other's are read.
+        self._result_bufs = [(torch.zeros(ex.buffers.max_rows, dtype=torch.int64, pin_memory=pin),
+                              torch.zeros(ex.buffers.max_seqs, dtype=torch.int64, pin_memory=pin))
+                             for _ in range(2)]
+        # Their twins for logprobs (values, ids), used in the same turn: nothing allocated per step.
+        state = ex.buffers.state
+        self._logprob_bufs = [tuple(torch.zeros(state[k].shape, dtype=state[k].dtype, pin_memory=pin)
+                                    for k in ("logprob_values", "logprob_ids")) for _ in range(2)]
+        self._turn = 0
+        self._masked = sorted(set(ex.loaded.config.eos_token_ids))  # what min_tokens masks, with the stop ids
+
+    def launch(self, step: ScheduledStep, stats: RunStats) -> InFlight:
+        """Prepare and enqueue a step, and the non-blocking copies of its results to the host."""
+        ex = self.executor
+        self._prepare(step, stats)
+        if self.broadcast is not None:
+            self.broadcast.send(step.key)
+        events = None
+        if self.timing:
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        out = ex.execute(step.key, eager=self.eager)
+        if events:
+            events[1].record()
+        n = len(step.seqs)
+        rows = n if step.is_prefill else n * step.key.q_len  # logit rows of the real sequences
+        self._turn ^= 1
+        host, host_accepted = self._result_bufs[self._turn]
+        host[:rows].copy_(out.tokens[:rows], non_blocking=True)
+        if step.drafts is not None:
+            host_accepted[:n].copy_(out.accepted[:n], non_blocking=True)
+            stats.verify_steps += 1
+            stats.verify_rows += n
+            stats.drafted_rows += step.num_proposed
+            stats.drafts_fed += n * step.key.draft_len
+        logprobs = None
+        if out.logprob_values is not None and any(q.request.logprobs is not None for q in step.seqs):
+            # copied now (a step launched ahead rewrites the device buffers), into this turn's host pair
+            logprobs = tuple(h[:rows].copy_(t[:rows], non_blocking=True)
+                             for h, t in zip(self._logprob_bufs[self._turn], (out.logprob_values, out.logprob_ids)))
+        done = torch.cuda.Event() if ex.device.type == "cuda" else None
+        if done is not None:
+            done.record()
+        stats.steps += 1
+        stats.steps_per_key[step.key] += 1
+        stats.real_tokens += sum(step.num_new)
+        stats.padded_tokens += step.key.num_tokens
+        return InFlight(step, host[:rows], host_accepted[:n] if step.drafts is not None else None, done, events,
+                        logprobs)
+
+    def wait(self, f: InFlight, stats: RunStats) -> tuple[list[int], list[int] | None, tuple | None]:
+        """Wait for a launched step; (tokens, accepted counts or None, (logprob values, ids) as
+        lists or None), all on the host."""
+        if f.done is not None:
+            f.done.synchronize()
+        if f.events:
+            stats.gpu_busy_seconds += f.events[0].elapsed_time(f.events[1]) / 1e3
+        accepted = f.accepted.tolist() if f.accepted is not None else None
+        if accepted is not None:
+            stats.drafts_accepted += sum(accepted)
+            stats.verify_tokens += sum(accepted) + len(accepted)
+        logprobs = tuple(t.tolist() for t in f.logprobs) if f.logprobs is not None else None
+        return f.tokens.tolist(), accepted, logprobs
+
+    # ---- inputs ----------------------------------------------------------------------------
+    def _prepare(self, step: ScheduledStep, stats: RunStats) -> None:
+        """The fast path for a step that repeats the last one's rows; otherwise pack on the host
+        and copy once."""
+        ex = self.executor
+        if step.repeats:
+            ex.advance_decode(len(step.seqs), step.new_blocks)
+            stats.fast_path_steps += 1
+            return
+        for seq in step.seqs:  # a sequence entering its slot: its tables replace the last occupant's
+            if step.is_prefill and seq.num_computed == 0 and seq.request.sampling.uses_processors:
+                ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq))
+        drafts = step.drafts or [None] * len(step.seqs)
+        ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])
+
+    def _masked_ids(self, seq: Sequence) -> list[int]:
+        """What min_tokens masks: the model's EOS ids and the request's stop ids."""
+        return sorted(set(self._masked) | set(seq.request.stop_token_ids))
+
+    @staticmethod
+    def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
+        r, s = seq.request, seq.request.sampling
+        fed = seq.all_ids[seq.num_computed:seq.num_computed + n] if drafts is None else [seq.all_ids[-1]] + drafts
+        prompt_len = len(seq.prompt_ids)
+        return StepRow(token_ids=fed, start_pos=seq.num_computed,
+                       block_table=seq.block_table, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                       seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
+                       slot=seq.slot if s.uses_processors else None,
+                       counted=seq.num_computed + len(fed) >= len(seq.all_ids), prompt_len=prompt_len,
+                       eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
+                       repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+                       frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
