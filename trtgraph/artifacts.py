@@ -84,6 +84,8 @@ class KeyRecord:
 
 @dataclass
 class Manifest:
+    """A manifest, parsed once: `load_manifest` builds it with its Config and BucketPlan, so
+    nothing that holds one parses its config again."""
     environment: dict
     model: dict
     config: dict
@@ -96,6 +98,9 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     paths: dict = field(default_factory=dict)  # resolved artifact paths (after load), all inside the directory
     parallel: dict = field(default_factory=lambda: {"tensor_parallel_size": 1, "ranks": []})
+    file: Path | None = None  # the manifest.json it was read from (None: built by capture)
+    _config: Config | None = field(default=None, repr=False, compare=False)
+    _plan: BucketPlan | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         body = {
@@ -117,11 +122,17 @@ class Manifest:
         body["digest"] = _digest(body)
         return body
 
-    def plan(self) -> BucketPlan:
-        return BucketPlan.from_config(self.app_config()).with_keys([k.key for k in self.keys])
-
     def app_config(self) -> Config:
-        return Config.from_dict(self.config, source="manifest config", check_paths=False)
+        """The config section as a Config (built at most once)."""
+        if self._config is None:
+            self._config = Config.from_dict(self.config, source="manifest config", check_paths=False)
+        return self._config
+
+    def plan(self) -> BucketPlan:
+        """The bucket plan with exactly the recorded keys (built at most once)."""
+        if self._plan is None:
+            self._plan = BucketPlan.from_config(self.app_config()).with_keys(self.graph_keys)
+        return self._plan
 
     @property
     def graph_keys(self) -> list[GraphKey]:
@@ -189,8 +200,10 @@ def check_triton_cache(cache: Path) -> None:
                               f"file away (the cache is recreated) and try again.")
 
 
-def manifest_path(path: str | Path) -> Path:
-    """PATH may be the artifacts directory or the manifest file itself."""
+def manifest_path(path: "str | Path | Manifest") -> Path:
+    """PATH may be the artifacts directory, the manifest file itself, or a loaded Manifest."""
+    if isinstance(path, Manifest):
+        return path.file
     p = Path(path)
     return p / MANIFEST_NAME if p.is_dir() else p
 
@@ -208,13 +221,35 @@ def artifact_path(artifacts_dir: Path, relative: str) -> Path:
 RECAPTURE = "Recapture with `trtgraph capture --config <your model.yaml>`."
 
 
-def load_manifest(path: str | Path) -> Manifest:
+def load_manifest(path: "str | Path | Manifest") -> Manifest:
     """Read and validate a manifest: every field (types, ranges, names) and every agreement
     between sections (keys vs the bucket plan, totals vs keys, config vs the rest). Any
-    problem is a ManifestError naming the field."""
+    problem is a ManifestError naming the field. A Manifest already loaded is returned as it
+    is: a file is read and checked once per process."""
+    if isinstance(path, Manifest):
+        return path
     mpath = manifest_path(path)
     body = _read_body(mpath)
     v = FieldReader(mpath, RECAPTURE)
+    config = _sections(v, body)
+    paths = _paths(v, mpath, body["paths"])
+    keys = _keys(v, mpath, body["keys"], config)
+    schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
+    schema.check_parallel(v, body["parallel"], config)
+    manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
+                        kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
+                        created=body["created"], trtgraph_version=body["trtgraph_version"],
+                        format_version=body["format_version"], paths=paths, parallel=body["parallel"],
+                        file=mpath, _config=config)
+    misses = uncovered_shapes(manifest.plan())
+    if misses:
+        raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {RECAPTURE}")
+    return manifest
+
+
+def _sections(v: FieldReader, body: dict) -> Config:
+    """The header, environment, config, model, KV cache and buffer sections, each checked
+    alone and against the config; returns the config."""
     schema.check_header(v, body)
     schema.check_environment(v, body["environment"])
     config = schema.config_section(v, body["config"])
@@ -223,18 +258,7 @@ def load_manifest(path: str | Path) -> Manifest:
     schema.check_model(v, body["model"], config)
     schema.check_kv_cache(v, body["kv_cache"], config)
     schema.check_buffers(v, body["buffers"])
-    paths = _paths(v, mpath, body["paths"])
-    keys = _keys(v, mpath, body["keys"], config)
-    schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
-    schema.check_parallel(v, body["parallel"], config)
-    manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
-                        kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
-                        created=body["created"], trtgraph_version=body["trtgraph_version"],
-                        format_version=body["format_version"], paths=paths, parallel=body["parallel"])
-    misses = uncovered_shapes(manifest.plan())
-    if misses:
-        raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {RECAPTURE}")
-    return manifest
+    return config
 
 
 def _read_body(mpath: Path) -> dict:

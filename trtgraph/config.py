@@ -22,7 +22,7 @@ from .errors import ConfigError
 from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, YAMLProblem, int_problem, is_int, key_lines, load_yaml,
                      path_problem, read_bounded, short, text_problem)
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_NAMES = ("float32", "float16", "bfloat16")  # models.DTYPES maps each to its torch dtype
 DEVICES = ("auto", "cuda", "cpu")
 KERNELS = ("auto", "torch", "triton")
 SAMPLING_MODES = ("greedy", "sampled")
@@ -159,7 +159,7 @@ class Config:
         v = _Validator(source)
         top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "deterministic", "limits",
                                      "kv_cache", "buckets", "output", "speculative", "parallel"})
-        dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
+        dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPE_NAMES)
         device = v.choice(top.get("device", AUTO), "device", DEVICES)
         kernels = v.choice(top.get("kernels", AUTO), "kernels", KERNELS)
         deterministic = top.get("deterministic", False)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .buckets import GraphKey
-from .config import DTYPES, SAMPLING_MODES, Config
+from .config import DTYPE_NAMES, SAMPLING_MODES, Config
 from .errors import ConfigError, ManifestError, TrtgraphError
 from .inputs import int_problem, is_int, number_problem, short, text_problem
 
@@ -136,7 +136,7 @@ def check_model(v: FieldReader, model: Any, config: Config) -> None:
     v.text(model, "model.source")
     v.text(model, "model.architecture", choices=SUPPORTED_ARCHITECTURES)
     v.hex_digest(model, "model.config_hash", 16)
-    if v.text(model, "model.dtype", choices=DTYPES) != config.dtype:
+    if v.text(model, "model.dtype", choices=DTYPE_NAMES) != config.dtype:
         v.fail("model.dtype", model["dtype"], f"{config.dtype!r}, the config's dtype")
     v.int_field(model, "model.parameter_count", lo=1, hi=MAX_BYTES)
     if "seed" in model:

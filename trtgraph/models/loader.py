@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..config import ModelSource
+from ..config import DTYPE_NAMES, ModelSource
 from ..errors import ConfigError, WeightLoadError
 from ..inputs import InputTooLarge, JSONProblem, loads_json, read_bounded, short, text_problem
 from ..kernels import KernelSet
@@ -28,7 +28,8 @@ from .llama import CausalLM
 from .parallel import TPGroup, check_divisible, copy_padded, part_slice, take
 from .tokenizer import check_vocab_covers_tokenizer
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# the torch dtype of each name a config may give (the names live once, in config.DTYPE_NAMES)
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 # safetensors dtype codes of the integer and boolean kinds, by torch name (for messages)
 _ST_DTYPES = {"I8": "torch.int8", "I16": "torch.int16", "I32": "torch.int32", "I64": "torch.int64",
               "U8": "torch.uint8", "U16": "torch.uint16", "U32": "torch.uint32", "U64": "torch.uint64",
