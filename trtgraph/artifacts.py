@@ -32,11 +32,12 @@ MAX_MANIFEST_BYTES = 64 << 20  # a manifest of thousands of keys is under 2 MiB
 TRITON_CACHE_DIR = "triton-cache"
 
 # Format versions, one line each. Bump on any change a reader must know about.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT_CHANGELOG = {
     1: "first format: environment, model fingerprint, config, limits, kv_cache, buffers, keys "
        "(capture order, seconds, pool bytes, replay and eager ms, parity), totals, artifact paths, "
        "tensor-parallel ranks, digest",
+    2: "checkpoint file records carry mtime_ns: a start whose file sizes and times match skips the sha256",
 }
 
 
@@ -244,6 +245,7 @@ def load_manifest(path: "str | Path | Manifest") -> Manifest:
     misses = uncovered_shapes(manifest.plan())
     if misses:
         raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {RECAPTURE}")
+    remember_file_hashes(manifest)
     return manifest
 
 
@@ -276,7 +278,7 @@ def _read_body(mpath: Path) -> dict:
     if not isinstance(body, dict):
         raise ManifestError(f"{mpath}: expected a JSON object. {RECAPTURE}")
     version = body.get("format_version")
-    if version != FORMAT_VERSION or not is_int(version):
+    if version not in FORMAT_CHANGELOG or not is_int(version):  # every version is still read
         known = ", ".join(f"{k} ({v.split(':')[0]})" for k, v in FORMAT_CHANGELOG.items())
         raise ManifestError(f"{mpath}: format_version {short(version)} is not one this trtgraph "
                             f"{trtgraph_version()} reads (known: {known}). {RECAPTURE}")
@@ -316,6 +318,24 @@ def _keys(v: FieldReader, mpath: Path, raw, config: Config) -> list[KeyRecord]:
     if sorted(k.capture_index for k in keys) != list(range(len(keys))):
         raise ManifestError(f"{mpath}: keys' capture_index values are not 0..{len(keys) - 1}. {RECAPTURE}")
     return keys
+
+
+# Checkpoint files a loaded manifest vouches for: (name, bytes, mtime_ns) -> sha256. A start
+# whose files still have the recorded size and modification time uses the recorded sha256
+# instead of hashing gigabytes again; `inspect --check` always hashes in full.
+_RECORDED_SHA256: dict[tuple[str, int, int], str] = {}
+
+
+def remember_file_hashes(manifest: Manifest) -> None:
+    for group in ("weight_files", "files"):
+        for w in manifest.model.get(group, []):
+            if "mtime_ns" in w:
+                _RECORDED_SHA256[(w["name"], w["bytes"], w["mtime_ns"])] = w["sha256"]
+
+
+def recorded_sha256(name: str, size: int, mtime_ns: int) -> str | None:
+    """The sha256 a loaded manifest recorded for a file of this name, size and time, if any."""
+    return _RECORDED_SHA256.get((name, size, mtime_ns))
 
 
 def compare_environment(manifest: Manifest, env: dict) -> list[tuple[str, object, object]]:

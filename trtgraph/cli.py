@@ -196,7 +196,9 @@ def inspect(path, as_json, check):
 @click.option("--no-speculative", is_flag=True, help="Plain decode steps even if the manifest has verify keys.")
 @click.option("--model", "model", type=click.Path(file_okay=False),
               help="The checkpoint directory, where it has moved since capture (checked against the manifest's sha256).")
-def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculative, model):
+@click.option("--verbose", "-v", is_flag=True, help="Also print the start-up phases (imports, weights, KV cache, "
+                                                    "warm-up, re-record, first token).")
+def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculative, model, verbose):
     """Serve a prompts file by replaying the manifest's graphs: never captures after start-up,
     never falls back to eager, refuses what no recorded key can serve.
 
@@ -230,7 +232,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         requests = requests.without(done)
         click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
     config = loaded.app_config()
-    args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model)
+    args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose)
     try:
         code = _on_ranks(config.parallel.tensor_parallel_size, config.device, _run_rank, *args)
     except KeyboardInterrupt:  # from the ranks' launcher: rank 0 has already said what finished
@@ -241,7 +243,8 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         sys.exit(code)
 
 
-def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative, model=None) -> int:
+def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative, model=None,
+              verbose=False) -> int:
     """One rank of `run` (tp None: the only process); rank 0 serves and writes, the others
     replay what it broadcasts. Returns the exit code."""
     from .models.parallel import TPGroup
@@ -275,6 +278,10 @@ def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, specu
     if summary_json:
         write_summary_json(summary_json, stats)
     click.echo(run_summary(stats, eager), err=True)
+    if verbose:
+        from .startup import CLOCK
+
+        click.echo(CLOCK.text(), err=True)
     return 0
 
 

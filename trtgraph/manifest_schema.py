@@ -160,13 +160,15 @@ def _check_file_records(v: FieldReader, files: Any, where_list: str) -> None:
     names = set()
     for i, entry in enumerate(files):
         where = f"{where_list}[{i}]"
-        v.obj(entry, where, ("name", "bytes", "sha256"))
+        v.obj(entry, where, ("name", "bytes", "sha256", "mtime_ns"), optional=("mtime_ns",))  # format 1: none
         name = v.text(entry, f"{where}.name")
         if "/" in name or "\\" in name or name in (".", "..") or name in names:
             v.fail(f"{where}.name", name, "a file name of the checkpoint directory, listed once")
         names.add(name)
         v.int_field(entry, f"{where}.bytes", lo=0, hi=MAX_BYTES)
         v.hex_digest(entry, f"{where}.sha256", 64)
+        if "mtime_ns" in entry:
+            v.int_field(entry, f"{where}.mtime_ns", lo=0, hi=1 << 64)
 
 
 def _check_generation_config(v: FieldReader, gen: Any) -> None:

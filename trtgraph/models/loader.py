@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .. import startup
 from ..config import DTYPE_NAMES, ModelSource
 from ..errors import ConfigError, WeightLoadError
 from ..inputs import InputTooLarge, JSONProblem, loads_json, read_bounded, short, text_problem
@@ -62,14 +63,24 @@ def read_generation_config(ckpt: Path | None) -> GenerationDefaults:
     return GenerationDefaults.from_hf(_read_json_object(path), source=str(path))
 
 
-def file_records(paths: list[Path]) -> list[dict]:
-    """[{name, bytes, sha256}] of checkpoint files (names without the directory)."""
-    return [{"name": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in paths]
+def file_records(paths: list[Path], rehash: bool = False) -> list[dict]:
+    """[{name, bytes, sha256, mtime_ns}] of checkpoint files (names without the directory).
+    A file whose name, size and modification time a loaded manifest recorded keeps the
+    recorded sha256 (unless `rehash`): a start does not read gigabytes to hash them again."""
+    from ..artifacts import recorded_sha256
+
+    out = []
+    for p in paths:
+        st = p.stat()
+        sha = None if rehash else recorded_sha256(p.name, st.st_size, st.st_mtime_ns)
+        out.append({"name": p.name, "bytes": st.st_size, "sha256": sha or file_sha256(p), "mtime_ns": st.st_mtime_ns})
+    return out
 
 
 def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
                tp: TPGroup = TPGroup()) -> LoadedModel:
     """`source` is a config.ModelSource. With tensor parallelism, this rank's shard only."""
+    startup.lap("checks_and_kernels")  # what the engine did before the weights
     if source.is_synthetic:
         return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops, tp)
     loaded = load_checkpoint(checkpoint_dir(source), dtype, device, max_seq_len, ops, tp)
@@ -112,9 +123,10 @@ def _hub_record(source, ckpt: Path) -> dict:
     return {"hub": {"repo": source.hub, "revision": source.revision, "snapshot": ckpt.name}}
 
 
-def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
+def model_fingerprint(source, dtype: str, max_seq_len: int, rehash: bool = False) -> dict:
     """What the weights are, without loading them: config hash, parameter count, and for a
-    checkpoint each weight file's size and sha256."""
+    checkpoint each weight file's size and sha256 (`rehash`: hashed even where a loaded
+    manifest recorded the same size and time)."""
     if source.is_synthetic:
         seed, cfg = _synthetic_config(source.synthetic, max_seq_len)
         return {"source": "synthetic", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
@@ -127,7 +139,7 @@ def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
     meta = [ckpt / n for n in METADATA_FILES if (ckpt / n).is_file()]
     return {"source": "checkpoint", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
             "dtype": dtype, "parameter_count": cfg.parameter_count(),
-            "weight_files": file_records(files), "files": file_records(meta),
+            "weight_files": file_records(files, rehash), "files": file_records(meta, rehash),
             "generation_config": read_generation_config(ckpt).to_json(), **_hub_record(source, ckpt)}
 
 
@@ -225,8 +237,10 @@ def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: i
     check_vocab_covers_tokenizer(ckpt, cfg.vocab_size, str(ckpt / "config.json"), "vocab_size")
     model = _empty_model(cfg, dtype, device, max_seq_len, ops, tp, source=str(ckpt / "config.json"))
     _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt, tp)
-    return LoadedModel(model, cfg, model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len), ckpt,
-                       read_generation_config(ckpt))
+    startup.lap("weights_read")
+    fingerprint = model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len)
+    startup.lap("weights_checksum")
+    return LoadedModel(model, cfg, fingerprint, ckpt, read_generation_config(ckpt))
 
 
 def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
@@ -384,6 +398,7 @@ def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: i
         else:
             x = x * (0.02 if "embed" in name or name.endswith("bias") else 1.0 / shape[-1] ** 0.5)
         copy_padded(params[name].data, _shard(x, cfg, tp, name, nparts[name]))
+    startup.lap("weights_generated")  # synthetic: drawn on the device itself
     fp = model_fingerprint(ModelSource(synthetic=spec), dtype, max_seq_len)
     if not tp.active:
         assert fp["parameter_count"] == sum(p.numel() for p in model.parameters())

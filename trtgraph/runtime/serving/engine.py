@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ... import startup
 from ...artifacts import load_manifest, manifest_path, use_triton_cache
 from ...errors import ManifestError, PromptError
 from ...models import load_tokenizer
@@ -43,6 +44,7 @@ class Engine:
         since capture (its files must match the manifest's sizes and sha256). With tensor
         parallelism every rank builds an Engine; rank 0 calls generate() and close(), the
         others follow()."""
+        startup.begin()
         self.manifest = load_manifest(path)
         captured_tp = self.manifest.parallel.get("tensor_parallel_size", 1)
         if captured_tp != tp.world:
@@ -59,6 +61,7 @@ class Engine:
         use_triton_cache(self.manifest.paths["triton_cache"])
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp)
+        startup.lap("kv_cache_and_buffers")
         model_diffs = _model_differences(self.manifest, ex.loaded.fingerprint)
         if model_diffs:
             raise ManifestError(_mismatch_message(manifest_path(path), model_diffs))
@@ -99,6 +102,7 @@ class Engine:
         self._logprob_bufs = [tuple(torch.zeros(state[k].shape, dtype=state[k].dtype, pin_memory=pin)
                                     for k in ("logprob_values", "logprob_ids")) for _ in range(2)]
         self._result_turn = 0
+        startup.lap("tokenizer_and_scheduler")
 
     @property
     def config(self):
@@ -111,6 +115,7 @@ class Engine:
         with torch.inference_mode():
             for key in order:
                 ex.warmup(key)
+            startup.lap("warmup_triton_cache")
             if self.eager:
                 return time.perf_counter() - t0
             pool = 0
@@ -119,6 +124,7 @@ class Engine:
                 if ex.metadata[key].num_tokens != key.num_tokens:
                     raise ManifestError(f"{key}: token count {ex.metadata[key].num_tokens} != {key.num_tokens}")
                 pool += ex.capture(key).pool_bytes
+        startup.lap("re_record")
         expected = int(self.manifest.totals.get("pool_bytes", 0))
         if abs(pool - expected) > max(POOL_TOLERANCE_FRACTION * expected, POOL_TOLERANCE_BYTES):
             raise ManifestError(f"re-recorded graphs took {pool / 2**20:.1f} MiB of pool, the manifest says "

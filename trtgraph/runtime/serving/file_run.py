@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from ... import startup
 from ...errors import OutputPathError
 
 EXIT_INTERRUPTED = 130
@@ -23,7 +24,7 @@ EXIT_INTERRUPTED = 130
 def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: bool,
                on_result: Callable[[], None] = lambda: None, log: Callable[[str], None] | None = None) -> dict | None:
     """Serve every request and write its line to `output` (None: standard output). Returns
-    the run's stats (`RunStats.to_json()`), or None when interrupted (the summary of what
+    the run's stats (`RunStats.to_json()` plus `startup`, the start-up phases), or None when interrupted (the summary of what
     finished is already written to `log`, standard error by default)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
@@ -31,7 +32,7 @@ def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: b
     ids = requests.ids
     token_text = lambda t: engine.tokenizer.decode([t])  # noqa: E731
     try:
-        for rid, line in requests.lines(engine.generate(requests.requests), token_text):
+        for rid, line in requests.lines(_first_token_timed(engine.generate(requests.requests)), token_text):
             _write_line(out, json.dumps(line, ensure_ascii=ascii_only), output, len(written), len(ids))
             written.add(rid)
             on_result()
@@ -48,7 +49,18 @@ def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: b
                 out.close()
             except OSError:  # every line was flushed, or a failed write has said so already
                 pass
-    return engine.stats.to_json()
+    return {**engine.stats.to_json(), "startup": startup.CLOCK.to_json()}
+
+
+def _first_token_timed(results):
+    """The results as they come; the earliest first token among them goes to the start-up clock."""
+    first = None
+    for result in results:
+        if result.ttft_ms is not None:
+            first = result.ttft_ms if first is None else min(first, result.ttft_ms)
+        yield result
+    if first is not None:
+        startup.CLOCK.first_token(first / 1e3)
 
 
 def interrupted_summary(ids: list[str], written: set[str], output: str | None) -> str:
