@@ -22,7 +22,7 @@ from safetensors import safe_open
 from .. import startup
 from ..config import DTYPE_NAMES, ModelSource
 from ..errors import ConfigError, WeightLoadError
-from ..inputs import InputTooLarge, JSONProblem, loads_json, read_bounded, short, text_problem
+from ..inputs import InputTooLarge, JSONProblem, is_int, loads_json, read_bounded, short, text_problem
 from ..kernels import KernelSet
 from .config import GenerationDefaults, ModelConfig, synthetic_model_config
 from .llama import CausalLM
@@ -153,7 +153,7 @@ def position_limit(source) -> tuple[int, str]:
         ckpt = checkpoint_dir(source)
         hf, where = read_hf_config(ckpt), str(ckpt / "config.json")
     limit = hf.get("max_position_embeddings", 4096)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+    if not is_int(limit) or limit < 2:
         raise WeightLoadError(f"{where}: max_position_embeddings = {limit!r}; expected an integer >= 2.")
     reason = f"max_position_embeddings of {where}"
     arch = (hf.get("architectures") or [hf.get("architecture")])[0]
