@@ -344,22 +344,24 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
                         run_max_tokens=max_tokens, attention_batch=attention_batch,
                         attention_context=attention_context, hf=not no_hf)
     out = Path(out_dir)
-    config = _bench_paths(config_path, manifest, out)
+    config, loaded = _bench_paths(config_path, manifest, out)
     check_options(opts, config.limits)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    if manifest is None:
+    if loaded is None:
         _on_ranks(config.parallel.tensor_parallel_size, config.device, _capture_rank, config, out / "artifacts")
-        manifest = out / "artifacts"
-    run_bench(Path(manifest), out, opts, log)
+        loaded = out / "artifacts"
+    run_bench(loaded, out, opts, log)
     click.echo((out / "bench.md").read_text(encoding="utf-8"))
 
 
 def _bench_paths(config_path, manifest, out: Path):
-    """Check bench's outputs against what it reads, before any work; return the config."""
+    """Check bench's outputs against what it reads, before any work; return the config and
+    the loaded manifest (None with --config: it is captured first)."""
     from .artifacts import load_manifest, manifest_path
     from .outputs import check_outputs, manifest_inputs, place
 
     outputs = [place(f"--out {name}", out / name, makedirs=True) for name in ("bench.json", "bench.md", "bench.png")]
+    loaded = None
     if manifest is None:
         config = _load_config(config_path)
         outputs += _artifact_outputs(out / "artifacts", "--out artifacts")
@@ -369,7 +371,7 @@ def _bench_paths(config_path, manifest, out: Path):
         config = loaded.app_config()
         inputs = manifest_inputs(loaded, manifest_path(manifest))
     check_outputs(outputs, inputs)
-    return config
+    return config, loaded
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,8 +20,8 @@ import yaml
 
 from .errors import ConfigError
 from .fields import FieldChecker, defaults
-from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, YAMLProblem, is_int, key_lines, load_yaml, path_problem,
-                     read_bounded, short, text_problem)
+from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, is_int, key_lines, load_yaml, path_problem, read_bounded,
+                     short, text_problem, yaml_error_message)
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")  # models.DTYPES maps each to its torch dtype
 DEVICES = ("auto", "cuda", "cpu")
@@ -135,7 +135,7 @@ class Config:
         try:
             data, root = load_yaml(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(_yaml_error_message(exc, text, source)) from None
+            raise ConfigError(yaml_error_message(exc, text, source)) from None
         if data is None:
             data = {}
         lines = key_lines(root)
@@ -390,16 +390,3 @@ class _Validator(FieldChecker):
         if len(set(out)) != len(out):
             self.fail(path, raw, "no repeated values")
         return tuple(sorted(out))
-
-
-def _yaml_error_message(exc: yaml.YAMLError, text: str, source: str) -> str:
-    """`model.yaml line 8, column 17: not valid YAML: <problem>. <what to do>`."""
-    mark = getattr(exc, "problem_mark", None)
-    if mark is None and getattr(exc, "position", None) is not None:  # a reader error
-        line = text.count("\n", 0, exc.position)
-        mark = yaml.Mark(source, exc.position, line, exc.position - (text.rfind("\n", 0, exc.position) + 1),
-                         None, None)
-    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
-    advice = "Fix it and run again." if isinstance(exc, YAMLProblem) else "Fix the syntax and run again."
-    return f"{source}{where}: not valid YAML: {problem}. {advice}"

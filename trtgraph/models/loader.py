@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,11 @@ from safetensors import safe_open
 
 from .. import startup
 from ..config import DTYPE_NAMES, ModelSource
-from ..errors import ConfigError, WeightLoadError
+from ..errors import WeightLoadError
 from ..inputs import InputTooLarge, JSONProblem, is_int, loads_json, read_bounded, short, text_problem
 from ..kernels import KernelSet
 from .config import GenerationDefaults, ModelConfig, synthetic_model_config
+from .hub import checkpoint_dir, hub_record
 from .llama import CausalLM
 from .parallel import TPGroup, check_divisible, copy_padded, part_slice, take
 from .tokenizer import check_vocab_covers_tokenizer
@@ -84,43 +84,8 @@ def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: 
     if source.is_synthetic:
         return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops, tp)
     loaded = load_checkpoint(checkpoint_dir(source), dtype, device, max_seq_len, ops, tp)
-    loaded.fingerprint.update(_hub_record(source, loaded.checkpoint_dir))
+    loaded.fingerprint.update(hub_record(source, loaded.checkpoint_dir))
     return loaded
-
-
-# What a Hub snapshot needs: configs, tokenizer, template, weights (never pickles).
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja"]
-
-
-def checkpoint_dir(source) -> Path:
-    """The checkpoint directory of a `path` or `hub` source. A Hub id resolves to a snapshot
-    in the local Hugging Face cache (HF_HUB_CACHE, or HF_HOME/hub); where HF_HUB_OFFLINE is
-    unset and the network answers, a missing snapshot is downloaded."""
-    if source.hub is None:
-        return Path(source.path)
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if "HF_HOME" in os.environ
-                                               else constants.HF_HUB_CACHE)
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
-    for local_only in ((True,) if offline else (False, True)):
-        try:
-            return Path(snapshot_download(source.hub, revision=source.revision, cache_dir=cache,
-                                          local_files_only=local_only, allow_patterns=HUB_PATTERNS))
-        except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    mode = "HF_HUB_OFFLINE is set, so nothing was downloaded" if offline else "and it could not be downloaded"
-    raise ConfigError(f"model.hub = {source.hub!r} (revision {source.revision!r}): no snapshot in the Hugging Face "
-                      f"cache {cache}, {mode} ({why}). Download it there (`hf download {source.hub}`), point "
-                      f"HF_HUB_CACHE or HF_HOME at the cache that has it, or use model.path.")
-
-
-def _hub_record(source, ckpt: Path) -> dict:
-    """For the manifest: which Hub snapshot a `hub` source resolved to."""
-    if source.hub is None:
-        return {}
-    return {"hub": {"repo": source.hub, "revision": source.revision, "snapshot": ckpt.name}}
 
 
 def model_fingerprint(source, dtype: str, max_seq_len: int, rehash: bool = False) -> dict:
@@ -140,7 +105,7 @@ def model_fingerprint(source, dtype: str, max_seq_len: int, rehash: bool = False
     return {"source": "checkpoint", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
             "dtype": dtype, "parameter_count": cfg.parameter_count(),
             "weight_files": file_records(files, rehash), "files": file_records(meta, rehash),
-            "generation_config": read_generation_config(ckpt).to_json(), **_hub_record(source, ckpt)}
+            "generation_config": read_generation_config(ckpt).to_json(), **hub_record(source, ckpt)}
 
 
 def position_limit(source) -> tuple[int, str]:
