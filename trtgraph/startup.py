@@ -3,9 +3,10 @@
 
 One clock per process: the loader and the engine are several calls below the command, so
 they lap the clock rather than carry it. `begin()` when an engine starts loading (the time
-before it, from the first `import trtgraph`, is `imports`), `lap(name)` at the end of each
-phase, `first_token(seconds)` once the first token is out. The interpreter's own start
-(before `import trtgraph`) is not counted.
+before it, from the first `import trtgraph`, is `imports`: Python imports, and for `run` the
+request file and the manifest read), `lap(name)` at the end of each phase,
+`first_token(seconds)` once the first token is out. The interpreter's own start (before
+`import trtgraph`) is not counted.
 """
 
 from __future__ import annotations
