@@ -79,7 +79,7 @@ def test_inspect_prints_a_table_with_every_key(captured):
         assert len(hits) == 1, f"{rec.key}: {hits}"
         assert hits[0].split()[len(label.split())] == str(rec.num_tokens)
         assert "ok (" in hits[0]
-    rows = [ln for ln in lines if re.match(r"bs=\d+ ", ln)]
+    rows = [ln for ln in lines if re.match(r"\(bs=\d+, ", ln)]
     assert len(rows) == len(DEFAULT_KEYS)
     assert f"{len(DEFAULT_KEYS)} keys" in result.stdout
 
@@ -122,7 +122,7 @@ def test_manifest_parity_is_exact_on_the_static_backend(body):
     assert len(body["keys"]) == len(DEFAULT_KEYS)
     for rec in body["keys"]:
         assert rec["parity"] == {"max_abs_logit_diff": 0.0, "tokens_equal": True}, rec["key"]
-    # totals.all_parity_ok is true in every manifest written: a key whose replay differs from
+    # every manifest written has parity on every key: a key whose replay differs from
     # eager stops the capture (test_reliability_outputs.py::test_a_failed_capture_leaves_nothing_behind).
 
 

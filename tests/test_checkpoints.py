@@ -139,6 +139,37 @@ def test_artifacts_whose_checkpoint_moved_serve_with_model(tmp_path, one_torch_t
     assert code == 2 and "model.files[generation_config.json]" in out, out
 
 
+def test_a_start_hashes_only_files_whose_size_or_time_changed(tmp_path, one_torch_thread, monkeypatch):
+    """The sha256 of a checkpoint file is taken from the manifest while its size and
+    modification time match; a file rewritten since is hashed (and refused if it differs);
+    `inspect --check` hashes everything."""
+    import os
+
+    from trtgraph.models import loader
+
+    ckpt = tmp_path / "ckpt"
+    save_tiny("LlamaForCausalLM", ckpt)
+    art = tmp_path / "art"
+    body = _capture(_yaml(tmp_path / "c.yaml", {"path": str(ckpt)}, **SMALL_PLAN), art)
+    assert all(isinstance(w["mtime_ns"], int) for w in body["model"]["weight_files"] + body["model"]["files"])
+    hashed = []
+    real = loader.file_sha256
+    monkeypatch.setattr(loader, "file_sha256", lambda path: hashed.append(path.name) or real(path))
+    code, out, _ = _run(art, tmp_path)
+    assert code == 0, out
+    assert hashed == [], "a start re-hashed files whose size and time match the manifest"
+    res = CliRunner().invoke(main, ["inspect", str(art), "--check"])
+    assert res.exit_code == 0, res.output
+    assert sorted(hashed) == sorted(w["name"] for w in body["model"]["weight_files"] + body["model"]["files"])
+    hashed.clear()
+    config = ckpt / "config.json"
+    st = config.stat()
+    os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # same bytes, a new time
+    code, out, _ = _run(art, tmp_path)
+    assert code == 0, out
+    assert hashed == ["config.json"]
+
+
 # ---- tensor parallelism on a vocabulary of 301 over 2 ranks ---------------------------------
 
 def _logits(tp, path):

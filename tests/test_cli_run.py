@@ -116,6 +116,20 @@ def test_run_to_stdout_and_summary_json(default_artifacts, prompts_file, replay_
     assert {r["id"]: r["token_ids"] for r in rows} == {k: v["token_ids"] for k, v in first.items()}
 
 
+def test_verbose_prints_and_the_summary_json_holds_the_start_up_phases(default_artifacts, prompts_file, tmp_path):
+    summary = tmp_path / "summary.json"
+    result = invoke("--prompts", prompts_file, "--manifest", default_artifacts, "--summary-json", summary,
+                    "--output", tmp_path / "out.jsonl", "--verbose")
+    assert result.exit_code == 0, result.output
+    startup = json.loads(summary.read_text())["startup"]
+    phases = startup["phases_seconds"]
+    assert list(phases) == ["imports", "checks_and_kernels", "weights_generated", "kv_cache_and_buffers",
+                            "warmup_triton_cache", "re_record", "tokenizer_and_scheduler", "first_token"]
+    assert all(v >= 0 for v in phases.values()) and phases["re_record"] > 0 and phases["first_token"] > 0
+    assert startup["total_seconds"] == pytest.approx(sum(phases.values()), abs=1e-3)
+    assert "start-up phases" in result.stderr and "re_record" in result.stderr and "<- largest" in result.stderr
+
+
 def test_eager_gives_the_same_greedy_tokens(default_artifacts, prompts_file, replay_run, tmp_path):
     out = tmp_path / "eager.jsonl"
     result = invoke("--prompts", prompts_file, "--manifest", default_artifacts, "--output", out, "--eager")

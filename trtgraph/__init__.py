@@ -1,5 +1,7 @@
 """trtgraph: an ahead-of-time CUDA-graph compiler for LLM decoding in PyTorch."""
 
+from . import startup as _startup  # noqa: F401  (its clock starts at the first `import trtgraph`)
+
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "SamplingParams", "Completion", "CompletionDelta", "Usage", "Timings", "__version__"]

@@ -32,11 +32,12 @@ MAX_MANIFEST_BYTES = 64 << 20  # a manifest of thousands of keys is under 2 MiB
 TRITON_CACHE_DIR = "triton-cache"
 
 # Format versions, one line each. Bump on any change a reader must know about.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT_CHANGELOG = {
     1: "first format: environment, model fingerprint, config, limits, kv_cache, buffers, keys "
        "(capture order, seconds, pool bytes, replay and eager ms, parity), totals, artifact paths, "
        "tensor-parallel ranks, digest",
+    2: "checkpoint file records carry mtime_ns: a start whose file sizes and times match skips the sha256",
 }
 
 
@@ -84,6 +85,8 @@ class KeyRecord:
 
 @dataclass
 class Manifest:
+    """A manifest, parsed once: `load_manifest` builds it with its Config and BucketPlan, so
+    nothing that holds one parses its config again."""
     environment: dict
     model: dict
     config: dict
@@ -96,6 +99,9 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     paths: dict = field(default_factory=dict)  # resolved artifact paths (after load), all inside the directory
     parallel: dict = field(default_factory=lambda: {"tensor_parallel_size": 1, "ranks": []})
+    file: Path | None = None  # the manifest.json it was read from (None: built by capture)
+    _config: Config | None = field(default=None, repr=False, compare=False)
+    _plan: BucketPlan | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         body = {
@@ -117,11 +123,17 @@ class Manifest:
         body["digest"] = _digest(body)
         return body
 
-    def plan(self) -> BucketPlan:
-        return BucketPlan.from_config(self.app_config()).with_keys([k.key for k in self.keys])
-
     def app_config(self) -> Config:
-        return Config.from_dict(self.config, source="manifest config", check_paths=False)
+        """The config section as a Config (built at most once)."""
+        if self._config is None:
+            self._config = Config.from_dict(self.config, source="manifest config", check_paths=False)
+        return self._config
+
+    def plan(self) -> BucketPlan:
+        """The bucket plan with exactly the recorded keys (built at most once)."""
+        if self._plan is None:
+            self._plan = BucketPlan.from_config(self.app_config()).with_keys(self.graph_keys)
+        return self._plan
 
     @property
     def graph_keys(self) -> list[GraphKey]:
@@ -189,8 +201,10 @@ def check_triton_cache(cache: Path) -> None:
                               f"file away (the cache is recreated) and try again.")
 
 
-def manifest_path(path: str | Path) -> Path:
-    """PATH may be the artifacts directory or the manifest file itself."""
+def manifest_path(path: "str | Path | Manifest") -> Path:
+    """PATH may be the artifacts directory, the manifest file itself, or a loaded Manifest."""
+    if isinstance(path, Manifest):
+        return path.file
     p = Path(path)
     return p / MANIFEST_NAME if p.is_dir() else p
 
@@ -208,13 +222,36 @@ def artifact_path(artifacts_dir: Path, relative: str) -> Path:
 RECAPTURE = "Recapture with `trtgraph capture --config <your model.yaml>`."
 
 
-def load_manifest(path: str | Path) -> Manifest:
+def load_manifest(path: "str | Path | Manifest") -> Manifest:
     """Read and validate a manifest: every field (types, ranges, names) and every agreement
     between sections (keys vs the bucket plan, totals vs keys, config vs the rest). Any
-    problem is a ManifestError naming the field."""
+    problem is a ManifestError naming the field. A Manifest already loaded is returned as it
+    is: a file is read and checked once per process."""
+    if isinstance(path, Manifest):
+        return path
     mpath = manifest_path(path)
     body = _read_body(mpath)
     v = FieldReader(mpath, RECAPTURE)
+    config = _sections(v, body)
+    paths = _paths(v, mpath, body["paths"])
+    keys = _keys(v, mpath, body["keys"], config)
+    schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
+    schema.check_parallel(v, body["parallel"], config)
+    manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
+                        kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
+                        created=body["created"], trtgraph_version=body["trtgraph_version"],
+                        format_version=body["format_version"], paths=paths, parallel=body["parallel"],
+                        file=mpath, _config=config)
+    misses = uncovered_shapes(manifest.plan())
+    if misses:
+        raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {RECAPTURE}")
+    remember_file_hashes(manifest)
+    return manifest
+
+
+def _sections(v: FieldReader, body: dict) -> Config:
+    """The header, environment, config, model, KV cache and buffer sections, each checked
+    alone and against the config; returns the config."""
     schema.check_header(v, body)
     schema.check_environment(v, body["environment"])
     config = schema.config_section(v, body["config"])
@@ -223,18 +260,7 @@ def load_manifest(path: str | Path) -> Manifest:
     schema.check_model(v, body["model"], config)
     schema.check_kv_cache(v, body["kv_cache"], config)
     schema.check_buffers(v, body["buffers"])
-    paths = _paths(v, mpath, body["paths"])
-    keys = _keys(v, mpath, body["keys"], config)
-    schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
-    schema.check_parallel(v, body["parallel"], config)
-    manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
-                        kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
-                        created=body["created"], trtgraph_version=body["trtgraph_version"],
-                        format_version=body["format_version"], paths=paths, parallel=body["parallel"])
-    misses = uncovered_shapes(manifest.plan())
-    if misses:
-        raise ManifestError(f"{mpath}: recorded keys do not cover {'; '.join(misses)}. {RECAPTURE}")
-    return manifest
+    return config
 
 
 def _read_body(mpath: Path) -> dict:
@@ -252,7 +278,7 @@ def _read_body(mpath: Path) -> dict:
     if not isinstance(body, dict):
         raise ManifestError(f"{mpath}: expected a JSON object. {RECAPTURE}")
     version = body.get("format_version")
-    if version != FORMAT_VERSION or not is_int(version):
+    if version not in FORMAT_CHANGELOG or not is_int(version):  # every version is still read
         known = ", ".join(f"{k} ({v.split(':')[0]})" for k, v in FORMAT_CHANGELOG.items())
         raise ManifestError(f"{mpath}: format_version {short(version)} is not one this trtgraph "
                             f"{trtgraph_version()} reads (known: {known}). {RECAPTURE}")
@@ -292,6 +318,24 @@ def _keys(v: FieldReader, mpath: Path, raw, config: Config) -> list[KeyRecord]:
     if sorted(k.capture_index for k in keys) != list(range(len(keys))):
         raise ManifestError(f"{mpath}: keys' capture_index values are not 0..{len(keys) - 1}. {RECAPTURE}")
     return keys
+
+
+# Checkpoint files a loaded manifest vouches for: (name, bytes, mtime_ns) -> sha256. A start
+# whose files still have the recorded size and modification time uses the recorded sha256
+# instead of hashing gigabytes again; `inspect --check` always hashes in full.
+_RECORDED_SHA256: dict[tuple[str, int, int], str] = {}
+
+
+def remember_file_hashes(manifest: Manifest) -> None:
+    for group in ("weight_files", "files"):
+        for w in manifest.model.get(group, []):
+            if "mtime_ns" in w:
+                _RECORDED_SHA256[(w["name"], w["bytes"], w["mtime_ns"])] = w["sha256"]
+
+
+def recorded_sha256(name: str, size: int, mtime_ns: int) -> str | None:
+    """The sha256 a loaded manifest recorded for a file of this name, size and time, if any."""
+    return _RECORDED_SHA256.get((name, size, mtime_ns))
 
 
 def compare_environment(manifest: Manifest, env: dict) -> list[tuple[str, object, object]]:

@@ -23,7 +23,8 @@ import torch
 from .buckets import GREEDY
 from .errors import ConfigError
 from .models import DTYPES
-from .artifacts import load_manifest
+from .artifacts import Manifest, load_manifest
+from .bench_report import markdown, plot
 from .runtime.serving.engine import Engine
 from .runtime.step.executor import Executor, StepRow
 from .runtime.step.kv_cache import blocks_for_tokens
@@ -249,12 +250,13 @@ def _free(device):
         torch.cuda.empty_cache()
 
 
-def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> dict:
-    """Benchmark the manifest in `artifacts`; write bench.{json,md,png} into out_dir."""
-    _check_context_fits(load_manifest(artifacts), opts.context_len)
+def run_bench(artifacts: Path | Manifest, out_dir: Path, opts: BenchOptions, log: Log) -> dict:
+    """Benchmark the manifest in `artifacts` (a directory, or a Manifest already loaded);
+    write bench.{json,md,png} into out_dir. Every engine shares the one manifest read."""
+    artifacts = load_manifest(artifacts)
+    _check_context_fits(artifacts, opts.context_len)
     engine = Engine(artifacts)
-    ex, manifest = engine.executor, engine.manifest
-    device = ex.device
+    ex, manifest, device = engine.executor, engine.manifest, engine.executor.device
     log("measuring memory bandwidth")
     bw = measure_bandwidth(device)
     result = {"device": manifest.environment.get("device_name"), "environment": manifest.environment,
@@ -310,7 +312,7 @@ def run_bench(artifacts: Path, out_dir: Path, opts: BenchOptions, log: Log) -> d
     return result
 
 
-def _eager_check(artifacts: Path, prompts: list[dict], replay_out: dict, log: Log) -> dict:
+def _eager_check(artifacts: Manifest, prompts: list[dict], replay_out: dict, log: Log) -> dict:
     """Tokens of replay against the same requests run eagerly (same scheduler, same crowd)."""
     eager = Engine(artifacts, eager=True)
     got = {r.id: r.token_ids for r in eager.generate(prompts)}
@@ -318,79 +320,3 @@ def _eager_check(artifacts: Path, prompts: list[dict], replay_out: dict, log: Lo
     log(f"replay vs eager: {same}/{len(prompts)} requests identical")
     del eager
     return {"requests": len(prompts), "identical": same}
-
-
-def markdown(r: dict) -> str:
-    lines = [f"# trtgraph bench — {r['device']}", "",
-             f"model {r['model'].get('architecture')} ({r['model'].get('parameter_count'):,} parameters, "
-             f"{r['model'].get('dtype')}), kernels {r['kernels']}, {r['context_len']} cached tokens per sequence, "
-             f"measured HBM bandwidth {r['hbm_bytes_per_second'] / 1e12:.2f} TB/s", "",
-             "| batch | replay ms | eager ms | floor ms | replay / floor | eager / replay |",
-             "|---:|---:|---:|---:|---:|---:|"]
-    for d in r["decode"]:
-        lines.append(f"| {d['batch_size']} | {d['replay_ms']:.3f} | {d['eager_ms']:.3f} | {d['floor_ms']:.3f} | "
-                     f"{d['replay_over_floor']:.2f}x | {d['eager_over_replay']:.1f}x |")
-    if "attention" in r:
-        a = r["attention"]
-        lines += ["", f"paged decode attention alone, batch {a['batch_size']} x {a['context_len']} cached tokens: "
-                      f"{a['ms']:.3f} ms, {a['bytes_per_second'] / 1e12:.2f} TB/s "
-                      f"({100 * a['fraction_of_hbm']:.1f}% of measured HBM bandwidth)"]
-    if "run" in r:
-        run = r["run"]
-        lines += ["", f"run: {run['requests']} prompts, {run['completion_tokens']} tokens in {run['seconds']:.2f} s = "
-                      f"{run['tokens_per_second']:.1f} tokens/s; padding waste {run['padding_waste_pct']}%; "
-                      f"GPU idle between steps {run.get('gpu_idle_per_step_us', 'n/a')} us per step"]
-    if "run_without_speculation" in r:
-        sp, plain = r["run"].get("speculative", {}), r["run_without_speculation"]
-        lines += [f"speculation: {r['run']['tokens_per_second']:.1f} tokens/s with, "
-                  f"{plain['tokens_per_second']:.1f} without; draft acceptance "
-                  f"{100 * sp.get('acceptance_rate', 0):.1f}%, {sp.get('mean_tokens_per_row_step', 0):.2f} tokens per "
-                  f"sequence per verify step"]
-    if "hf" in r:
-        h = r["hf"]
-        lines += [f"transformers {h['version']} eager generate (batch {h['batch_size']}): "
-                  f"{h['tokens_per_second']:.1f} tokens/s, batch-1 step {h['bs1_step_ms']:.2f} ms; "
-                  f"trtgraph run is {h['trtgraph_speedup']:.1f}x"]
-    if "run_tokens_identical_to_eager" in r:
-        e = r["run_tokens_identical_to_eager"]
-        lines += [f"replay vs eager, the same {e['requests']} requests: {e['identical']}/{e['requests']} identical"]
-    if "alone_vs_crowd" in r:
-        c = r["alone_vs_crowd"]
-        lines += [f"alone vs in a crowd of {c['crowd']} (greedy and seeded sampled): "
-                  f"{c['identical']}/{c['requests']} requests identical"]
-    for p in r.get("prefill", []):
-        lines += [f"prefill {p['prompts']} x {p['prompt_len']} tokens: {p['tokens_per_second']:,.0f} tokens/s, "
-                  f"{p['over_roofline']:.2f}x the compute roofline ({r['peak_flops'] / 1e12:.0f} TFLOP/s measured)"]
-    lines += ["", "| key | tokens | capture ms | pool MiB | replay ms |", "|---|---:|---:|---:|---:|"]
-    for k in r["keys"]:
-        lines.append(f"| {k['key']} | {k['num_tokens']} | {k['capture_seconds'] * 1e3:.1f} | {k['pool_mib']:.2f} | "
-                     f"{k['replay_ms']:.3f} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(r: dict, path: Path, log: Log) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        log("matplotlib is not installed: no bench.png (pip install matplotlib)")
-        return
-    xs = [d["batch_size"] for d in r["decode"]]
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for name, key in (("replay", "replay_ms"), ("eager", "eager_ms"), ("floor", "floor_ms")):
-        ax.plot(xs, [d[key] for d in r["decode"]], marker="o", label=name)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("decode step (ms)")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_title(f"{r['model'].get('architecture')} {r['model'].get('dtype')} on {r['device']}, "
-                 f"{r['context_len']} cached tokens")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -1,121 +1,32 @@
 """The trtgraph command line: parse, print, map errors to exit codes. No logic here.
 
-Exit codes: 0 success; 2 a TrtgraphError (bad input, mismatch, refusal) or running out of
-memory, with a one-paragraph message; 130 interrupted (SIGINT or SIGTERM); 141 stdout or
-stderr closed early (a broken pipe, e.g. `| head -1`), quietly; 1 anything else.
+Exit codes:
+  0    success
+  1    an internal error (a bug: please report it)
+  2    a TrtgraphError (bad input, mismatch, refusal) or running out of memory, with a
+       one-paragraph message naming the file, line or field and what to do
+  3    `inspect --check`: this machine, its libraries or the weights differ from the manifest
+  130  interrupted (SIGINT or SIGTERM); what finished is kept and named
+  141  stdout or stderr closed early (a broken pipe, e.g. `| head -1`), quietly
 TRTGRAPH_RAISE_ERRORS=1 (not 0, false, no or off) shows tracebacks.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import signal
 import sys
-import threading
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .errors import TrtgraphError
+from .cli_exits import EXIT_INTERRUPTED, Group, is_utf8
 
 MiB = 1 << 20
-EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 
 
-class UserError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file=None):
-        click.echo(f"error: {self.format_message()}", err=True)
-
-
-def _raise_errors() -> bool:
-    return os.environ.get("TRTGRAPH_RAISE_ERRORS", "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
-    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
-
-
-class _Group(click.Group):
-    def invoke(self, ctx):
-        _tolerate_terminal_encoding()
-        restore = _sigterm_interrupts()
-        try:
-            return super().invoke(ctx)
-        except TrtgraphError as exc:
-            if _raise_errors():
-                raise
-            raise UserError(str(exc)) from None
-        except KeyboardInterrupt:  # SIGINT, or SIGTERM: the command said what it kept, if anything
-            click.echo("\ninterrupted: stopped before finishing.", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
-        except BrokenPipeError:  # the reader went away (`| head -1`): stop quietly
-            _silence_stdio()
-            ctx.exit(EXIT_BROKEN_PIPE)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except Exception as exc:  # an internal error: say so briefly, exit 1
-            if _raise_errors():
-                raise
-            if _out_of_memory(exc):  # the environment, not a bug
-                raise UserError(f"out of memory ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}). "
-                                f"Free memory, or capture a smaller plan (kv_cache.num_blocks, "
-                                f"limits.max_seq_len / max_batch_size).") from None
-            click.echo(f"internal error: {type(exc).__name__}: {exc}\n(set TRTGRAPH_RAISE_ERRORS=1 for the "
-                       f"traceback, and please report it)", err=True)
-            ctx.exit(1)
-        finally:
-            restore()
-
-
-def _ignore_interrupts():
-    """Ignore SIGINT and SIGTERM until the returned function restores them."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
-
-
-def _sigterm_interrupts():
-    """SIGTERM stops a command like Ctrl-C (exit 130, the command's own summary). Returns
-    a function that puts the previous handler back."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-def _tolerate_terminal_encoding() -> None:
-    """A terminal that cannot show a character (PYTHONIOENCODING=ascii, a latin-1 locale)
-    gets an escape instead of a UnicodeEncodeError."""
-    for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, io.TextIOWrapper) and not _is_utf8(stream):
-            stream.reconfigure(errors="backslashreplace")
-
-
-def _is_utf8(stream) -> bool:
-    return (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
-
-
-def _silence_stdio() -> None:
-    """After a broken pipe: point stdout and stderr at /dev/null, so the interpreter's final
-    flush does not print a second error."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError, io.UnsupportedOperation):
-            pass
-    os.close(devnull)
-
-
-@click.group(cls=_Group)
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trtgraph")
 def main():
     """trtgraph: ahead-of-time CUDA graphs for LLM decoding.
@@ -155,13 +66,7 @@ def capture(config_path, out_dir, device, as_json):
         config = config.replace(device=device)
     out = Path(out_dir or config.output)
     check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
-    world = config.parallel.tensor_parallel_size
-    if world > 1:
-        from .runtime.distributed import launch
-
-        path, t = launch(world, _capture_rank, config, out, use_cuda=_uses_cuda(config.device))
-    else:
-        path, t = _capture_rank(None, config, out)
+    path, t = _on_ranks(config.parallel.tensor_parallel_size, config.device, _capture_rank, config, out)
     if as_json:
         click.echo(json.dumps({"manifest": str(path), **t}, indent=2))
         return
@@ -190,10 +95,17 @@ def _checkpoint(config):
     return place("the checkpoint directory (model.path)", config.model.path, is_dir=True)
 
 
-def _uses_cuda(device: str) -> bool:
+def _on_ranks(world: int, device: str, fn, *args):
+    """fn(tp, *args) in this process (world 1, tp None) or on `world` tensor-parallel ranks
+    (rank 0's result)."""
+    if world == 1:
+        return fn(None, *args)
     import torch
 
-    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    from .runtime.distributed import launch
+
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return launch(world, fn, *args, use_cuda=use_cuda)
 
 
 def _capture_rank(tp, config, out):
@@ -239,7 +151,14 @@ class _KeyProgress:
 def inspect(path, as_json, check):
     """Show what a manifest recorded: model, environment and a table of keys (tokens,
     capture ms, pool MiB, replay ms, eager ms, parity). PATH is the artifacts directory or
-    the manifest file."""
+    the manifest file.
+
+    \b
+    Examples:
+      trtgraph inspect                                  # ./trtgraph-artifacts
+      trtgraph inspect out/ --check                     # does it fit this machine? (exit 3 if not)
+      trtgraph inspect out/manifest.json --json | jq .totals
+    """
     from .artifacts import load_manifest, manifest_path
     from .report import manifest_text
     from .runtime.step.checks import check_manifest
@@ -277,7 +196,9 @@ def inspect(path, as_json, check):
 @click.option("--no-speculative", is_flag=True, help="Plain decode steps even if the manifest has verify keys.")
 @click.option("--model", "model", type=click.Path(file_okay=False),
               help="The checkpoint directory, where it has moved since capture (checked against the manifest's sha256).")
-def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculative, model):
+@click.option("--verbose", "-v", is_flag=True, help="Also print the start-up phases (imports, weights, KV cache, "
+                                                    "warm-up, re-record, first token).")
+def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculative, model, verbose):
     """Serve a prompts file by replaying the manifest's graphs: never captures after start-up,
     never falls back to eager, refuses what no recorded key can serve.
 
@@ -310,26 +231,26 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         done = finished_ids(output, key=requests.id_field)
         requests = requests.without(done)
         click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
-    world = loaded.parallel.get("tensor_parallel_size", 1)
-    args = (requests, manifest, output, eager, summary_json, resume, not no_speculative, model)
-    if world > 1:
-        from .runtime.distributed import launch
-
-        try:
-            code = launch(world, _run_rank, *args, use_cuda=_uses_cuda(loaded.app_config().device))
-        except KeyboardInterrupt:  # rank 0 has already said what finished
-            code = EXIT_INTERRUPTED
-    else:
-        code = _run_rank(None, *args)
+    config = loaded.app_config()
+    args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose)
+    try:
+        code = _on_ranks(config.parallel.tensor_parallel_size, config.device, _run_rank, *args)
+    except KeyboardInterrupt:  # from the ranks' launcher: rank 0 has already said what finished
+        if config.parallel.tensor_parallel_size == 1:
+            raise
+        code = EXIT_INTERRUPTED
     if code:
         sys.exit(code)
 
 
-def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative, model=None) -> int:
+def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative, model=None,
+              verbose=False) -> int:
     """One rank of `run` (tp None: the only process); rank 0 serves and writes, the others
     replay what it broadcasts. Returns the exit code."""
     from .models.parallel import TPGroup
+    from .report import run_summary
     from .runtime.serving.engine import Engine
+    from .runtime.serving.file_run import serve_file, write_summary_json
 
     tp = tp or TPGroup()
     if tp.rank == 0:
@@ -341,85 +262,27 @@ def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, specu
     if tp.rank != 0:
         engine.follow()
         return 0
-    code = EXIT_INTERRUPTED
+    stats = None
     try:
-        code = _serve(engine, requests, output, eager, summary_json, resume)
-        return code
+        ascii_only = not output and not is_utf8(sys.stdout)  # JSON escapes what the terminal cannot show
+        with click.progressbar(length=len(requests.ids), label="requests", file=sys.stderr, show_pos=True) as bar:
+            stats = serve_file(engine, requests, output, resume, ascii_only, on_result=lambda: bar.update(1),
+                               log=lambda msg: click.echo(msg, err=True))
     finally:
         # After an interrupt, rank 0 may have stopped between two broadcasts of a step: the
         # launcher ends the followers instead of a stop message they would misread.
-        if code != EXIT_INTERRUPTED or not tp.active:
+        if stats is not None or not tp.active:
             engine.close()
-
-
-def _serve(engine, requests, output, eager, summary_json, resume) -> int:
-    out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
-    ascii_only = not output and not _is_utf8(sys.stdout)  # JSON escapes what the terminal cannot show
-    written: set[str] = set()
-    ids = requests.ids  # a RequestFile: native requests or OpenAI batch lines
-    token_text = lambda t: engine.tokenizer.decode([t])  # noqa: E731
-    try:
-        with click.progressbar(length=len(ids), label="requests", file=sys.stderr, show_pos=True) as bar:
-            for rid, line in requests.lines(engine.generate(requests.requests), token_text):
-                _write_line(out, json.dumps(line, ensure_ascii=ascii_only), output, written, ids)
-                written.add(rid)
-                bar.update(1)
-    except KeyboardInterrupt:
-        restore = _ignore_interrupts()  # a second signal must not cut this summary short
-        try:
-            missing = [i for i in ids if i not in written]
-            shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
-            click.echo(f"\ninterrupted: {len(written)} of {len(ids)} requests finished and written"
-                       f"{' to ' + output if output else ''}; {len(missing)} did not finish: {shown}."
-                       + (f" Continue with --resume --output {output}." if output else ""), err=True)
-        finally:
-            restore()
+    if stats is None:
         return EXIT_INTERRUPTED
-    finally:
-        if output:
-            try:
-                out.close()
-            except OSError:  # every line was flushed, or a failed write has said so already
-                pass
-    stats = engine.stats.to_json()
     if summary_json:
-        Path(summary_json).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
-    click.echo(_run_summary(stats, eager), err=True)
+        write_summary_json(summary_json, stats)
+    click.echo(run_summary(stats, eager), err=True)
+    if verbose:
+        from .startup import CLOCK
+
+        click.echo(CLOCK.text(), err=True)
     return 0
-
-
-def _write_line(out, line: str, output, written: set, requests) -> None:
-    """One result, flushed. A file that stops taking data (disk full, I/O error) is an
-    environment failure (exit 2) that says how much is safe and how to continue."""
-    try:
-        out.write(line + "\n")
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        if not output:
-            raise
-        from .errors import OutputPathError
-
-        raise OutputPathError(f"--output {output}: writing failed ({exc.strerror or exc}) after {len(written)} of "
-                              f"{len(requests)} results; the lines before are whole. Free space (or fix the "
-                              f"device) and continue with --resume --output {output}.") from None
-
-
-def _run_summary(s: dict, eager: bool) -> str:
-    mode = "eager (no graphs)" if eager else "replay"
-    lines = [f"{s['requests']} requests ({s['refused']} refused), {s['completion_tokens']} tokens generated "
-             f"in {s['seconds']:.2f} s: {s['tokens_per_second']:.1f} tokens/s [{mode}]",
-             f"{s['steps']} steps ({s['fast_path_steps']} on the fast path), padding waste "
-             f"{s['padding_waste_pct']:.1f}%, {s['preemptions']} preemptions",
-             "steps per key:"]
-    lines += [f"  {k}: {v}" for k, v in s["steps_per_key"].items()]
-    if "speculative" in s:
-        sp = s["speculative"]
-        lines.append(f"speculative: {sp['verify_steps']} verify steps, draft acceptance "
-                     f"{100 * sp['acceptance_rate']:.1f}%, {sp['mean_tokens_per_row_step']:.2f} tokens per "
-                     f"sequence per verify step")
-    return "\n".join(lines)
 
 
 @main.command()
@@ -481,28 +344,24 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
                         run_max_tokens=max_tokens, attention_batch=attention_batch,
                         attention_context=attention_context, hf=not no_hf)
     out = Path(out_dir)
-    config = _bench_paths(config_path, manifest, out)
+    config, loaded = _bench_paths(config_path, manifest, out)
     check_options(opts, config.limits)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    if manifest is None:
-        from .compiler.pipeline import capture as run_capture
-
-        bar = _KeyProgress()
-        try:
-            run_capture(config, out / "artifacts", progress=bar)
-        finally:
-            bar.close()
-        manifest = out / "artifacts"
-    run_bench(Path(manifest), out, opts, log)
+    if loaded is None:
+        _on_ranks(config.parallel.tensor_parallel_size, config.device, _capture_rank, config, out / "artifacts")
+        loaded = out / "artifacts"
+    run_bench(loaded, out, opts, log)
     click.echo((out / "bench.md").read_text(encoding="utf-8"))
 
 
 def _bench_paths(config_path, manifest, out: Path):
-    """Check bench's outputs against what it reads, before any work; return the config."""
+    """Check bench's outputs against what it reads, before any work; return the config and
+    the loaded manifest (None with --config: it is captured first)."""
     from .artifacts import load_manifest, manifest_path
     from .outputs import check_outputs, manifest_inputs, place
 
     outputs = [place(f"--out {name}", out / name, makedirs=True) for name in ("bench.json", "bench.md", "bench.png")]
+    loaded = None
     if manifest is None:
         config = _load_config(config_path)
         outputs += _artifact_outputs(out / "artifacts", "--out artifacts")
@@ -512,7 +371,7 @@ def _bench_paths(config_path, manifest, out: Path):
         config = loaded.app_config()
         inputs = manifest_inputs(loaded, manifest_path(manifest))
     check_outputs(outputs, inputs)
-    return config
+    return config, loaded
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,10 +19,11 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, YAMLProblem, int_problem, is_int, key_lines, load_yaml,
-                     path_problem, read_bounded, short, text_problem)
+from .fields import FieldChecker, defaults
+from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, is_int, key_lines, load_yaml, path_problem, read_bounded,
+                     short, text_problem, yaml_error_message)
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_NAMES = ("float32", "float16", "bfloat16")  # models.DTYPES maps each to its torch dtype
 DEVICES = ("auto", "cuda", "cpu")
 KERNELS = ("auto", "torch", "triton")
 SAMPLING_MODES = ("greedy", "sampled")
@@ -134,7 +135,7 @@ class Config:
         try:
             data, root = load_yaml(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(_yaml_error_message(exc, text, source)) from None
+            raise ConfigError(yaml_error_message(exc, text, source)) from None
         if data is None:
             data = {}
         lines = key_lines(root)
@@ -157,53 +158,24 @@ class Config:
         """check_paths=False: a manifest's config, whose checkpoint may have moved since
         (the runtime says so, and `run --model` names the new place)."""
         v = _Validator(source)
-        top = v.mapping(data, "", {"model", "dtype", "device", "kernels", "deterministic", "limits",
-                                     "kv_cache", "buckets", "output", "speculative", "parallel"})
-        dtype = v.choice(top.get("dtype", "bfloat16"), "dtype", DTYPES)
-        device = v.choice(top.get("device", AUTO), "device", DEVICES)
-        kernels = v.choice(top.get("kernels", AUTO), "kernels", KERNELS)
-        deterministic = top.get("deterministic", False)
-        if not isinstance(deterministic, bool):
-            v.fail("deterministic", deterministic, "true (batch-invariant GEMMs) or false (the fastest GEMM per shape)")
-
-        lim = v.mapping(top.get("limits", {}), "limits", {f.name for f in dataclasses.fields(Limits)})
-        max_seq_len = lim.get("max_seq_len", AUTO)
-        if max_seq_len != AUTO:
-            max_seq_len = v.integer(max_seq_len, "limits.max_seq_len", lo=2, hi=1 << 20,
-                                    allowed="'auto' or an integer in [2, 1048576]")
-        limits = Limits(
-            max_batch_size=v.integer(lim.get("max_batch_size", 64), "limits.max_batch_size", lo=1, hi=4096),
-            max_seq_len=max_seq_len,
-            max_num_tokens=v.integer(lim.get("max_num_tokens", 8192), "limits.max_num_tokens", lo=1, hi=1 << 22),
-        )
-        if limits.max_num_tokens < limits.max_batch_size:
-            v.fail("limits.max_num_tokens", limits.max_num_tokens,
-                   f"at least limits.max_batch_size ({limits.max_batch_size}): a generation step of "
-                   f"the largest batch needs one token per sequence")
+        top = {**defaults(cls), **v.mapping(data, "", {"model", "dtype", "device", "kernels", "deterministic",
+                                                     "limits", "kv_cache", "buckets", "output", "speculative",
+                                                     "parallel"})}
+        dtype = v.choice(top["dtype"], "dtype", DTYPE_NAMES)
+        device = v.choice(top["device"], "device", DEVICES)
+        kernels = v.choice(top["kernels"], "kernels", KERNELS)
+        deterministic = v.flag(top["deterministic"], "deterministic",
+                               expected="true (batch-invariant GEMMs) or false (the fastest GEMM per shape)")
+        limits = _parse_limits(v, top["limits"])
         model = _parse_model(v, top.get("model"), base_dir,
                              None if limits.max_seq_len == AUTO else limits.max_seq_len, check_paths)
 
-        kv = v.mapping(top.get("kv_cache", {}), "kv_cache", {"block_size", "num_blocks"})
-        block_size = v.integer(kv.get("block_size", 16), "kv_cache.block_size", lo=1, hi=4096)
-        if block_size & (block_size - 1):
-            v.fail("kv_cache.block_size", block_size, "a power of two (8, 16, 32, ...)")
-        num_blocks = kv.get("num_blocks", AUTO)
-        if num_blocks != AUTO:
-            num_blocks = v.integer(num_blocks, "kv_cache.num_blocks", lo=2, hi=1 << 24,
-                                   allowed="'auto' or an integer >= 2 (block 0 is the reserved null block)")
-            blocks_per_seq = math.ceil(limits.max_seq_len / block_size) if limits.max_seq_len != AUTO else 1
-            if num_blocks - 1 < blocks_per_seq:
-                v.fail("kv_cache.num_blocks", num_blocks,
-                       f"at least {blocks_per_seq + 1}: one sequence of limits.max_seq_len="
-                       f"{limits.max_seq_len} needs {blocks_per_seq} blocks of {block_size}, plus the null block")
-        kv_cache = KVCacheConfig(block_size=block_size, num_blocks=num_blocks)
-
-        par = v.mapping(top.get("parallel", {}), "parallel", {"tensor_parallel_size"})
-        parallel = ParallelConfig(v.integer(par.get("tensor_parallel_size", 1), "parallel.tensor_parallel_size",
-                                            lo=1, hi=64))
-        speculative = _parse_speculative(v, top.get("speculative"))
-        buckets = _parse_buckets(v, top.get("buckets", {}), limits, speculative)
-        output = top.get("output", "trtgraph-artifacts")
+        kv_cache = _parse_kv_cache(v, top["kv_cache"], limits)
+        par = _section(v, top["parallel"], "parallel", ParallelConfig)
+        parallel = ParallelConfig(v.integer(par["tensor_parallel_size"], "parallel.tensor_parallel_size", lo=1, hi=64))
+        speculative = _parse_speculative(v, top["speculative"])
+        buckets = _parse_buckets(v, top["buckets"], limits, speculative)
+        output = top["output"]
         if path_problem(output):
             v.fail("output", output, f"a directory: {path_problem(output)}")
         return cls(model=model, dtype=dtype, device=device, kernels=kernels, deterministic=deterministic,
@@ -235,6 +207,51 @@ class Config:
         d["limits"]["max_seq_len"] = max_seq_len
         d["buckets"]["chunk_sizes"] = [c for c in d["buckets"]["chunk_sizes"] if c <= max_seq_len] or [max_seq_len]
         return Config.from_dict(d, source=self.source)
+
+def _section(v: "_Validator", raw: Any, path: str, cls) -> dict:
+    """A mapping of `cls`'s fields, the omitted ones at their dataclass defaults."""
+    if dataclasses.is_dataclass(raw):  # the default_factory's value: nothing given
+        return defaults(cls)
+    return {**defaults(cls), **v.mapping(raw, path, {f.name for f in dataclasses.fields(cls)})}
+
+
+def _listed(value: Any) -> Any:
+    """A dataclass default (a tuple) as the list a YAML file would give; anything else as is."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _parse_limits(v: "_Validator", raw: Any) -> Limits:
+    lim = _section(v, raw, "limits", Limits)
+    max_seq_len = lim["max_seq_len"]
+    if max_seq_len != AUTO:
+        max_seq_len = v.integer(max_seq_len, "limits.max_seq_len", lo=2, hi=1 << 20,
+                                expected="'auto' or an integer in [2, 1048576]")
+    limits = Limits(max_batch_size=v.integer(lim["max_batch_size"], "limits.max_batch_size", lo=1, hi=4096),
+                    max_seq_len=max_seq_len,
+                    max_num_tokens=v.integer(lim["max_num_tokens"], "limits.max_num_tokens", lo=1, hi=1 << 22))
+    if limits.max_num_tokens < limits.max_batch_size:
+        v.fail("limits.max_num_tokens", limits.max_num_tokens,
+               f"at least limits.max_batch_size ({limits.max_batch_size}): a generation step of "
+               f"the largest batch needs one token per sequence")
+    return limits
+
+
+def _parse_kv_cache(v: "_Validator", raw: Any, limits: Limits) -> KVCacheConfig:
+    kv = _section(v, raw, "kv_cache", KVCacheConfig)
+    block_size = v.integer(kv["block_size"], "kv_cache.block_size", lo=1, hi=4096)
+    if block_size & (block_size - 1):
+        v.fail("kv_cache.block_size", block_size, "a power of two (8, 16, 32, ...)")
+    num_blocks = kv["num_blocks"]
+    if num_blocks != AUTO:
+        num_blocks = v.integer(num_blocks, "kv_cache.num_blocks", lo=2, hi=1 << 24,
+                               expected="'auto' or an integer >= 2 (block 0 is the reserved null block)")
+        blocks_per_seq = math.ceil(limits.max_seq_len / block_size) if limits.max_seq_len != AUTO else 1
+        if num_blocks - 1 < blocks_per_seq:
+            v.fail("kv_cache.num_blocks", num_blocks,
+                   f"at least {blocks_per_seq + 1}: one sequence of limits.max_seq_len="
+                   f"{limits.max_seq_len} needs {blocks_per_seq} blocks of {block_size}, plus the null block")
+    return KVCacheConfig(block_size=block_size, num_blocks=num_blocks)
+
 
 def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: int | None,
                  check_paths: bool = True) -> ModelSource:
@@ -280,35 +297,35 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: 
 def _parse_speculative(v: "_Validator", raw: Any) -> SpeculativeConfig | None:
     if raw is None:
         return None
-    sp = v.mapping(raw, "speculative", {f.name for f in dataclasses.fields(SpeculativeConfig)})
-    method = v.choice(sp.get("method", "ngram"), "speculative.method", ("ngram",))
-    k = v.integer(sp.get("draft_len", 4), "speculative.draft_len", lo=1, hi=64)
-    lo = v.integer(sp.get("ngram_min", 1), "speculative.ngram_min", lo=1, hi=64)
-    hi = v.integer(sp.get("ngram_max", 3), "speculative.ngram_max", lo=1, hi=64)
+    sp = _section(v, raw, "speculative", SpeculativeConfig)
+    method = v.choice(sp["method"], "speculative.method", ("ngram",))
+    k = v.integer(sp["draft_len"], "speculative.draft_len", lo=1, hi=64)
+    lo = v.integer(sp["ngram_min"], "speculative.ngram_min", lo=1, hi=64)
+    hi = v.integer(sp["ngram_max"], "speculative.ngram_max", lo=1, hi=64)
     if hi < lo:
         v.fail("speculative.ngram_max", hi, f"at least speculative.ngram_min ({lo})")
     return SpeculativeConfig(method=method, draft_len=k, ngram_min=lo, ngram_max=hi)
 
 
 def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: SpeculativeConfig | None) -> BucketConfig:
-    b = v.mapping(raw, "buckets", {f.name for f in dataclasses.fields(BucketConfig)})
-    batch_sizes = b.get("batch_sizes", AUTO)
+    b = _section(v, raw, "buckets", BucketConfig)
+    batch_sizes = b["batch_sizes"]
     if batch_sizes != AUTO:
         batch_sizes = v.int_list(batch_sizes, "buckets.batch_sizes", lo=1, hi=limits.max_batch_size,
                                  hi_name="limits.max_batch_size")
-    context = b.get("context_batch_sizes", AUTO)
+    context = b["context_batch_sizes"]
     if context != AUTO:
         context = v.int_list(context, "buckets.context_batch_sizes", lo=1, hi=limits.max_batch_size,
                              hi_name="limits.max_batch_size")
     seq_hi = limits.max_seq_len if limits.max_seq_len != AUTO else 1 << 20  # auto: dropped when resolved
-    chunks = v.int_list(b.get("chunk_sizes", [64, 256, 512]), "buckets.chunk_sizes",
+    chunks = v.int_list(_listed(b["chunk_sizes"]), "buckets.chunk_sizes",
                         lo=1, hi=seq_hi, hi_name="limits.max_seq_len")
-    drafts = v.int_list(b.get("draft_lens", [0]), "buckets.draft_lens", lo=0, hi=64, hi_name="64")
+    drafts = v.int_list(_listed(b["draft_lens"]), "buckets.draft_lens", lo=0, hi=64, hi_name="64")
     if 0 not in drafts:
         v.fail("buckets.draft_lens", list(drafts), "a list that includes 0 (plain generation steps)")
     if speculative is not None:  # verify keys (batch, K) for every generation batch size
         drafts = tuple(sorted(set(drafts) | {speculative.draft_len}))
-    sampling = b.get("sampling", ["greedy", "sampled"])
+    sampling = _listed(b["sampling"])
     if not isinstance(sampling, list) or not sampling:
         v.fail("buckets.sampling", sampling, f"a non-empty list of {list(SAMPLING_MODES)}")
     for i, s in enumerate(sampling):
@@ -332,8 +349,8 @@ def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: Specu
                         draft_lens=drafts, sampling=tuple(sampling))
 
 
-class _Validator:
-    """Small helpers that raise ConfigError naming the key path, value and what is allowed."""
+class _Validator(FieldChecker):
+    """The config's checks: ConfigError naming the key path (Config.from_text adds its line)."""
 
     def __init__(self, source: str):
         self.source = source
@@ -358,17 +375,6 @@ class _Validator:
             raise exc
         return raw
 
-    def choice(self, raw: Any, path: str, choices: tuple[str, ...]) -> str:
-        if raw not in choices:
-            self.fail(path, raw, "one of " + ", ".join(choices))
-        return raw
-
-    def integer(self, raw: Any, path: str, lo: int, hi: int, allowed: str | None = None) -> int:
-        problem = int_problem(raw, lo, hi)
-        if problem:
-            self.fail(path, raw, allowed or problem)
-        return raw
-
     def int_list(self, raw: Any, path: str, lo: int, hi: int, hi_name: str) -> tuple[int, ...]:
         if not isinstance(raw, list) or not raw:
             self.fail(path, raw, "a non-empty list of integers")
@@ -384,16 +390,3 @@ class _Validator:
         if len(set(out)) != len(out):
             self.fail(path, raw, "no repeated values")
         return tuple(sorted(out))
-
-
-def _yaml_error_message(exc: yaml.YAMLError, text: str, source: str) -> str:
-    """`model.yaml line 8, column 17: not valid YAML: <problem>. <what to do>`."""
-    mark = getattr(exc, "problem_mark", None)
-    if mark is None and getattr(exc, "position", None) is not None:  # a reader error
-        line = text.count("\n", 0, exc.position)
-        mark = yaml.Mark(source, exc.position, line, exc.position - (text.rfind("\n", 0, exc.position) + 1),
-                         None, None)
-    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
-    advice = "Fix it and run again." if isinstance(exc, YAMLProblem) else "Fix the syntax and run again."
-    return f"{source}{where}: not valid YAML: {problem}. {advice}"

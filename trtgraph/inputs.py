@@ -326,3 +326,16 @@ def key_lines(root: yaml.Node | None) -> dict[str, int]:
                 out.setdefault(f"{prefix}[{i}]", item.start_mark.line + 1)
                 stack.append((item, f"{prefix}[{i}]"))
     return out
+
+
+def yaml_error_message(exc: yaml.YAMLError, text: str, source: str) -> str:
+    """`model.yaml line 8, column 17: not valid YAML: <problem>. <what to do>`."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None and getattr(exc, "position", None) is not None:  # a reader error
+        line = text.count("\n", 0, exc.position)
+        mark = yaml.Mark(source, exc.position, line, exc.position - (text.rfind("\n", 0, exc.position) + 1),
+                         None, None)
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
+    advice = "Fix it and run again." if isinstance(exc, YAMLProblem) else "Fix the syntax and run again."
+    return f"{source}{where}: not valid YAML: {problem}. {advice}"

@@ -1,5 +1,5 @@
 """Per-request limits that size persistent device tables: the request validator
-(runtime/serving/requests.py) and the step buffers (runtime/step/buffers.py) both import
+(runtime/serving/sampling_params.py) and the step buffers (runtime/step/buffers.py) both import
 them from here, so neither imports the other."""
 
 LOGIT_BIAS_CAPACITY = 300  # entries per request (OpenAI's limit); the per-slot device table holds this many

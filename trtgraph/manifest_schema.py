@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .buckets import GraphKey
-from .config import DTYPES, SAMPLING_MODES, Config
+from .config import DTYPE_NAMES, SAMPLING_MODES, Config
 from .errors import ConfigError, ManifestError, TrtgraphError
-from .inputs import int_problem, is_int, number_problem, short, text_problem
+from .fields import FieldChecker
+from .inputs import int_problem, is_int, short, text_problem
 
 TOP_LEVEL = ("format_version", "format_changelog", "trtgraph_version", "created", "environment", "model",
              "config", "limits", "kv_cache", "buffers", "keys", "totals", "paths", "parallel", "digest")
@@ -30,9 +31,10 @@ MAX_TEXT = 256  # versions, names, devices
 _HEX = re.compile(r"[0-9a-f]+")
 
 
-class FieldReader:
-    """Checks that raise ManifestError naming the manifest and the dotted field path.
-    `name` is the full path; the value is looked up under its last part in `d`."""
+class FieldReader(FieldChecker):
+    """The manifest's checks: ManifestError naming the manifest and the dotted field path.
+    In the `*_field` readers `name` is the full path; the value is looked up under its last
+    part in `d`."""
 
     def __init__(self, path: Path, recapture: str):
         self.path, self.recapture = path, recapture
@@ -59,19 +61,15 @@ class FieldReader:
         return body[name]
 
     def int_field(self, d: dict, name: str, lo: int = 0, hi: int = 1 << 40) -> int:
-        val = d.get(name.rsplit(".", 1)[-1])
-        if int_problem(val, lo, hi):
-            self.fail(name, val, int_problem(val, lo, hi))
-        return val
+        return self.integer(d.get(_last(name)), name, lo, hi)
 
-    def number(self, d: dict, name: str, hi: float = 1e9) -> float:
-        val = d.get(name.rsplit(".", 1)[-1])
-        if number_problem(val, 0, hi):
-            self.fail(name, val, f"a number in [0, {hi:g}]")
-        return float(val)
+    def number_field(self, d: dict, name: str, hi: float = 1e9) -> float:
+        return self.number(d.get(_last(name)), name, 0, hi, expected=f"a number in [0, {hi:g}]")
 
-    def text(self, d: dict, name: str, nullable: bool = False, choices: tuple[str, ...] | None = None) -> str | None:
-        val = d.get(name.rsplit(".", 1)[-1])
+    def text_field(self, d: dict, name: str, nullable: bool = False,
+                   choices: tuple[str, ...] | None = None) -> str | None:
+        """Short printable text (one of `choices` when given; null too with `nullable`)."""
+        val = d.get(_last(name))
         if val is None and nullable:
             return None
         problem = text_problem(val) or (None if 0 < len(val) <= MAX_TEXT else f"1 to {MAX_TEXT} characters")
@@ -83,10 +81,14 @@ class FieldReader:
         return val
 
     def hex_digest(self, d: dict, name: str, length: int) -> str:
-        val = d.get(name.rsplit(".", 1)[-1])
+        val = d.get(_last(name))
         if not isinstance(val, str) or len(val) != length or not _HEX.fullmatch(val):
             self.fail(name, val, f"{length} lowercase hex digits")
         return val
+
+
+def _last(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
 
 
 def check_header(v: FieldReader, body: dict) -> None:
@@ -94,9 +96,9 @@ def check_header(v: FieldReader, body: dict) -> None:
     v.obj(body, "its top level", TOP_LEVEL)
     if not isinstance(body["format_changelog"], dict):
         v.fail("format_changelog", body["format_changelog"], "a JSON object")
-    v.text(body, "trtgraph_version")
+    v.text_field(body, "trtgraph_version")
     v.hex_digest(body, "digest", 64)
-    created = v.text(body, "created")
+    created = v.text_field(body, "created")
     try:
         _dt.datetime.fromisoformat(created)
     except ValueError:
@@ -106,10 +108,10 @@ def check_header(v: FieldReader, body: dict) -> None:
 def check_environment(v: FieldReader, env: Any) -> None:
     v.obj(env, "environment", ENVIRONMENT)
     for name in ("python", "torch", "device_name"):
-        v.text(env, f"environment.{name}")
+        v.text_field(env, f"environment.{name}")
     for name in ("cuda", "triton", "capability"):
-        v.text(env, f"environment.{name}", nullable=True)
-    v.text(env, "environment.backend", choices=BACKENDS)
+        v.text_field(env, f"environment.{name}", nullable=True)
+    v.text_field(env, "environment.backend", choices=BACKENDS)
 
 
 def config_section(v: FieldReader, raw: Any) -> Config:
@@ -133,10 +135,10 @@ def check_model(v: FieldReader, model: Any, config: Config) -> None:
 
     v.obj(model, "model", MODEL + ("files", "generation_config", "hub"),
           optional=("seed", "files", "generation_config", "hub"))
-    v.text(model, "model.source")
-    v.text(model, "model.architecture", choices=SUPPORTED_ARCHITECTURES)
+    v.text_field(model, "model.source")
+    v.text_field(model, "model.architecture", choices=SUPPORTED_ARCHITECTURES)
     v.hex_digest(model, "model.config_hash", 16)
-    if v.text(model, "model.dtype", choices=DTYPES) != config.dtype:
+    if v.text_field(model, "model.dtype", choices=DTYPE_NAMES) != config.dtype:
         v.fail("model.dtype", model["dtype"], f"{config.dtype!r}, the config's dtype")
     v.int_field(model, "model.parameter_count", lo=1, hi=MAX_BYTES)
     if "seed" in model:
@@ -149,7 +151,7 @@ def check_model(v: FieldReader, model: Any, config: Config) -> None:
     if "hub" in model:
         v.obj(model["hub"], "model.hub", ("repo", "revision", "snapshot"))
         for name in ("repo", "revision", "snapshot"):
-            v.text(model["hub"], f"model.hub.{name}")
+            v.text_field(model["hub"], f"model.hub.{name}")
     if config.model.is_synthetic:
         _check_synthetic_model(v, model, config)
 
@@ -160,13 +162,15 @@ def _check_file_records(v: FieldReader, files: Any, where_list: str) -> None:
     names = set()
     for i, entry in enumerate(files):
         where = f"{where_list}[{i}]"
-        v.obj(entry, where, ("name", "bytes", "sha256"))
-        name = v.text(entry, f"{where}.name")
+        v.obj(entry, where, ("name", "bytes", "sha256", "mtime_ns"), optional=("mtime_ns",))  # format 1: none
+        name = v.text_field(entry, f"{where}.name")
         if "/" in name or "\\" in name or name in (".", "..") or name in names:
             v.fail(f"{where}.name", name, "a file name of the checkpoint directory, listed once")
         names.add(name)
         v.int_field(entry, f"{where}.bytes", lo=0, hi=MAX_BYTES)
         v.hex_digest(entry, f"{where}.sha256", 64)
+        if "mtime_ns" in entry:
+            v.int_field(entry, f"{where}.mtime_ns", lo=0, hi=1 << 64)
 
 
 def _check_generation_config(v: FieldReader, gen: Any) -> None:
@@ -212,14 +216,14 @@ def check_buffers(v: FieldReader, buffers: Any) -> None:
     for i, buf in enumerate(buffers):
         where = f"buffers[{i}]"
         v.obj(buf, where, ("name", "shape", "dtype"))
-        name = v.text(buf, f"{where}.name")
+        name = v.text_field(buf, f"{where}.name")
         if name in names:
             v.fail(f"{where}.name", name, "a name not listed before")
         names.add(name)
         shape = buf["shape"]
         if not isinstance(shape, list) or not 1 <= len(shape) <= 4 or any(int_problem(n, 0, 1 << 32) for n in shape):
             v.fail(f"{where}.shape", shape, "a list of 1 to 4 sizes in [0, 2**32]")
-        v.text(buf, f"{where}.dtype", choices=BUFFER_DTYPES)
+        v.text_field(buf, f"{where}.dtype", choices=BUFFER_DTYPES)
 
 
 def key_record_fields(v: FieldReader, i: int, raw: Any) -> dict:
@@ -231,19 +235,18 @@ def key_record_fields(v: FieldReader, i: int, raw: Any) -> dict:
     key = GraphKey(v.int_field(k, f"{where}.key.batch_size", lo=1, hi=1 << 16),
                    v.int_field(k, f"{where}.key.draft_len", lo=0, hi=1 << 10),
                    v.int_field(k, f"{where}.key.chunk_size", lo=0, hi=1 << 22),
-                   v.text(k, f"{where}.key.sampling", choices=SAMPLING_MODES))
+                   v.text_field(k, f"{where}.key.sampling", choices=SAMPLING_MODES))
     n = v.int_field(raw, f"{where}.num_tokens", lo=1, hi=1 << 24)
     if n != key.num_tokens:
         v.fail(f"{where}.num_tokens", n, f"{key.num_tokens} for {key}")
     parity = v.obj(raw["parity"], f"{where}.parity", ("max_abs_logit_diff", "tokens_equal"))
-    if not isinstance(parity["tokens_equal"], bool):
-        v.fail(f"{where}.parity.tokens_equal", parity["tokens_equal"], "true or false")
+    v.flag(parity["tokens_equal"], f"{where}.parity.tokens_equal")
     return dict(key=key, num_tokens=n, capture_index=v.int_field(raw, f"{where}.capture_index", hi=1 << 20),
-                capture_seconds=v.number(raw, f"{where}.capture_seconds", hi=MAX_SECONDS),
+                capture_seconds=v.number_field(raw, f"{where}.capture_seconds", hi=MAX_SECONDS),
                 pool_bytes=v.int_field(raw, f"{where}.pool_bytes", lo=0, hi=MAX_BYTES),
-                replay_ms=v.number(raw, f"{where}.replay_ms", hi=1e7),
-                eager_ms=v.number(raw, f"{where}.eager_ms", hi=1e7),
-                max_abs_logit_diff=v.number(parity, f"{where}.parity.max_abs_logit_diff", hi=1e30),
+                replay_ms=v.number_field(raw, f"{where}.replay_ms", hi=1e7),
+                eager_ms=v.number_field(raw, f"{where}.eager_ms", hi=1e7),
+                max_abs_logit_diff=v.number_field(parity, f"{where}.parity.max_abs_logit_diff", hi=1e30),
                 tokens_equal=parity["tokens_equal"])
 
 
@@ -259,10 +262,10 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     if v.int_field(totals, "totals.largest_key_pool_bytes", lo=0, hi=MAX_BYTES) != max(pool_bytes):
         v.fail("totals.largest_key_pool_bytes", totals["largest_key_pool_bytes"],
                f"{max(pool_bytes)}, the largest of the keys' pool_bytes")
-    v.number(totals, "totals.warmup_seconds", hi=MAX_SECONDS)
-    v.number(totals, "totals.capture_seconds", hi=MAX_SECONDS)
-    if "all_parity_ok" in totals and not isinstance(totals["all_parity_ok"], bool):
-        v.fail("totals.all_parity_ok", totals["all_parity_ok"], "true or false")
+    v.number_field(totals, "totals.warmup_seconds", hi=MAX_SECONDS)
+    v.number_field(totals, "totals.capture_seconds", hi=MAX_SECONDS)
+    if "all_parity_ok" in totals:  # written by earlier captures (always true); read by nothing
+        v.flag(totals["all_parity_ok"], "totals.all_parity_ok")
     notes = totals.get("notes", [])
     if not isinstance(notes, list) or len(notes) > 16 or any(not isinstance(n, str) or text_problem(n) for n in notes):
         v.fail("totals.notes", notes, "a list of at most 16 strings (what capture decided, e.g. max_seq_len auto)")
@@ -287,6 +290,6 @@ def check_parallel(v: FieldReader, par: Any, config: Config) -> None:
         v.obj(rank, where, ("rank", "device", "parameter_count", "kv_cache_bytes"))
         if rank["rank"] != i or not is_int(rank["rank"]):
             v.fail(f"{where}.rank", rank["rank"], str(i))
-        v.text(rank, f"{where}.device")
+        v.text_field(rank, f"{where}.device")
         v.int_field(rank, f"{where}.parameter_count", lo=1, hi=MAX_BYTES)
         v.int_field(rank, f"{where}.kv_cache_bytes", lo=1, hi=MAX_BYTES)

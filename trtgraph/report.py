@@ -19,8 +19,8 @@ def table(headers: list[str], rows: list[list[str]], right: set[int] | None = No
 
 
 def key_label(key) -> str:
-    kind = f"prefill c={key.chunk_size}" if key.is_prefill else ("decode" if not key.draft_len else f"verify k={key.draft_len}")
-    return f"bs={key.batch_size:<3} {kind:<14} {key.sampling}"
+    """A graph key as every message spells it: `(bs=4, decode draft=0, greedy)`."""
+    return str(key)
 
 
 def manifest_text(manifest: Manifest, path) -> str:
@@ -77,3 +77,20 @@ def keys_table(manifest: Manifest) -> str:
                      f"{parity} ({r.max_abs_logit_diff:.2g})"])
     return table(["key", "tokens", "capture ms", "pool MiB", "replay ms", "eager ms", "parity (max |dlogit|)"],
                  rows, right={1, 2, 3, 4, 5})
+
+
+def run_summary(s: dict, eager: bool) -> str:
+    """The closing summary of `run` (standard error), from RunStats.to_json()."""
+    mode = "eager (no graphs)" if eager else "replay"
+    lines = [f"{s['requests']} requests ({s['refused']} refused), {s['completion_tokens']} tokens generated "
+             f"in {s['seconds']:.2f} s: {s['tokens_per_second']:.1f} tokens/s [{mode}]",
+             f"{s['steps']} steps ({s['fast_path_steps']} on the fast path), padding waste "
+             f"{s['padding_waste_pct']:.1f}%, {s['preemptions']} preemptions",
+             "steps per key:"]
+    lines += [f"  {k}: {v}" for k, v in s["steps_per_key"].items()]
+    if "speculative" in s:
+        sp = s["speculative"]
+        lines.append(f"speculative: {sp['verify_steps']} verify steps, draft acceptance "
+                     f"{100 * sp['acceptance_rate']:.1f}%, {sp['mean_tokens_per_row_step']:.2f} tokens per "
+                     f"sequence per verify step")
+    return "\n".join(lines)

@@ -241,7 +241,6 @@ def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_sec
             "capture_seconds": round(capture_s, 4),
             "pool_bytes": pool,
             "largest_key_pool_bytes": max((r.pool_bytes for r in records), default=0),
-            "all_parity_ok": all(r.tokens_equal for r in records),
             "linear_backends": _linear_backends(ex),
         },
     )

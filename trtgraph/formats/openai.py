@@ -24,6 +24,7 @@ import uuid
 from typing import Callable
 
 from ..errors import PromptError
+from ..inputs import is_int
 
 # OpenAI's default temperature; a native request without one is greedy.
 DEFAULT_TEMPERATURE = 1.0
@@ -103,7 +104,7 @@ def _prompt(prompt, where: str) -> dict:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return {"prompt": prompt}
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         return {"prompt_token_ids": prompt}
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise OpenAIRequestError(f"{where}: `prompt` holds {len(prompt)} prompts; send one prompt per request "

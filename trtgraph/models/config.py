@@ -15,7 +15,8 @@ import json
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError, WeightLoadError
-from ..inputs import int_problem, json_problem, number_problem, short
+from ..fields import FieldChecker, defaults
+from ..inputs import int_problem, is_int, json_problem, short
 from .tokenizer import check_vocab_covers_tokenizer
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -117,10 +118,10 @@ class ModelConfig:
             architecture=arch, hidden_size=hidden, intermediate_size=r.size("intermediate_size", arch),
             num_layers=r.size("num_hidden_layers", arch), num_heads=heads, num_kv_heads=kv_heads,
             head_dim=head_dim, vocab_size=r.size("vocab_size", arch),
-            rms_norm_eps=r.number("rms_norm_eps", 1e-6, *RMS_NORM_EPS_RANGE, lo_open=True),
+            rms_norm_eps=r.number_at("rms_norm_eps", 1e-6, *RMS_NORM_EPS_RANGE, lo_open=True),
             rope_theta=theta, rope_scaling=rope_scaling, max_position_embeddings=max_pos,
-            tie_word_embeddings=r.flag("tie_word_embeddings"),
-            qkv_bias=arch == "Qwen2ForCausalLM" or r.flag("attention_bias"),
+            tie_word_embeddings=r.flag_at("tie_word_embeddings"),
+            qkv_bias=arch == "Qwen2ForCausalLM" or r.flag_at("attention_bias"),
             qk_norm=arch == "Qwen3ForCausalLM",
             bos_token_id=r.token_ids("bos_token_id", many=False),
             eos_token_ids=r.token_ids("eos_token_id", many=True),
@@ -159,10 +160,10 @@ def _check_present_fields(r: "_Fields") -> None:
         if key in hf:
             r.size(key, "")
     if "rms_norm_eps" in hf:
-        r.number("rms_norm_eps", None, *RMS_NORM_EPS_RANGE, lo_open=True)
+        r.number_at("rms_norm_eps", None, *RMS_NORM_EPS_RANGE, lo_open=True)
     _rope(r)
     for key in ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"):
-        r.flag(key)
+        r.flag_at(key)
     r.token_ids("bos_token_id", many=False)
     r.token_ids("eos_token_id", many=True)
     _sliding_window(r)
@@ -180,15 +181,14 @@ def _synthetic_fields(spec: dict, max_seq_len: int, source: str, prefix: str) ->
     hf = dict(spec)
     seed = hf.pop("seed", 0)
     r = _Fields(hf, source, prefix)
-    if int_problem(seed, 0, SEED_MAX):
-        r.fail("seed", seed, "a non-negative integer below 2**64")
+    r.integer(seed, "seed", 0, SEED_MAX, expected="a non-negative integer below 2**64")
     if "architecture" in hf:
         hf["architectures"] = [hf.pop("architecture")]
     hf.setdefault("max_position_embeddings", max(max_seq_len or 0, 4096))
     return seed, hf, r
 
 
-class _Fields:
+class _Fields(FieldChecker):
     """Reads fields of one config.json dict; every error names the file and the field."""
 
     def __init__(self, hf: dict, source: str, prefix: str):
@@ -212,25 +212,15 @@ class _Fields:
             where = self.prefix.rstrip(".") or "config.json"
             self.unsupported(f"{where} has no `{key}`; it is required for {arch}. Is this a complete "
                              f"Hugging Face config?")
-        val = self.hf.get(key, default)
-        lo, hi = SIZE_RANGES[key]
-        if int_problem(val, lo, hi):
-            self.fail(key, val, int_problem(val, lo, hi))
-        return val
+        return self.integer(self.hf.get(key, default), key, *SIZE_RANGES[key])
 
-    def number(self, key: str, default: float, lo: float, hi: float, lo_open: bool = False, d: dict | None = None,
-               name: str | None = None) -> float:
-        val = (self.hf if d is None else d).get(key, default)
-        problem = number_problem(val, lo, hi, lo_open)
-        if problem:
-            self.fail(name or key, val, problem)
-        return float(val)
+    def number_at(self, key: str, default: float, lo: float, hi: float, lo_open: bool = False,
+                  d: dict | None = None, name: str | None = None) -> float:
+        """`key` of `d` (default: the config), named `name` in messages."""
+        return self.number((self.hf if d is None else d).get(key, default), name or key, lo, hi, lo_open)
 
-    def flag(self, key: str) -> bool:
-        val = self.hf.get(key)
-        if val is not None and not isinstance(val, bool):
-            self.fail(key, val, "true, false or null")
-        return bool(val)
+    def flag_at(self, key: str) -> bool:
+        return self.flag(self.hf.get(key), key, nullable=True)
 
     def token_ids(self, key: str, many: bool):
         val = self.hf.get(key)
@@ -258,7 +248,7 @@ def _refuse_unsupported(r: _Fields, arch: str) -> None:
     act = r.hf.get("hidden_act", "silu")
     if act != "silu":
         r.unsupported(f"hidden_act={short(act)} is not supported (only 'silu').")
-    if r.flag("mlp_bias") or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and r.flag("attention_bias")):
+    if r.flag_at("mlp_bias") or (arch in ("LlamaForCausalLM", "MistralForCausalLM") and r.flag_at("attention_bias")):
         r.unsupported(f"mlp_bias/attention_bias on {arch} is not supported.")
 
 
@@ -273,7 +263,7 @@ def _check_sliding_window(r: _Fields, arch: str, max_seq_len: int | None) -> Non
     window = _sliding_window(r)
     if window is None:
         return
-    if (arch == "MistralForCausalLM" or r.flag("use_sliding_window")) and (max_seq_len is None or window < max_seq_len):
+    if (arch == "MistralForCausalLM" or r.flag_at("use_sliding_window")) and (max_seq_len is None or window < max_seq_len):
         r.unsupported(f"sliding_window={window} is shorter than limits.max_seq_len={max_seq_len}; sliding-window "
                       f"attention is not implemented, so this model would run wrongly. Set limits.max_seq_len "
                       f"<= {window}.")
@@ -287,7 +277,7 @@ def _rope(r: _Fields) -> tuple[float, tuple | None]:
             r.fail(key, r.hf[key], "a mapping or null")
     rope = dict(r.hf.get("rope_parameters") or {})
     theta_name = "rope_parameters.rope_theta" if "rope_theta" in rope else "rope_theta"
-    theta = r.number("rope_theta", r.hf.get("rope_theta", 10000.0), *ROPE_THETA_RANGE, d=rope, name=theta_name)
+    theta = r.number_at("rope_theta", r.hf.get("rope_theta", 10000.0), *ROPE_THETA_RANGE, d=rope, name=theta_name)
     rope.pop("rope_theta", None)
     name = "rope_scaling" if r.hf.get("rope_scaling") else "rope_parameters"
     scaling = {k: v for k, v in (r.hf.get("rope_scaling") or rope).items() if k != "rope_theta"}
@@ -301,12 +291,12 @@ def _rope(r: _Fields) -> tuple[float, tuple | None]:
     missing = [k for k in keys if k not in scaling]
     if missing:
         r.unsupported(f"llama3 rope scaling lacks {', '.join(missing)}.")
-    low = r.number("low_freq_factor", None, 0.0, 1e3, lo_open=True, d=scaling, name=f"{name}.low_freq_factor")
+    low = r.number_at("low_freq_factor", None, 0.0, 1e3, lo_open=True, d=scaling, name=f"{name}.low_freq_factor")
     values = {
-        "factor": r.number("factor", None, 1.0, 1e3, d=scaling, name=f"{name}.factor"),
+        "factor": r.number_at("factor", None, 1.0, 1e3, d=scaling, name=f"{name}.factor"),
         "low_freq_factor": low,
         # the blend divides by high - low
-        "high_freq_factor": r.number("high_freq_factor", None, low, 1e3, lo_open=True, d=scaling,
+        "high_freq_factor": r.number_at("high_freq_factor", None, low, 1e3, lo_open=True, d=scaling,
                                      name=f"{name}.high_freq_factor"),
         "original_max_position_embeddings": float(_original_max_positions(r, scaling, name)),
     }
@@ -314,11 +304,8 @@ def _rope(r: _Fields) -> tuple[float, tuple | None]:
 
 
 def _original_max_positions(r: _Fields, scaling: dict, name: str) -> int:
-    val = scaling["original_max_position_embeddings"]
-    lo, hi = SIZE_RANGES["max_position_embeddings"]
-    if int_problem(val, lo, hi):
-        r.fail(f"{name}.original_max_position_embeddings", val, int_problem(val, lo, hi))
-    return val
+    return r.integer(scaling["original_max_position_embeddings"], f"{name}.original_max_position_embeddings",
+                     *SIZE_RANGES["max_position_embeddings"])
 
 
 @dataclass(frozen=True)
@@ -345,27 +332,30 @@ class GenerationDefaults:
     @classmethod
     def from_hf(cls, gen: dict, source: str) -> "GenerationDefaults":
         """From a generation_config.json dict; `source` names the file in errors."""
-
-        def bad(key, expected):
-            raise WeightLoadError(f"{source}: `{key}` = {gen.get(key)!r}; expected {expected}. Fix or remove "
-                                  f"the field in generation_config.json.")
-
+        r = _GenerationFields(source)
         eos = gen.get("eos_token_id")
         items = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
-            bad("eos_token_id", "a token id or a list of token ids")
-        do_sample = gen.get("do_sample", False)
-        if not isinstance(do_sample, bool):
-            bad("do_sample", "true or false")
-        temperature, top_p, top_k = gen.get("temperature"), gen.get("top_p"), gen.get("top_k")
-        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                                        or not 0 <= temperature <= 100):
-            bad("temperature", "a number in [0, 100]")
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                                  or not 0 < top_p <= 1):
-            bad("top_p", "a number in (0, 1]")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-            bad("top_k", "an integer >= 0")
-        return cls(eos_token_ids=tuple(items), do_sample=do_sample,
-                   temperature=None if temperature is None else float(temperature),
-                   top_p=None if top_p is None else float(top_p), top_k=top_k)
+        if any(not is_int(i) or i < 0 for i in items):
+            r.fail("eos_token_id", eos, "a token id or a list of token ids")
+        gen = {**defaults(cls), **gen}
+        do_sample = r.flag(gen["do_sample"], "do_sample")
+        temperature, top_p, top_k = gen["temperature"], gen["top_p"], gen["top_k"]
+        if temperature is not None:
+            temperature = r.number(temperature, "temperature", 0, 100, expected="a number in [0, 100]")
+        if top_p is not None:
+            top_p = r.number(top_p, "top_p", 0, 1, lo_open=True, expected="a number in (0, 1]")
+        if top_k is not None:
+            r.integer(top_k, "top_k", 0, float("inf"), expected="an integer >= 0")
+        return cls(eos_token_ids=tuple(items), do_sample=do_sample, temperature=temperature, top_p=top_p,
+                   top_k=top_k)
+
+
+class _GenerationFields(FieldChecker):
+    """generation_config.json's checks: a WeightLoadError (the checkpoint's file is wrong)."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, name: str, value, expected: str):
+        raise WeightLoadError(f"{self.source}: `{name}` = {value!r}; expected {expected}. Fix or remove "
+                              f"the field in generation_config.json.")

@@ -122,7 +122,10 @@ class CausalLM(nn.Module):
         self.tp = tp
         self.local = local = local_config(cfg, tp)  # this rank's shapes
         self.ops = ops
-        self.embed_tokens = nn.Embedding(local.vocab_size, cfg.hidden_size)  # vocabulary-parallel
+        # vocabulary-parallel. `_weight` skips nn.Embedding's normal_() init: on the meta device
+        # that imports torch._dynamo (seconds of start-up) for values the loader overwrites.
+        self.embed_tokens = nn.Embedding(local.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(local.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(local, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:

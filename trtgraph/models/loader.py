@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,16 +18,19 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..config import ModelSource
-from ..errors import ConfigError, WeightLoadError
-from ..inputs import InputTooLarge, JSONProblem, loads_json, read_bounded, short, text_problem
+from .. import startup
+from ..config import DTYPE_NAMES, ModelSource
+from ..errors import WeightLoadError
+from ..inputs import InputTooLarge, JSONProblem, is_int, loads_json, read_bounded, short, text_problem
 from ..kernels import KernelSet
 from .config import GenerationDefaults, ModelConfig, synthetic_model_config
+from .hub import checkpoint_dir, hub_record
 from .llama import CausalLM
 from .parallel import TPGroup, check_divisible, copy_padded, part_slice, take
 from .tokenizer import check_vocab_covers_tokenizer
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# the torch dtype of each name a config may give (the names live once, in config.DTYPE_NAMES)
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 # safetensors dtype codes of the integer and boolean kinds, by torch name (for messages)
 _ST_DTYPES = {"I8": "torch.int8", "I16": "torch.int16", "I32": "torch.int32", "I64": "torch.int64",
               "U8": "torch.uint8", "U16": "torch.uint16", "U32": "torch.uint32", "U64": "torch.uint64",
@@ -61,59 +63,35 @@ def read_generation_config(ckpt: Path | None) -> GenerationDefaults:
     return GenerationDefaults.from_hf(_read_json_object(path), source=str(path))
 
 
-def file_records(paths: list[Path]) -> list[dict]:
-    """[{name, bytes, sha256}] of checkpoint files (names without the directory)."""
-    return [{"name": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in paths]
+def file_records(paths: list[Path], rehash: bool = False) -> list[dict]:
+    """[{name, bytes, sha256, mtime_ns}] of checkpoint files (names without the directory).
+    A file whose name, size and modification time a loaded manifest recorded keeps the
+    recorded sha256 (unless `rehash`): a start does not read gigabytes to hash them again."""
+    from ..artifacts import recorded_sha256
+
+    out = []
+    for p in paths:
+        st = p.stat()
+        sha = None if rehash else recorded_sha256(p.name, st.st_size, st.st_mtime_ns)
+        out.append({"name": p.name, "bytes": st.st_size, "sha256": sha or file_sha256(p), "mtime_ns": st.st_mtime_ns})
+    return out
 
 
 def load_model(source, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
                tp: TPGroup = TPGroup()) -> LoadedModel:
     """`source` is a config.ModelSource. With tensor parallelism, this rank's shard only."""
+    startup.lap("checks_and_kernels")  # what the engine did before the weights
     if source.is_synthetic:
         return _load_synthetic(source.synthetic, dtype, device, max_seq_len, ops, tp)
     loaded = load_checkpoint(checkpoint_dir(source), dtype, device, max_seq_len, ops, tp)
-    loaded.fingerprint.update(_hub_record(source, loaded.checkpoint_dir))
+    loaded.fingerprint.update(hub_record(source, loaded.checkpoint_dir))
     return loaded
 
 
-# What a Hub snapshot needs: configs, tokenizer, template, weights (never pickles).
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja"]
-
-
-def checkpoint_dir(source) -> Path:
-    """The checkpoint directory of a `path` or `hub` source. A Hub id resolves to a snapshot
-    in the local Hugging Face cache (HF_HUB_CACHE, or HF_HOME/hub); where HF_HUB_OFFLINE is
-    unset and the network answers, a missing snapshot is downloaded."""
-    if source.hub is None:
-        return Path(source.path)
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if "HF_HOME" in os.environ
-                                               else constants.HF_HUB_CACHE)
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
-    for local_only in ((True,) if offline else (False, True)):
-        try:
-            return Path(snapshot_download(source.hub, revision=source.revision, cache_dir=cache,
-                                          local_files_only=local_only, allow_patterns=HUB_PATTERNS))
-        except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    mode = "HF_HUB_OFFLINE is set, so nothing was downloaded" if offline else "and it could not be downloaded"
-    raise ConfigError(f"model.hub = {source.hub!r} (revision {source.revision!r}): no snapshot in the Hugging Face "
-                      f"cache {cache}, {mode} ({why}). Download it there (`hf download {source.hub}`), point "
-                      f"HF_HUB_CACHE or HF_HOME at the cache that has it, or use model.path.")
-
-
-def _hub_record(source, ckpt: Path) -> dict:
-    """For the manifest: which Hub snapshot a `hub` source resolved to."""
-    if source.hub is None:
-        return {}
-    return {"hub": {"repo": source.hub, "revision": source.revision, "snapshot": ckpt.name}}
-
-
-def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
+def model_fingerprint(source, dtype: str, max_seq_len: int, rehash: bool = False) -> dict:
     """What the weights are, without loading them: config hash, parameter count, and for a
-    checkpoint each weight file's size and sha256."""
+    checkpoint each weight file's size and sha256 (`rehash`: hashed even where a loaded
+    manifest recorded the same size and time)."""
     if source.is_synthetic:
         seed, cfg = _synthetic_config(source.synthetic, max_seq_len)
         return {"source": "synthetic", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
@@ -126,8 +104,8 @@ def model_fingerprint(source, dtype: str, max_seq_len: int) -> dict:
     meta = [ckpt / n for n in METADATA_FILES if (ckpt / n).is_file()]
     return {"source": "checkpoint", "architecture": cfg.architecture, "config_hash": cfg.fingerprint(),
             "dtype": dtype, "parameter_count": cfg.parameter_count(),
-            "weight_files": file_records(files), "files": file_records(meta),
-            "generation_config": read_generation_config(ckpt).to_json(), **_hub_record(source, ckpt)}
+            "weight_files": file_records(files, rehash), "files": file_records(meta, rehash),
+            "generation_config": read_generation_config(ckpt).to_json(), **hub_record(source, ckpt)}
 
 
 def position_limit(source) -> tuple[int, str]:
@@ -140,7 +118,7 @@ def position_limit(source) -> tuple[int, str]:
         ckpt = checkpoint_dir(source)
         hf, where = read_hf_config(ckpt), str(ckpt / "config.json")
     limit = hf.get("max_position_embeddings", 4096)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+    if not is_int(limit) or limit < 2:
         raise WeightLoadError(f"{where}: max_position_embeddings = {limit!r}; expected an integer >= 2.")
     reason = f"max_position_embeddings of {where}"
     arch = (hf.get("architectures") or [hf.get("architecture")])[0]
@@ -224,8 +202,10 @@ def load_checkpoint(ckpt: Path, dtype: str, device: torch.device, max_seq_len: i
     check_vocab_covers_tokenizer(ckpt, cfg.vocab_size, str(ckpt / "config.json"), "vocab_size")
     model = _empty_model(cfg, dtype, device, max_seq_len, ops, tp, source=str(ckpt / "config.json"))
     _fill_from_safetensors(model, cfg, weight_files(ckpt), ckpt, tp)
-    return LoadedModel(model, cfg, model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len), ckpt,
-                       read_generation_config(ckpt))
+    startup.lap("weights_read")
+    fingerprint = model_fingerprint(ModelSource(path=str(ckpt)), dtype, max_seq_len)
+    startup.lap("weights_checksum")
+    return LoadedModel(model, cfg, fingerprint, ckpt, read_generation_config(ckpt))
 
 
 def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len: int, ops: KernelSet,
@@ -383,6 +363,7 @@ def _load_synthetic(spec: dict, dtype: str, device: torch.device, max_seq_len: i
         else:
             x = x * (0.02 if "embed" in name or name.endswith("bias") else 1.0 / shape[-1] ** 0.5)
         copy_padded(params[name].data, _shard(x, cfg, tp, name, nparts[name]))
+    startup.lap("weights_generated")  # synthetic: drawn on the device itself
     fp = model_fingerprint(ModelSource(synthetic=spec), dtype, max_seq_len)
     if not tp.active:
         assert fp["parameter_count"] == sum(p.numel() for p in model.parameters())

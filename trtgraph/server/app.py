@@ -188,7 +188,7 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
                           f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
     path = manifest_obj.app_config().model.path
     model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
-    thread = EngineThread(lambda: Engine(manifest), Metrics(), max_waiting)
+    thread = EngineThread(lambda: Engine(manifest_obj), Metrics(), max_waiting)  # read once
     config = uvicorn.Config(create_app(thread, model_name, api_key), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACE_SECONDS, lifespan="on")
     server = _Server(config, thread)

@@ -13,6 +13,7 @@ import time
 import uuid
 
 from ..errors import PromptError
+from ..inputs import is_int
 from ..runtime.serving.requests import Request, Result, parse_request
 
 # Fields this edge consumes itself; every other field goes to the request validator, which
@@ -53,7 +54,7 @@ def completion_request(body, request_id: str, vocab_size: int) -> tuple[Request,
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         fields["prompt"] = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         fields["prompt_token_ids"] = prompt
     else:
         raise bad_request("`prompt` must be a string or a list of token ids (one prompt per request).", "prompt")

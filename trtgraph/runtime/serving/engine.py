@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ... import startup
 from ...artifacts import load_manifest, manifest_path, use_triton_cache
 from ...errors import ManifestError, PromptError
 from ...models import load_tokenizer
@@ -43,6 +44,7 @@ class Engine:
         since capture (its files must match the manifest's sizes and sha256). With tensor
         parallelism every rank builds an Engine; rank 0 calls generate() and close(), the
         others follow()."""
+        startup.begin()
         self.manifest = load_manifest(path)
         captured_tp = self.manifest.parallel.get("tensor_parallel_size", 1)
         if captured_tp != tp.world:
@@ -59,6 +61,7 @@ class Engine:
         use_triton_cache(self.manifest.paths["triton_cache"])
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp)
+        startup.lap("kv_cache_and_buffers")
         model_diffs = _model_differences(self.manifest, ex.loaded.fingerprint)
         if model_diffs:
             raise ManifestError(_mismatch_message(manifest_path(path), model_diffs))
@@ -92,6 +95,7 @@ class Engine:
         self._arrivals = 0  # requests added so far: each sequence's arrival order
         self._inflight: InFlight | None = None  # a launched step whose tokens are not read yet
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
+        startup.lap("tokenizer_and_scheduler")
 
     @property
     def config(self):
@@ -104,6 +108,7 @@ class Engine:
         with torch.inference_mode():
             for key in order:
                 ex.warmup(key)
+            startup.lap("warmup_triton_cache")
             if self.eager:
                 return time.perf_counter() - t0
             pool = 0
@@ -112,6 +117,7 @@ class Engine:
                 if ex.metadata[key].num_tokens != key.num_tokens:
                     raise ManifestError(f"{key}: token count {ex.metadata[key].num_tokens} != {key.num_tokens}")
                 pool += ex.capture(key).pool_bytes
+        startup.lap("re_record")
         expected = int(self.manifest.totals.get("pool_bytes", 0))
         if abs(pool - expected) > max(POOL_TOLERANCE_FRACTION * expected, POOL_TOLERANCE_BYTES):
             raise ManifestError(f"re-recorded graphs took {pool / 2**20:.1f} MiB of pool, the manifest says "

@@ -22,126 +22,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...errors import PromptError
-from ...inputs import InputTooLarge, JSONProblem, int_problem, loads_json, read_bounded, short, text_problem
-from ...limits import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
+from ...inputs import InputTooLarge, JSONProblem, int_problem, is_int, loads_json, read_bounded, short, text_problem
+from .sampling_params import (LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS, MAX_TOKENS_CAP,  # noqa: F401
+                              SAMPLING_DEFAULTS, SAMPLING_FIELDS, RequestFields, SamplingParams)
 
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
-                   "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
 FIELDS = ("id", "prompt", "prompt_token_ids", "messages", "n") + SAMPLING_FIELDS
-MAX_TOKENS_CAP = 1 << 20
 MAX_N = 16  # completions of one prompt (`n`)
 CHAT_ROLES = ("system", "user", "assistant")
-# What an omitted temperature / top_p / top_k means until the checkpoint's generation_config
-# is consulted: greedy, no top-p, no top-k.
-SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
-
-
-class _FieldError(PromptError):
-    """A bad sampling field; `detail` is the message without its location."""
-
-    def __init__(self, detail: str):
-        super().__init__(f"SamplingParams: {detail}")
-        self.detail = detail
-
-
-def _bad(name, value, expected):
-    raise _FieldError(f"field `{name}` = {short(value)} is not allowed; expected {expected}.")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Every sampling field of a request, validated on construction exactly as a JSONL line's
-    fields are (the JSONL path builds one). temperature / top_p / top_k are None when omitted:
-    `resolved()` fills them from the model's defaults (greedy, 1.0, 0 until generation_config
-    is read). stop: strings and token ids. logit_bias: {token id: bias in [-100, 100]} (OpenAI),
-    at most LOGIT_BIAS_CAPACITY entries, kept as sorted (id, bias) pairs. logprobs: None (off)
-    or N in [0, 20] alternatives per generated token, from the raw model logits."""
-    max_tokens: int = 16
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: tuple = ()
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    logit_bias: tuple = ()
-    logprobs: int | None = None
-
-    def __post_init__(self):
-        set_ = object.__setattr__
-        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= MAX_TOKENS_CAP:
-            _bad("max_tokens", self.max_tokens, f"an integer in [1, {MAX_TOKENS_CAP}]")
-        for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
-                             ("repetition_penalty", 0.0, 2.0), ("presence_penalty", -2.0, 2.0),
-                             ("frequency_penalty", -2.0, 2.0)):
-            val = getattr(self, name)
-            if val is None and name in SAMPLING_DEFAULTS:
-                continue
-            if not _is_num(val) or not lo <= val <= hi:
-                _bad(name, val, f"a number in [{lo:g}, {hi:g}]")
-            set_(self, name, float(val))
-        if self.top_p == 0.0:
-            _bad("top_p", self.top_p, "a number in (0, 1]")
-        if self.repetition_penalty == 0.0:
-            _bad("repetition_penalty", self.repetition_penalty, "a number in (0, 2] (1 = off)")
-        if self.top_k is not None and (not _is_int(self.top_k) or not 0 <= self.top_k <= 1 << 24):
-            _bad("top_k", self.top_k, "an integer >= 0 (0 = no top-k)")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 1 << 63):
-            _bad("seed", self.seed, "an integer in [0, 2**63)")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            _bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens = {self.max_tokens}]")
-        if not isinstance(self.ignore_eos, bool):
-            _bad("ignore_eos", self.ignore_eos, "true or false")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            _bad("logprobs", self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] (alternatives per token)")
-        set_(self, "stop", _stops(self.stop))
-        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            _bad("stop", self.stop, f"at most {MAX_STOP_TOKEN_IDS} token ids")
-        set_(self, "logit_bias", _logit_bias(self.logit_bias))
-
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        return tuple(s for s in self.stop if isinstance(s, str))
-
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return tuple(s for s in self.stop if not isinstance(s, str))
-
-    @property
-    def uses_penalties(self) -> bool:
-        """Needs the per-sequence token counts on the device."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-    @property
-    def uses_processors(self) -> bool:
-        """Any logits processor that changes the logits before temperature (min_p is a filter)."""
-        return self.uses_penalties or bool(self.logit_bias) or self.min_tokens > 0
-
-    def resolved(self, defaults: dict | None = None) -> "SamplingParams":
-        """A copy with omitted temperature / top_p / top_k filled from `defaults` (the model's
-        generation_config), else SAMPLING_DEFAULTS."""
-        fill = {**SAMPLING_DEFAULTS, **(defaults or {})}
-        return replace(self, **{k: fill[k] for k in SAMPLING_DEFAULTS if getattr(self, k) is None})
-
-    @classmethod
-    def from_json(cls, raw: dict, where: str) -> "SamplingParams":
-        """The sampling fields of a request object; errors name `where`."""
-        try:
-            return cls(**{k: raw[k] for k in SAMPLING_FIELDS if raw.get(k) is not None})
-        except _FieldError as exc:
-            raise PromptError(f"{where}: {exc.detail}") from None
 
 
 @dataclass(frozen=True, init=False)
@@ -238,9 +125,8 @@ def _choices_json(result: Result) -> dict:
 def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
     """One request from a dict. `where` names it in errors (`prompts.jsonl line 3`)."""
 
-    def fail(field_name, value, expected):
-        raise PromptError(f"{where}: field `{field_name}` = {short(value)} is not allowed; expected {expected}.")
-
+    check = RequestFields(where)
+    fail = check.fail
     if not isinstance(raw, dict):
         raise PromptError(f"{where}: expected a JSON object with `id` and `prompt` (or `prompt_token_ids`, "
                           f"or `messages`).")
@@ -274,16 +160,14 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
         if not isinstance(ids, list) or not ids:
             fail("prompt_token_ids", ids, "a non-empty list of token ids")
         for t in ids:
-            if not _is_int(t) or not 0 <= t < hi:
+            if not is_int(t) or not 0 <= t < hi:
                 fail("prompt_token_ids", t, f"token ids in [0, {hi})")
         ids = tuple(ids)
     sampling = SamplingParams.from_json(raw, where)
     for t, _bias in sampling.logit_bias:
         if t >= hi:
             fail("logit_bias", {str(t): _bias}, f"token ids in [0, {hi})")
-    n = raw.get("n", 1)
-    if not _is_int(n) or not 1 <= n <= MAX_N:
-        fail("n", n, f"an integer in [1, {MAX_N}]")
+    n = check.integer(raw.get("n", 1), "n", 1, MAX_N)
     return Request(id=str(rid), prompt=prompt, prompt_token_ids=ids, sampling=sampling, n=n, messages=messages)
 
 
@@ -303,43 +187,6 @@ def _messages(raw, fail) -> tuple[tuple[str, str], ...]:
             fail(f"messages[{i}].content", m["content"], text_problem(m["content"]))
         out.append((m["role"], m["content"]))
     return tuple(out)
-
-
-def _stops(stop) -> tuple:
-    """Strings and token ids, in order."""
-    if stop is None:
-        return ()
-    items = [stop] if isinstance(stop, str) or _is_int(stop) else stop
-    if not isinstance(items, (list, tuple)):
-        _bad("stop", stop, "a string, a token id, or a list of them")
-    for s in items:
-        if not ((isinstance(s, str) and s) or (_is_int(s) and s >= 0)):
-            _bad("stop", s, "non-empty strings or non-negative token ids")
-        if isinstance(s, str) and text_problem(s):
-            _bad("stop", s, text_problem(s))
-    return tuple(items)
-
-
-def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
-    """{token id (int or decimal string): bias} or (id, bias) pairs -> sorted unique pairs."""
-    pairs = bias.items() if isinstance(bias, dict) else bias
-    if not isinstance(pairs, (list, tuple)) and not isinstance(bias, dict):
-        _bad("logit_bias", bias, "an object {token id: bias}")
-    out = {}
-    for item in pairs:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
-            _bad("logit_bias", bias, "an object {token id: bias}")
-        tid, val = item
-        if isinstance(tid, str) and tid.isdigit():
-            tid = int(tid)
-        if not _is_int(tid) or tid < 0 or tid in out:
-            _bad("logit_bias", {str(tid): val}, "unique non-negative token ids as keys")
-        if not _is_num(val) or not -100 <= val <= 100:
-            _bad("logit_bias", {str(tid): val}, "biases in [-100, 100]")
-        out[tid] = float(val)
-    if len(out) > LOGIT_BIAS_CAPACITY:
-        _bad("logit_bias", f"{len(out)} entries", f"at most {LOGIT_BIAS_CAPACITY} entries")
-    return tuple(sorted(out.items()))
 
 
 def _plain(value):

@@ -29,7 +29,7 @@ def check_manifest(manifest: Manifest, device: torch.device | None = None, weigh
     device = device or resolve_device(config.device)
     diffs = [Difference(*d) for d in compare_environment(manifest, environment(device, backend_for(device)))]
     if weights:
-        fp = model_fingerprint(config.model, config.dtype, config.limits.max_seq_len)
+        fp = model_fingerprint(config.model, config.dtype, config.limits.max_seq_len, rehash=True)
         diffs += [Difference(*d) for d in compare_model(manifest, fp)]
     need, have = memory_need(manifest), memory_available(device)
     if have is not None and need > have:

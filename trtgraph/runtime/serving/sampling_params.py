@@ -1,0 +1,165 @@
+"""SamplingParams: every sampling field of a request, validated on construction (the
+JSONL, OpenAI and Python paths all build one), and the limits the device tables hold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ...errors import PromptError
+from ...fields import FieldChecker
+from ...inputs import is_int, is_number, short, text_problem
+from ...limits import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS  # noqa: F401  (re-exported)
+
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
+MAX_TOKENS_CAP = 1 << 20
+# What an omitted temperature / top_p / top_k means until the checkpoint's generation_config
+# is consulted: greedy, no top-p, no top-k.
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+
+
+class _FieldError(PromptError):
+    """A bad sampling field; `detail` is the message without its location."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"SamplingParams: {detail}")
+        self.detail = detail
+
+
+class RequestFields(FieldChecker):
+    """A request's checks: `field `name` = value is not allowed; expected ...`, prefixed by
+    `where` (`prompts.jsonl line 3`) as a PromptError, or without a place as a _FieldError
+    (SamplingParams built from Python; `from_json` adds the place)."""
+
+    def __init__(self, where: str | None = None):
+        self.where = where
+
+    def fail(self, name, value, expected):
+        detail = f"field `{name}` = {short(value)} is not allowed; expected {expected}."
+        if self.where is None:
+            raise _FieldError(detail)
+        raise PromptError(f"{self.where}: {detail}")
+
+
+_CHECK = RequestFields()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Every sampling field of a request, validated on construction exactly as a JSONL line's
+    fields are (the JSONL path builds one). temperature / top_p / top_k are None when omitted:
+    `resolved()` fills them from the model's defaults (greedy, 1.0, 0 until generation_config
+    is read). stop: strings and token ids. logit_bias: {token id: bias in [-100, 100]} (OpenAI),
+    at most LOGIT_BIAS_CAPACITY entries, kept as sorted (id, bias) pairs. logprobs: None (off)
+    or N in [0, 20] alternatives per generated token, from the raw model logits."""
+    max_tokens: int = 16
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple = ()
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logit_bias: tuple = ()
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        set_, c = object.__setattr__, _CHECK
+        c.integer(self.max_tokens, "max_tokens", 1, MAX_TOKENS_CAP)
+        for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
+                             ("repetition_penalty", 0.0, 2.0), ("presence_penalty", -2.0, 2.0),
+                             ("frequency_penalty", -2.0, 2.0)):
+            val = getattr(self, name)
+            if val is not None or name not in SAMPLING_DEFAULTS:
+                set_(self, name, c.number(val, name, lo, hi, expected=f"a number in [{lo:g}, {hi:g}]"))
+        if self.top_p == 0.0:
+            c.fail("top_p", self.top_p, "a number in (0, 1]")
+        if self.repetition_penalty == 0.0:
+            c.fail("repetition_penalty", self.repetition_penalty, "a number in (0, 2] (1 = off)")
+        if self.top_k is not None:
+            c.integer(self.top_k, "top_k", 0, 1 << 24, expected="an integer >= 0 (0 = no top-k)")
+        if self.seed is not None:
+            c.integer(self.seed, "seed", 0, (1 << 63) - 1, expected="an integer in [0, 2**63)")
+        c.integer(self.min_tokens, "min_tokens", 0, self.max_tokens,
+                  expected=f"an integer in [0, max_tokens = {self.max_tokens}]")
+        c.flag(self.ignore_eos, "ignore_eos")
+        if self.logprobs is not None:
+            c.integer(self.logprobs, "logprobs", 0, MAX_LOGPROBS,
+                      expected=f"an integer in [0, {MAX_LOGPROBS}] (alternatives per token)")
+        set_(self, "stop", _stops(self.stop))
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            c.fail("stop", self.stop, f"at most {MAX_STOP_TOKEN_IDS} token ids")
+        set_(self, "logit_bias", _logit_bias(self.logit_bias))
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return tuple(s for s in self.stop if isinstance(s, str))
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return tuple(s for s in self.stop if not isinstance(s, str))
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Needs the per-sequence token counts on the device."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def uses_processors(self) -> bool:
+        """Any logits processor that changes the logits before temperature (min_p is a filter)."""
+        return self.uses_penalties or bool(self.logit_bias) or self.min_tokens > 0
+
+    def resolved(self, defaults: dict | None = None) -> "SamplingParams":
+        """A copy with omitted temperature / top_p / top_k filled from `defaults` (the model's
+        generation_config), else SAMPLING_DEFAULTS."""
+        fill = {**SAMPLING_DEFAULTS, **(defaults or {})}
+        return replace(self, **{k: fill[k] for k in SAMPLING_DEFAULTS if getattr(self, k) is None})
+
+    @classmethod
+    def from_json(cls, raw: dict, where: str) -> "SamplingParams":
+        """The sampling fields of a request object; errors name `where`."""
+        try:
+            return cls(**{k: raw[k] for k in SAMPLING_FIELDS if raw.get(k) is not None})
+        except _FieldError as exc:
+            raise PromptError(f"{where}: {exc.detail}") from None
+
+
+def _stops(stop) -> tuple:
+    """Strings and token ids, in order."""
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) or is_int(stop) else stop
+    if not isinstance(items, (list, tuple)):
+        _CHECK.fail("stop", stop, "a string, a token id, or a list of them")
+    for s in items:
+        if not ((isinstance(s, str) and s) or (is_int(s) and s >= 0)):
+            _CHECK.fail("stop", s, "non-empty strings or non-negative token ids")
+        if isinstance(s, str) and text_problem(s):
+            _CHECK.fail("stop", s, text_problem(s))
+    return tuple(items)
+
+
+def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """{token id (int or decimal string): bias} or (id, bias) pairs -> sorted unique pairs."""
+    pairs = bias.items() if isinstance(bias, dict) else bias
+    if not isinstance(pairs, (list, tuple)) and not isinstance(bias, dict):
+        _CHECK.fail("logit_bias", bias, "an object {token id: bias}")
+    out = {}
+    for item in pairs:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            _CHECK.fail("logit_bias", bias, "an object {token id: bias}")
+        tid, val = item
+        if isinstance(tid, str) and tid.isdigit():
+            tid = int(tid)
+        if not is_int(tid) or tid < 0 or tid in out:
+            _CHECK.fail("logit_bias", {str(tid): val}, "unique non-negative token ids as keys")
+        if not is_number(val) or not -100 <= val <= 100:
+            _CHECK.fail("logit_bias", {str(tid): val}, "biases in [-100, 100]")
+        out[tid] = float(val)
+    if len(out) > LOGIT_BIAS_CAPACITY:
+        _CHECK.fail("logit_bias", f"{len(out)} entries", f"at most {LOGIT_BIAS_CAPACITY} entries")
+    return tuple(sorted(out.items()))
