@@ -22,25 +22,25 @@ class Admission:
     checkpoint_dir: object | None  # where the chat template would come from (None: synthetic)
     max_seq_len: int
     has_sampled: bool  # the manifest holds sampled keys
-    speculative: bool  # a drafter proposes tokens
     tensor_parallel: bool
 
-    def admit(self, req: Request, arrival: float) -> Sequence | Result:
+    def admit(self, req: Request, arrival: float, speculative: bool) -> Sequence | Result:
         """A Sequence, or an error Result when no recorded key can serve the request. Sampling
-        fields the request left out take the model's generation_config.json defaults."""
+        fields the request left out take the model's generation_config.json defaults.
+        speculative: whether a drafter proposes tokens now."""
         req = resolve_sampling_defaults(req, self.generation)
         ids, fail = self._prompt_ids(req)
         if fail is None:
-            fail = self._refusal(req, ids)
+            fail = self._refusal(req, ids, speculative)
         if fail:
             return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
         return Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
 
-    def _sampling_refusal(self, req: Request) -> str | None:
+    def _sampling_refusal(self, req: Request, speculative: bool) -> str | None:
         """Why this engine cannot serve the request's sampling fields exactly, or None."""
         s, cfg = req.sampling, self.model_config
-        if s.uses_penalties and self.speculative:
+        if s.uses_penalties and speculative:
             return ("repetition / presence / frequency penalties are not supported with speculative decoding "
                     "(draft tokens would count before they are accepted); run with speculative decoding off")
         if (s.logit_bias or s.min_tokens) and self.tensor_parallel:
@@ -53,7 +53,7 @@ class Admission:
             return f"logit_bias token id {bad[0]} is outside the vocabulary (size {cfg.vocab_size})"
         return None
 
-    def _refusal(self, req: Request, ids: list[int]) -> str | None:
+    def _refusal(self, req: Request, ids: list[int], speculative: bool) -> str | None:
         """Why no recorded key can serve this prompt, or None."""
         cfg = self.model_config
         if not ids:
@@ -67,7 +67,7 @@ class Admission:
             return ("temperature > 0, a logits processor or logprobs need sampled graphs, but this manifest "
                     "holds only greedy keys; recapture with buckets.sampling: [greedy, sampled], or send "
                     "temperature 0 without them")
-        return self._sampling_refusal(req)
+        return self._sampling_refusal(req, speculative)
 
     def _prompt_ids(self, req: Request) -> tuple[list[int], str | None]:
         """The request's prompt as token ids: given, encoded text, or a chat rendered with the

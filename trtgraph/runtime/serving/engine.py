@@ -84,7 +84,7 @@ class Engine:
         self.admission = Admission(self.tokenizer, self.chat_template, ex.loaded.config, self.generation,
                                    ex.loaded.checkpoint_dir, config.limits.max_seq_len,
                                    has_sampled="sampled" in {k.sampling for k in self.manifest.graph_keys},
-                                   speculative=self.drafter is not None, tensor_parallel=tp.active)
+                                   tensor_parallel=tp.active)
         self.launcher = StepLauncher(ex, eager, self.broadcast)
         self.stats = RunStats(record_seconds=self.record_seconds)
         self._preemptions_before = 0  # the scheduler's count when `stats` began
@@ -142,7 +142,7 @@ class Engine:
             self._run_start = time.perf_counter()
         self._arrivals += 1
         self.stats.requests += 1
-        item = self.admission.admit(req, self._arrivals)
+        item = self.admission.admit(req, self._arrivals, speculative=self.drafter is not None)
         if isinstance(item, Result):
             self.stats.refused += 1
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
