@@ -213,11 +213,24 @@ def _empty_model(cfg: ModelConfig, dtype: str, device: torch.device, max_seq_len
     check_divisible(cfg, tp.world, source)
     with torch.device("meta"):
         model = CausalLM(cfg, max_seq_len, ops, tp)
-    model = model.to_empty(device=device).to(DTYPES[dtype])
-    model.cos_sin.data = model.cos_sin.data.float()  # the rope table stays fp32
+    _materialize(model, device, DTYPES[dtype])
     model.init_rope()
     model.eval().requires_grad_(False)
     return model
+
+
+def _materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Uninitialised storage on `device` for a model built on the meta device: parameters in
+    `dtype`, buffers (the rope table) in their own dtype. Not `Module.to_empty`: its
+    empty_like on meta tensors imports torch's symbolic-shape machinery (seconds of start-up)."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device),
+                                                              requires_grad=False)
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)
 
 
 def _hf_sources(cfg: ModelConfig) -> dict[str, list[str]]:
