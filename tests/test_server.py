@@ -363,6 +363,12 @@ def test_malformed_json_and_wrong_model(server):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=30,
                    headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x", "temperature": NaN}', timeout=30,
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "NaN" in r.json()["error"]["message"]
+    for method, path, status in [("GET", "/v1/completions", 405), ("POST", "/v1/embeddings", 404)]:
+        r = httpx.request(method, server.url + path, timeout=30, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
     with pytest.raises(openai.NotFoundError) as exc:
         server.client().completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert error_of(exc.value)["param"] == "model"
@@ -524,3 +530,14 @@ def test_cli_serve_sigterm_finishes_or_aborts_in_flight_and_exits_0(default_arti
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_cli_serve_refuses_a_missing_model_directory_with_exit_2(default_artifacts, tmp_path):
+    """`--model` as in `run`: a checkpoint directory that is not there is named, exit 2, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "trtgraph", "serve", "--manifest", str(default_artifacts), "--port",
+                           str(free_port()), "--model", str(tmp_path / "gone")], capture_output=True, env=env,
+                          timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert f"--model {tmp_path / 'gone'}: no such checkpoint directory" in err and "Traceback" not in err

@@ -20,9 +20,11 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ConfigError, PromptError, TrtgraphError
 from ..formats import openai as oa
+from ..inputs import JSONProblem, loads_json
 from ..runtime.serving.requests import parse_request
 from ..runtime.serving.streaming import RequestOutput
 from .engine_thread import Aborted, EngineThread
@@ -32,6 +34,7 @@ DRAIN_SECONDS = 5.0  # after SIGTERM, how long in-flight requests may run before
 GRACE_SECONDS = 10.0  # then uvicorn closes whatever connection is still open
 DISCONNECT_POLL_SECONDS = 0.5  # non-streaming requests: how often to look for a gone client
 WHERE = "request body"  # how errors name the request
+MAX_BODY_BYTES = 32 << 20  # far above any body the limits of a capture can serve
 
 
 class OpenAIError(Exception):
@@ -62,6 +65,11 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
     @app.exception_handler(OpenAIError)
     async def openai_error(request, exc: OpenAIError):
         return JSONResponse(exc.body, status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):  # an unknown path, a wrong method: OpenAI's shape too
+        return JSONResponse(oa.error_object(f"{request.method} {request.url.path}: {exc.detail}."),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def authorized(request: Request) -> None:
         if api_key is None:
@@ -135,10 +143,18 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
 
 
 async def _body(request: Request) -> dict:
+    """The JSON object of a request, read as strictly as a prompts file (no NaN or Infinity,
+    bounded depth and size)."""
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > MAX_BODY_BYTES:
+            raise OpenAIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes.",
+                              code="request_too_large")
     try:
-        body = json.loads(await request.body())
-    except (ValueError, RecursionError):
-        raise bad_request("the request body is not valid JSON.") from None
+        body = loads_json(data.decode("utf-8"), allow_nonfinite=False)
+    except (JSONProblem, UnicodeDecodeError, RecursionError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object.")
     return body
@@ -211,7 +227,7 @@ def _sse(body: dict) -> str:
 
 
 def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str | None,
-                 log_level: str = "info") -> tuple[uvicorn.Server, EngineThread]:
+                 log_level: str = "info", model: str | None = None) -> tuple[uvicorn.Server, EngineThread]:
     """The uvicorn server and its engine thread (not started: the thread loads the engine
     when started, and GET /health answers 503 until then)."""
     from ..artifacts import load_manifest
@@ -221,9 +237,9 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
     if manifest_obj.parallel.get("tensor_parallel_size", 1) != 1:
         raise ConfigError(f"{manifest}: `trtgraph serve` serves single-process manifests; this one was captured "
                           f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
-    path = manifest_obj.app_config().model.path
+    path = model or manifest_obj.app_config().model.path  # `model`: the checkpoint where it has moved
     model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
-    thread = EngineThread(lambda: Engine(manifest), Metrics(), max_waiting)
+    thread = EngineThread(lambda: Engine(manifest, model=model), Metrics(), max_waiting)
     config = uvicorn.Config(create_app(thread, model_name, api_key), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACE_SECONDS, lifespan="on")
     server = _Server(config, thread)
@@ -247,10 +263,10 @@ class _Server(uvicorn.Server):
             self._drain.start()
 
 
-def serve(manifest, host: str, port: int, max_waiting: int, api_key: str | None) -> None:
+def serve(manifest, host: str, port: int, max_waiting: int, api_key: str | None, model: str | None = None) -> None:
     """Bind, load the engine in its thread, serve until SIGTERM or SIGINT. Raises the
     engine's load error (a TrtgraphError) if loading fails."""
-    server, thread = build_server(manifest, host, port, max_waiting, api_key)
+    server, thread = build_server(manifest, host, port, max_waiting, api_key, model=model)
     # uvicorn handles SIGTERM/SIGINT itself and re-raises the signal once it has shut down;
     # by then every request is finished or aborted, so that re-raise should just return.
     for sig in (signal.SIGTERM, signal.SIGINT):
