@@ -150,3 +150,54 @@ def test_an_error_result_is_refused_as_a_choice_and_becomes_an_error_object():
         oa.completion_object(bad, "m")
     err = oa.error_from_result(bad)["error"]
     assert "prompt too long" in err["message"] and err["type"] == "invalid_request_error"
+
+
+# ---- the server's side: streaming, extensions, chunks ----------------------------------------
+
+def test_streaming_options_are_read_and_checked_only_where_allowed():
+    body = {"prompt": "a", "stream": True, "stream_options": {"include_usage": True}}
+    assert "stream" not in oa.completion_request(body, "r", allow_stream=True)
+    assert oa.stream_mode(body) == (True, True) and oa.stream_mode({"prompt": "a"}) == (False, False)
+    for bad, param in [({"stream": "yes"}, "stream"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+                       ({"stream": True, "stream_options": {"x": 1}}, "stream_options"),
+                       ({"stream": True, "n": 2}, "n"), ({"stream": True, "logprobs": 1}, "logprobs")]:
+        with pytest.raises(oa.OpenAIRequestError) as e:
+            oa.completion_request({"prompt": "a", **bad}, "r", allow_stream=True)
+        assert e.value.param == param
+    with pytest.raises(oa.OpenAIRequestError) as e:
+        oa.chat_request({"messages": [{"role": "user", "content": "q"}], "stream": True, "logprobs": True}, "r",
+                        allow_stream=True)
+    assert e.value.param == "logprobs"
+
+
+def test_native_sampling_fields_pass_as_extensions_and_are_validated_natively():
+    native = oa.completion_request({"prompt": "a", "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
+                                    "min_tokens": 2, "ignore_eos": True}, "r")
+    req = parse_request(native, "body")
+    assert (req.top_k, req.min_p, req.repetition_penalty, req.min_tokens, req.ignore_eos) == (5, 0.1, 1.2, 2, True)
+    with pytest.raises(PromptError) as e:
+        parse_request(oa.completion_request({"prompt": "a", "top_k": -1}, "r"), "body")
+    assert oa.error_from_exception(e.value)["error"]["param"] == "top_k"
+    for message, param in [({"role": "user", "content": "q", "name": "bob"}, "messages[0].name"),
+                           ({"role": "developer", "content": "q"}, "messages[0].role")]:
+        with pytest.raises(oa.OpenAIRequestError) as e:
+            oa.chat_request({"messages": [message]}, "r")
+        assert e.value.param == param
+
+
+def test_stream_chunks_parse_with_openai_types():
+    from openai.types.chat import ChatCompletionChunk
+
+    chat = oa.Response(True, "m")
+    first = ChatCompletionChunk.model_validate(chat.chunk("Hi", [4], first=True, include_usage=True))
+    last = ChatCompletionChunk.model_validate(chat.chunk("!", [5], "stop", include_usage=True))
+    usage = ChatCompletionChunk.model_validate(chat.usage_chunk(one_result(token_ids=[4, 5], finish_reason="stop")))
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == "Hi"
+    assert first.usage is None and last.choices[0].finish_reason == "stop" and last.choices[0].delta.role is None
+    assert usage.choices == [] and usage.usage.completion_tokens == 2 and first.id == last.id == usage.id
+    assert first.id.startswith("chatcmpl-") and first.object == "chat.completion.chunk"
+    text = oa.Response(False, "m")
+    chunk = Completion.model_validate(text.chunk("ab", [4, 5], "length"))
+    assert chunk.choices[0].text == "ab" and chunk.choices[0].token_ids == [4, 5] and chunk.object == "text_completion"
+    full = Completion.model_validate(text.full(one_result()))
+    assert full.id == chunk.id and full.choices[0].token_ids == [4, 5, 6]

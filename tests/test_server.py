@@ -10,6 +10,7 @@ the CLI: `trtgraph serve` under SIGTERM finishes or aborts in-flight work and ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -25,6 +26,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtgraph.server.app import build_server
@@ -42,6 +45,8 @@ BASIC = [
      "seed": 77},
     {"id": "seeded-top-p", "prompt": "top p", "max_tokens": 9, "temperature": 1.3, "top_p": 0.8, "seed": 5},
     {"id": "too-long", "prompt_token_ids": [3] * 250, "max_tokens": 50},
+    {"id": "n2", "prompt": "two of them", "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": 2},
+    {"id": "logprobs", "prompt": "how likely", "max_tokens": 5, "temperature": 0, "logprobs": 3},
 ]
 
 
@@ -74,26 +79,32 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def body_of(req: dict) -> dict:
-    """The OpenAI completion body of a run request."""
-    body = {k: v for k, v in req.items() if k not in ("id", "prompt", "prompt_token_ids", "top_k")}
-    body["prompt"] = req.get("prompt", req.get("prompt_token_ids"))
+def body_of(req: dict, chat: bool = False) -> dict:
+    """The OpenAI body of a run request (less `messages` for a chat). A request without a
+    temperature is greedy in `run` and says so to OpenAI, whose default is 1."""
+    body = {k: v for k, v in req.items() if k not in ("id", "prompt", "prompt_token_ids", "top_k", "messages")}
+    body.setdefault("temperature", 0)
+    if not chat:
+        body["prompt"] = req.get("prompt", req.get("prompt_token_ids"))
     if "top_k" in req:
         body.setdefault("extra_body", {})["top_k"] = req["top_k"]
     return body
 
 
+def run_offline(artifacts, requests: list[dict], d: Path) -> dict:
+    """`trtgraph run` over `requests`: {id: result line}."""
+    prompts, out = d / "prompts.jsonl", d / "out.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in requests), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", str(prompts), "--manifest",
+                    str(artifacts), "--output", str(out)], check=True, capture_output=True, env=env, timeout=600)
+    return {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+
+
 @pytest.fixture(scope="module")
 def offline(default_artifacts, tmp_path_factory):
     """`trtgraph run` over every request the tests send: {id: result line}."""
-    d = tmp_path_factory.mktemp("offline")
-    prompts, out = d / "prompts.jsonl", d / "out.jsonl"
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in BASIC + load_requests()), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", str(prompts), "--manifest",
-                    str(default_artifacts), "--output", str(out)], check=True, capture_output=True, env=env,
-                   timeout=600)
-    return {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    return run_offline(default_artifacts, BASIC + load_requests(), tmp_path_factory.mktemp("offline"))
 
 
 class Running:
@@ -120,10 +131,11 @@ class Running:
                 and e.scheduler.allocator.num_free == e.executor.num_blocks - 1)
 
 
-@pytest.fixture(scope="module")
-def server(default_artifacts, one_torch_thread):
+@contextlib.contextmanager
+def serving(artifacts):
+    """A uvicorn server over `artifacts` on a free port of 127.0.0.1, healthy; stopped after."""
     port = free_port()
-    srv, thread = build_server(default_artifacts, "127.0.0.1", port, max_waiting=64, api_key=API_KEY,
+    srv, thread = build_server(artifacts, "127.0.0.1", port, max_waiting=64, api_key=API_KEY,
                                log_level="warning")
     runner = threading.Thread(target=srv.run, daemon=True)
     runner.start()
@@ -139,6 +151,12 @@ def server(default_artifacts, one_torch_thread):
         srv.should_exit = True
         runner.join(60)
         assert not runner.is_alive(), "the server did not stop within 60 s"
+
+
+@pytest.fixture(scope="module")
+def server(default_artifacts, one_torch_thread):
+    with serving(default_artifacts) as running:
+        yield running
 
 
 # ---- health, models, exact tokens ----------------------------------------------------------
@@ -177,6 +195,35 @@ def test_streamed_completion_gives_run_tokens_and_usage(server, offline, rid):
     assert all(ch.usage is None for ch in deltas)
 
 
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120, headers={"Authorization": f"Bearer {API_KEY}"})
+
+
+def test_n_completions_and_logprobs_give_runs_and_parse_with_openai_types(server, offline):
+    """n > 1 and logprobs (not streamed): the raw JSON validates as the `openai` package's
+    Completion, with run's tokens per choice and run's logprobs."""
+    n2 = Completion.model_validate(post(server, "/v1/completions", {"model": MODEL, **body_of(
+        next(r for r in BASIC if r["id"] == "n2"))}).json())
+    want = offline["n2"]["choices"]
+    assert [c.index for c in n2.choices] == [0, 1]
+    assert [c.token_ids for c in n2.choices] == [w["token_ids"] for w in want]
+    assert [c.text for c in n2.choices] == [w["text"] for w in want]
+    assert n2.usage.completion_tokens == sum(len(w["token_ids"]) for w in want)
+    lp = Completion.model_validate(post(server, "/v1/completions", {"model": MODEL, **body_of(
+        next(r for r in BASIC if r["id"] == "logprobs"))}).json())
+    want = offline["logprobs"]
+    got = lp.choices[0].logprobs
+    assert lp.choices[0].token_ids == want["token_ids"]
+    assert got.tokens == [e["token"] for e in want["logprobs"]]
+    # The values, to float32 rounding: run served this request in another batch (other GEMM shapes).
+    assert got.token_logprobs == pytest.approx([e["logprob"] for e in want["logprobs"]], abs=1e-5)
+    # OpenAI's completion format keys alternatives by text: tokens that decode alike share a key.
+    want_top = [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in want["logprobs"]]
+    assert [list(t) for t in got.top_logprobs] == [list(t) for t in want_top]
+    assert [v for t in got.top_logprobs for v in t.values()] == pytest.approx(
+        [v for t in want_top for v in t.values()], abs=1e-5)
+
+
 def test_stream_ends_with_done(server):
     body = {"model": MODEL, "prompt": "done?", "max_tokens": 3, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120,
@@ -199,6 +246,82 @@ def test_chat_on_a_checkpoint_without_a_template_is_a_400_naming_it(server, stre
     assert "has no chat template" in str(exc.value) and "messages" in str(exc.value)
 
 
+# ---- chat on a checkpoint with a chat template ---------------------------------------------------
+
+CHAT_REQUESTS = [
+    {"id": "chat-greedy", "max_tokens": 10, "temperature": 0},
+    {"id": "chat-seeded", "max_tokens": 10, "temperature": 0.8, "top_p": 0.9, "seed": 21},
+]
+
+
+@pytest.fixture(scope="module")
+def chat_served(tmp_path_factory, one_torch_thread):
+    """A tiny Llama with a Llama-3 tokenizer and chat template (tests/test_chat.py), captured
+    and served; `trtgraph run` of every chat request, as `messages` and as the token ids
+    transformers' apply_chat_template gives for them; those ids."""
+    from transformers import AutoTokenizer
+
+    from hf_models import save_tiny
+    from test_chat import SYSTEM_MULTI_TURN, _checkpoint_files, _config_for
+    from trtgraph.compiler.pipeline import capture
+
+    path = _checkpoint_files(tmp_path_factory.mktemp("chat-ckpt"), "llama3")
+    hf_tok = AutoTokenizer.from_pretrained(str(path))
+    save_tiny("LlamaForCausalLM", path, vocab_size=len(hf_tok))
+    art = tmp_path_factory.mktemp("chat-art")
+    capture(_config_for(path), art)
+    hf_ids = hf_tok.apply_chat_template(SYSTEM_MULTI_TURN, add_generation_prompt=True, return_dict=False)
+    reqs = [{**r, "messages": SYSTEM_MULTI_TURN} for r in CHAT_REQUESTS]
+    reqs += [{**r, "id": "ids-" + r["id"], "prompt_token_ids": hf_ids} for r in CHAT_REQUESTS]
+    offline = run_offline(art, reqs, tmp_path_factory.mktemp("chat-offline"))
+    with serving(art) as running:
+        yield running, offline, hf_ids, SYSTEM_MULTI_TURN
+
+
+@pytest.mark.parametrize("rid", [r["id"] for r in CHAT_REQUESTS])
+def test_chat_gives_run_tokens_on_the_apply_chat_template_prompt(chat_served, rid):
+    """`client.chat.completions.create`, whole and streamed, gives exactly the tokens `trtgraph
+    run` gives for the same `messages`, and those of the ids transformers' apply_chat_template
+    renders for them (the same prompt: same length, same continuation, greedy and seeded)."""
+    server, offline, hf_ids, messages = chat_served
+    want = offline[rid]
+    assert want["error"] is None and want["token_ids"] == offline["ids-" + rid]["token_ids"]
+    assert want["usage"]["prompt_tokens"] == len(hf_ids)
+    body = body_of(next(r for r in CHAT_REQUESTS if r["id"] == rid), chat=True)
+    (model,) = [m.id for m in server.client().models.list().data]
+    whole = server.client().chat.completions.create(model=model, messages=messages, **body)
+    raw = ChatCompletion.model_validate(whole.model_dump())
+    (choice,) = raw.choices
+    assert choice.token_ids == want["token_ids"] and choice.message.content == want["text"]
+    assert choice.message.role == "assistant" and choice.finish_reason == want["finish_reason"]
+    assert raw.usage.prompt_tokens == len(hf_ids) and raw.usage.completion_tokens == len(want["token_ids"])
+    chunks = [ChatCompletionChunk.model_validate(ch.model_dump()) for ch in server.client().chat.completions.create(
+        model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **body)]
+    *deltas, last = chunks
+    assert deltas[0].choices[0].delta.role == "assistant" and deltas[0].object == "chat.completion.chunk"
+    assert sum((ch.choices[0].token_ids for ch in deltas), []) == want["token_ids"]
+    assert "".join(ch.choices[0].delta.content for ch in deltas) == want["text"]
+    assert [ch.choices[0].finish_reason for ch in deltas][-1] == want["finish_reason"]
+    assert last.choices == [] and last.usage.prompt_tokens == len(hf_ids)
+    assert len({ch.id for ch in chunks}) == 1
+
+
+def test_raw_chat_json_validates_as_openai_types(chat_served):
+    server, offline, _, messages = chat_served
+    assert offline["chat-seeded"]["token_ids"] != offline["chat-greedy"]["token_ids"]  # the seeded one samples
+    assert len(offline["chat-greedy"]["token_ids"]) >= 3
+    (model,) = [m.id for m in server.client().models.list().data]
+    body = {"model": model, "messages": messages, **body_of(CHAT_REQUESTS[0], chat=True)}
+    got = ChatCompletion.model_validate(post(server, "/v1/chat/completions", body).json())
+    assert got.choices[0].token_ids == offline["chat-greedy"]["token_ids"] and got.object == "chat.completion"
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        events = [line[6:] for line in r.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate_json(e) for e in events[:-1]]
+    assert sum((c.choices[0].token_ids for c in chunks), []) == offline["chat-greedy"]["token_ids"]
+
+
 # ---- errors -----------------------------------------------------------------------------------
 
 def error_of(exc: openai.APIStatusError) -> dict:
@@ -211,10 +334,15 @@ def error_of(exc: openai.APIStatusError) -> dict:
     ({"temperature": -1}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"extra_body": {"bogus": 1}}, "bogus"),
-    ({"n": 2}, "n"),
+    ({"n": 2, "stream": True}, "n"),
+    ({"logprobs": 2, "stream": True}, "logprobs"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"echo": True}, "echo"),
+    ({"extra_body": {"top_k": -1}}, "top_k"),
     ({"prompt": ["two", "prompts"]}, "prompt"),
     ({"prompt": [1, 2, 99999]}, "prompt_token_ids"),
-], ids=["temperature", "max_tokens", "unknown", "n", "batch", "token-id"])
+], ids=["temperature", "max_tokens", "unknown", "n-stream", "logprobs-stream", "stream-options", "echo", "top-k",
+        "batch", "token-id"])
 def test_bad_requests_get_400_naming_the_field(server, kwargs, param):
     args = {"model": MODEL, "prompt": "hello", "max_tokens": 4, **kwargs}
     with pytest.raises(openai.BadRequestError) as exc:
@@ -235,6 +363,12 @@ def test_malformed_json_and_wrong_model(server):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=30,
                    headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x", "temperature": NaN}', timeout=30,
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "NaN" in r.json()["error"]["message"]
+    for method, path, status in [("GET", "/v1/completions", 405), ("POST", "/v1/embeddings", 404)]:
+        r = httpx.request(method, server.url + path, timeout=30, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
     with pytest.raises(openai.NotFoundError) as exc:
         server.client().completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert error_of(exc.value)["param"] == "model"
@@ -333,7 +467,7 @@ def test_load_concurrent_streaming_clients_get_run_tokens(server, offline):
             times.append(time.perf_counter())
             toks += ch.choices[0].token_ids
             finish = ch.choices[0].finish_reason or finish
-        return req["id"], toks, finish, times[0] - t0, (times[-1] - times[0]) / max(len(times) - 1, 1)
+        return req["id"], toks, finish, times[0] - t0, (times[-1] - times[0]) / max(len(toks) - 1, 1)
 
     async def user(c, rng):
         await asyncio.sleep(rng.random() * 0.5)  # arrivals spread out, in random order
@@ -396,3 +530,14 @@ def test_cli_serve_sigterm_finishes_or_aborts_in_flight_and_exits_0(default_arti
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_cli_serve_refuses_a_missing_model_directory_with_exit_2(default_artifacts, tmp_path):
+    """`--model` as in `run`: a checkpoint directory that is not there is named, exit 2, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "trtgraph", "serve", "--manifest", str(default_artifacts), "--port",
+                           str(free_port()), "--model", str(tmp_path / "gone")], capture_output=True, env=env,
+                          timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert f"--model {tmp_path / 'gone'}: no such checkpoint directory" in err and "Traceback" not in err

@@ -293,7 +293,9 @@ def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, specu
 @click.option("--max-waiting", default=256, show_default=True, type=click.IntRange(1),
               help="Requests that may wait for their first token; more get HTTP 429.")
 @click.option("--api-key", envvar="TRTGRAPH_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 (or set TRTGRAPH_API_KEY).")
-def serve(manifest, host, port, max_waiting, api_key):
+@click.option("--model", "model", type=click.Path(file_okay=False),
+              help="The checkpoint directory, where it has moved since capture (checked against the manifest's sha256).")
+def serve(manifest, host, port, max_waiting, api_key, model):
     """Serve the manifest's graphs over an OpenAI-compatible HTTP API: POST /v1/completions
     and /v1/chat/completions (streaming with `stream: true`), GET /v1/models, /health (200
     once the graphs are locked) and /metrics (Prometheus). Loads, checks, re-records and
@@ -307,7 +309,7 @@ def serve(manifest, host, port, max_waiting, api_key):
     """
     from .server.app import serve as run_server
 
-    run_server(manifest, host, port, max_waiting, api_key)
+    run_server(manifest, host, port, max_waiting, api_key, model)
 
 
 @main.command()

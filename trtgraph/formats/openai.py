@@ -1,19 +1,30 @@
-"""OpenAI completions / chat-completions bodies <-> native requests and results.
+"""OpenAI completions / chat-completions shapes <-> native requests and results: the one
+translator that `trtgraph run` (OpenAI batch files) and `trtgraph serve` share, so each field
+is parsed and named in one place.
 
 Requests: `completion_request(body, request_id)` and `chat_request(body, request_id)` turn an
 OpenAI body into a native request dict (the JSONL fields; chat bodies keep their `messages`,
 rendered with the checkpoint's template at admission). Only the shape is checked here: an
 unknown field, a wrong container, an OpenAI-only rule. The values are then checked by the
 native validation (`runtime.serving.requests.parse_request`), which names the same fields.
+`allow_stream=True` (the server) accepts `stream` / `stream_options`; `stream_mode(body)`
+reads them. Omitted `temperature` is OpenAI's 1; the native sampling fields `top_k`, `min_p`,
+`repetition_penalty`, `min_tokens` and `ignore_eos` are accepted as extensions (vLLM's extra
+sampling parameters; the `openai` client sends them in `extra_body`).
 
-Responses: `completion_object(result, model)` / `chat_completion_object(result, model)` turn
-a native Result (one completion, or `n` of them in `result.choices`) into a `text_completion`
-/ `chat.completion` object with `usage`. Per-token logprobs are read from `result.logprobs`,
-when present, in this intermediate shape (one entry per generated token):
+Responses: `Response(chat, model)` makes the bodies of one response: `full(result)` the
+`text_completion` / `chat.completion` object of a native Result (one completion, or `n` of
+them in `result.choices`) with `usage`; `chunk(...)` / `usage_chunk(...)` its stream chunks.
+`completion_object` / `chat_completion_object` are the same for one call. Every choice also
+carries `token_ids` (the generated ids; in a chunk, the new ones), an extension as vLLM's
+`return_token_ids`. Per-token logprobs are read from `result.logprobs`, when present, in this
+intermediate shape (one entry per generated token):
     {"token_id": int, "logprob": float, "top_logprobs": [{"token_id": int, "logprob": float}, ...]}
-`token_text(token_id) -> str` gives the text OpenAI shows for a token.
+`token_text(token_id) -> str` gives the text OpenAI shows for a token (default: the entry's
+`token`, as the engine writes it).
 
-Errors: `error_object(...)` / `error_from_exception(exc)` give `{"error": {message, type, param, code}}`.
+Errors: `error_object(...)` / `error_from_exception(exc)` / `error_from_result(result)` give
+`{"error": {message, type, param, code}}`.
 """
 
 from __future__ import annotations
@@ -25,18 +36,23 @@ from typing import Callable
 
 from ..errors import PromptError
 from ..inputs import is_int
+from ..runtime.serving.requests import CHAT_ROLES
 
 # OpenAI's default temperature; a native request without one is greedy.
 DEFAULT_TEMPERATURE = 1.0
-_SHARED = ("model", "user", "stream", "n", "max_tokens", "temperature", "top_p", "stop", "seed",
-           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
-COMPLETION_FIELDS = ("prompt", *_SHARED)
+# Native sampling fields accepted as extensions, passed on unchanged.
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos")
+_SHARED = ("model", "user", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p", "stop", "seed",
+           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", *EXTENSIONS)
+# Completions fields accepted only at OpenAI's default (a client may send them unasked).
+DEFAULT_ONLY = {"best_of": 1, "echo": False, "suffix": None}
+COMPLETION_FIELDS = ("prompt", *_SHARED, *DEFAULT_ONLY)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "top_logprobs", *_SHARED)
 # Copied to the native request unchanged when given (and not null).
-_PASSED = ("n", "max_tokens", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
-_ROLES = ("system", "developer", "user", "assistant", "tool")
-_MESSAGE_FIELDS = ("role", "content", "name")
-_FINISH = {"stop": "stop", "length": "length"}
+_PASSED = ("n", "max_tokens", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
+           *EXTENSIONS)
+_MESSAGE_FIELDS = ("role", "content")
+_FINISH_OF = {"stop": "stop", "length": "length"}  # native finish_reason -> OpenAI's
 TokenText = Callable[[int], str]
 
 
@@ -53,6 +69,10 @@ class OpenAIRequestError(PromptError):
 def completion_request(body, request_id: str, where: str = "request", allow_stream: bool = False) -> dict:
     """A `/v1/completions` body -> a native request dict with id `request_id`."""
     _check_fields(body, COMPLETION_FIELDS, where, "/v1/completions", allow_stream)
+    for name, default in DEFAULT_ONLY.items():
+        if body.get(name, default) != default:
+            raise OpenAIRequestError(f"{where}: `{name}` = {body[name]!r} is not supported; leave it out "
+                                     f"(or {default!r}).", name)
     native = {"id": request_id, **_prompt(body.get("prompt"), where), **_sampling(body)}
     if body.get("logprobs") is not None:
         native["logprobs"] = body["logprobs"]
@@ -87,8 +107,33 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
     if unknown:
         raise OpenAIRequestError(f"{where}: unsupported field{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)} for {url}; supported: {', '.join(valid)}.", unknown[0])
-    if body.get("stream") and not allow_stream:
-        raise OpenAIRequestError(f"{where}: `stream: true` is not supported here; leave it out.", "stream")
+    if not allow_stream:
+        for name in ("stream", "stream_options"):
+            if body.get(name):
+                raise OpenAIRequestError(f"{where}: `{name}` is not supported here; leave it out.", name)
+        return
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise OpenAIRequestError(f"{where}: `stream` = {stream!r} must be true or false.", "stream")
+    if options is not None:
+        if not isinstance(options, dict) or set(options) - {"include_usage"} \
+                or not isinstance(options.get("include_usage", False), bool):
+            raise OpenAIRequestError(f"{where}: `stream_options` = {options!r} may only hold `include_usage` "
+                                     f"(true or false).", "stream_options")
+        if not stream:
+            raise OpenAIRequestError(f"{where}: `stream_options` needs `stream: true`.", "stream_options")
+    if stream:  # the engine hands out n > 1 completions and logprobs only when they finish
+        if body.get("n") not in (None, 1):
+            raise OpenAIRequestError(f"{where}: `n` = {body['n']!r} with `stream: true` is not supported; "
+                                     f"stream with n = 1, or leave `stream` out.", "n")
+        if body.get("logprobs") not in (None, False):
+            raise OpenAIRequestError(f"{where}: `logprobs` with `stream: true` is not supported; ask for "
+                                     f"logprobs without streaming.", "logprobs")
+
+
+def stream_mode(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage) of a body that passed the request translation."""
+    return bool(body.get("stream")), bool((body.get("stream_options") or {}).get("include_usage"))
 
 
 def _sampling(body: dict) -> dict:
@@ -122,13 +167,13 @@ def _messages(messages, where: str) -> list[dict]:
         name = f"messages[{i}]"
         if not isinstance(m, dict):
             raise OpenAIRequestError(f"{where}: `{name}` must be an object with `role` and `content`.", name)
-        extra = sorted(k for k in m if k not in _MESSAGE_FIELDS)
+        extra = sorted(k for k in m if k not in _MESSAGE_FIELDS)  # e.g. `name`: the template would not see it
         if extra:
             raise OpenAIRequestError(f"{where}: `{name}` has unsupported field(s) {', '.join(extra)}; "
                                      f"supported: {', '.join(_MESSAGE_FIELDS)}.", f"{name}.{extra[0]}")
-        if m.get("role") not in _ROLES:
+        if m.get("role") not in CHAT_ROLES:
             raise OpenAIRequestError(f"{where}: `{name}.role` = {m.get('role')!r}; expected one of "
-                                     f"{', '.join(_ROLES)}.", f"{name}.role")
+                                     f"{', '.join(CHAT_ROLES)}.", f"{name}.role")
         out.append({"role": m["role"], "content": _content(m.get("content"), where, f"{name}.content")})
     return out
 
@@ -145,26 +190,62 @@ def _content(content, where: str, name: str) -> str:
 
 # ---- responses -----------------------------------------------------------------------------
 
+class Response:
+    """The bodies of one response (completion or chat), sharing its id, model and time."""
+
+    def __init__(self, chat: bool, model: str, response_id: str | None = None, created: int | None = None,
+                 token_text: TokenText | None = None):
+        self.chat, self.model = chat, model
+        self.id = response_id or new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time()) if created is None else created
+        self._token_text = token_text
+
+    def _head(self, chunk: bool = False) -> dict:
+        obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, result) -> dict:
+        """The `text_completion` / `chat.completion` object of a finished native Result."""
+        choices = []
+        for i, c in enumerate(_choices(result)):
+            choice = {"index": i, "finish_reason": _finish(c), "token_ids": list(c.token_ids)}
+            if self.chat:
+                choice.update(message={"role": "assistant", "content": c.text},
+                              logprobs=_chat_logprobs(c, self._token_text))
+            else:
+                choice.update(text=c.text, logprobs=_completion_logprobs(c, self._token_text))
+            choices.append(choice)
+        return {**self._head(), "choices": choices, "usage": usage(result)}
+
+    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None = None, first: bool = False,
+              include_usage: bool = False) -> dict:
+        """One stream chunk carrying a delta (`finish_reason` on the last)."""
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason and _FINISH_OF[finish_reason],
+                  "token_ids": list(token_ids)}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        else:
+            choice["text"] = text
+        body = {**self._head(chunk=True), "choices": [choice]}
+        if include_usage:
+            body["usage"] = None  # OpenAI: null on every chunk but the last when usage is asked for
+        return body
+
+    def usage_chunk(self, result) -> dict:
+        """The last chunk when `stream_options.include_usage`: no choices, the usage."""
+        return {**self._head(chunk=True), "choices": [], "usage": usage(result)}
+
+
 def completion_object(result, model: str, created: int | None = None, response_id: str | None = None,
                       token_text: TokenText | None = None) -> dict:
     """A native Result -> an OpenAI `text_completion` object."""
-    choices = [{"index": i, "text": c.text, "finish_reason": _finish(c),
-                "logprobs": _completion_logprobs(c, token_text or _id_text)}
-               for i, c in enumerate(_choices(result))]
-    return {"id": response_id or new_id("cmpl"), "object": "text_completion",
-            "created": int(time.time()) if created is None else created, "model": model,
-            "choices": choices, "usage": usage(result)}
+    return Response(False, model, response_id, created, token_text).full(result)
 
 
 def chat_completion_object(result, model: str, created: int | None = None, response_id: str | None = None,
                            token_text: TokenText | None = None) -> dict:
     """A native Result -> an OpenAI `chat.completion` object."""
-    choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": _finish(c),
-                "logprobs": _chat_logprobs(c, token_text or _id_text)}
-               for i, c in enumerate(_choices(result))]
-    return {"id": response_id or new_id("chatcmpl"), "object": "chat.completion",
-            "created": int(time.time()) if created is None else created, "model": model,
-            "choices": choices, "usage": usage(result)}
+    return Response(True, model, response_id, created, token_text).full(result)
 
 
 def usage(result) -> dict:
@@ -184,42 +265,43 @@ def _choices(result) -> list:
 
 def _finish(choice) -> str:
     try:
-        return _FINISH[choice.finish_reason]
+        return _FINISH_OF[choice.finish_reason]
     except KeyError:
         raise ValueError(f"finish_reason {choice.finish_reason!r} has no OpenAI equivalent; "
                          f"an error result becomes an error object (error_from_result)") from None
 
 
-def _id_text(token_id: int) -> str:
-    return f"token_id:{token_id}"
+def _text_of(entry: dict, token_text: TokenText | None) -> str:
+    """The text OpenAI shows for a logprobs entry's token."""
+    if token_text is not None:
+        return token_text(entry["token_id"])
+    return entry.get("token", f"token_id:{entry['token_id']}")
 
 
-def _completion_logprobs(choice, token_text: TokenText) -> dict | None:
+def _completion_logprobs(choice, token_text: TokenText | None) -> dict | None:
     entries = getattr(choice, "logprobs", None)
     if entries is None:
         return None
-    tokens = [token_text(e["token_id"]) for e in entries]
+    tokens = [_text_of(e, token_text) for e in entries]
     offsets, at = [], 0
     for t in tokens:
         offsets.append(at)
         at += len(t)
     return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{token_text(a["token_id"]): a["logprob"] for a in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [{_text_of(a, token_text): a["logprob"] for a in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}
 
 
-def _chat_logprobs(choice, token_text: TokenText) -> dict | None:
+def _chat_logprobs(choice, token_text: TokenText | None) -> dict | None:
     entries = getattr(choice, "logprobs", None)
     if entries is None:
         return None
 
-    def one(token_id: int, logprob: float) -> dict:
-        text = token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    def one(entry: dict) -> dict:
+        text = _text_of(entry, token_text)
+        return {"token": text, "logprob": entry["logprob"], "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [{**one(e["token_id"], e["logprob"]),
-                         "top_logprobs": [one(a["token_id"], a["logprob"]) for a in e["top_logprobs"]]}
-                        for e in entries],
+    return {"content": [{**one(e), "top_logprobs": [one(a) for a in e["top_logprobs"]]} for e in entries],
             "refusal": None}
 
 
@@ -239,6 +321,7 @@ def error_from_exception(exc: Exception) -> dict:
     return error_object(str(exc), param)
 
 
-def error_from_result(result) -> dict:
-    """A Result the engine refused at admission (finish_reason "error")."""
-    return error_object(f"request {result.id}: {result.error}")
+def error_from_result(result, name_request: bool = True) -> dict:
+    """A Result the engine refused at admission (finish_reason "error"); the message is
+    `run`'s, prefixed with the request's id unless `name_request` is false."""
+    return error_object(f"request {result.id}: {result.error}" if name_request else result.error)

@@ -20,15 +20,35 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ConfigError, PromptError, TrtgraphError
+from ..formats import openai as oa
+from ..inputs import JSONProblem, loads_json
+from ..runtime.serving.requests import parse_request
+from ..runtime.serving.streaming import RequestOutput
 from .engine_thread import Aborted, EngineThread
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import OpenAIError, Shapes, bad_request, chat_request, completion_request, new_id
 
 DRAIN_SECONDS = 5.0  # after SIGTERM, how long in-flight requests may run before they are aborted
 GRACE_SECONDS = 10.0  # then uvicorn closes whatever connection is still open
 DISCONNECT_POLL_SECONDS = 0.5  # non-streaming requests: how often to look for a gone client
+WHERE = "request body"  # how errors name the request
+MAX_BODY_BYTES = 32 << 20  # far above any body the limits of a capture can serve
+
+
+class OpenAIError(Exception):
+    """An HTTP error answered with OpenAI's error JSON (formats/openai.py's error_object)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 error_type: str = "invalid_request_error", code: str | None = None, body: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = body or oa.error_object(message, param, error_type, code)
+
+
+def bad_request(message: str) -> OpenAIError:
+    return OpenAIError(400, message)
 
 
 def create_app(thread: EngineThread, model_name: str, api_key: str | None = None) -> FastAPI:
@@ -44,7 +64,12 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request, exc: OpenAIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body, status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):  # an unknown path, a wrong method: OpenAI's shape too
+        return JSONResponse(oa.error_object(f"{request.method} {request.url.path}: {exc.detail}."),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def authorized(request: Request) -> None:
         if api_key is None:
@@ -88,9 +113,14 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     if body.get("model", model_name) != model_name:
         raise OpenAIError(404, f"model {body.get('model')!r} is not served here; this server serves "
                                f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
-    rid = new_id("chatcmpl" if chat else "cmpl")
-    vocab = thread.engine.executor.loaded.config.vocab_size
-    req, edge = (chat_request if chat else completion_request)(body, rid, vocab)
+    shapes = oa.Response(chat, model_name)
+    try:
+        native = (oa.chat_request if chat else oa.completion_request)(body, shapes.id, WHERE, allow_stream=True)
+        req = parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
+    except PromptError as exc:
+        raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
+    stream, include_usage = oa.stream_mode(body)
+    rid = req.id
     queue = thread.submit(req)
     if queue is None:
         thread.metrics.requests.labels("rejected").inc()
@@ -102,9 +132,8 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         thread.abort(rid)
         raise
     _raise_if_refused(first)
-    shapes = Shapes(chat, model_name, rid)
-    if edge["stream"]:
-        return StreamingResponse(_events(first, queue, shapes, edge["include_usage"], thread, rid),
+    if stream:
+        return StreamingResponse(_events(first, queue, shapes, include_usage, thread, rid),
                                  media_type="text/event-stream")
     item = first
     while not item.finished:
@@ -114,10 +143,18 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
 
 
 async def _body(request: Request) -> dict:
+    """The JSON object of a request, read as strictly as a prompts file (no NaN or Infinity,
+    bounded depth and size)."""
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > MAX_BODY_BYTES:
+            raise OpenAIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes.",
+                              code="request_too_large")
     try:
-        body = json.loads(await request.body())
-    except (ValueError, RecursionError):
-        raise bad_request("the request body is not valid JSON.") from None
+        body = loads_json(data.decode("utf-8"), allow_nonfinite=False)
+    except (JSONProblem, UnicodeDecodeError, RecursionError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object.")
     return body
@@ -138,32 +175,32 @@ def _raise_if_refused(item) -> None:
     if isinstance(item, Aborted):
         raise OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error", code="aborted")
     if isinstance(item, PromptError):
-        raise bad_request(str(item))
+        raise OpenAIError(400, str(item), body=oa.error_from_exception(item))
     if isinstance(item, TrtgraphError):
         raise OpenAIError(500, str(item), error_type="server_error")
     if item.finished and item.finish_reason == "error":  # no recorded key can serve it: run's message
-        raise bad_request(item.result.error)
+        raise OpenAIError(400, item.result.error, body=oa.error_from_result(item.result, name_request=False))
 
 
-async def _events(first, queue: asyncio.Queue, shapes: Shapes, include_usage: bool, thread: EngineThread,
+async def _events(first, queue: asyncio.Queue, shapes: oa.Response, include_usage: bool, thread: EngineThread,
                   rid: str):
     """Server-Sent Events: a chunk per step's delta, usage if asked, then [DONE]. Leaving
     early (the client disconnected, the server stopping) aborts the request."""
-    done, item, is_first = False, first, True
+    done, item, is_first, held = False, first, True, []
     try:
         while True:
             if isinstance(item, Aborted):
-                yield _sse(OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error",
-                                       code="aborted").body())
+                yield _sse(oa.error_object(f"request aborted: {item.reason}.", error_type="server_error",
+                                           code="aborted"))
                 break
             yield _sse(shapes.chunk(item.text, item.token_ids, item.finish_reason if item.finished else None,
-                                    first=is_first, with_usage=include_usage))
+                                    first=is_first, include_usage=include_usage))
             is_first = False
             if item.finished:
                 if include_usage:
                     yield _sse(shapes.usage_chunk(item.result))
                 break
-            item = await queue.get()
+            item = held.pop() if held else _merged(await queue.get(), queue, held)
         done = True
         yield "data: [DONE]\n\n"
     finally:
@@ -171,12 +208,26 @@ async def _events(first, queue: asyncio.Queue, shapes: Shapes, include_usage: bo
             thread.abort(rid)
 
 
+def _merged(item, queue: asyncio.Queue, held: list):
+    """`item` and every delta already waiting behind it, as one: a reader slower than the
+    engine gets fewer, larger chunks instead of a backlog. A non-delta (an abort) found on
+    the way is put in `held` for the next turn."""
+    while isinstance(item, RequestOutput) and not item.finished and not queue.empty():
+        nxt = queue.get_nowait()
+        if not isinstance(nxt, RequestOutput):
+            held.append(nxt)
+            break
+        item = RequestOutput(item.id, item.token_ids + nxt.token_ids, item.text + nxt.text, nxt.finished,
+                             nxt.finish_reason, nxt.result)
+    return item
+
+
 def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str | None,
-                 log_level: str = "info") -> tuple[uvicorn.Server, EngineThread]:
+                 log_level: str = "info", model: str | None = None) -> tuple[uvicorn.Server, EngineThread]:
     """The uvicorn server and its engine thread (not started: the thread loads the engine
     when started, and GET /health answers 503 until then)."""
     from ..artifacts import load_manifest
@@ -186,9 +237,9 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
     if manifest_obj.parallel.get("tensor_parallel_size", 1) != 1:
         raise ConfigError(f"{manifest}: `trtgraph serve` serves single-process manifests; this one was captured "
                           f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
-    path = manifest_obj.app_config().model.path
+    path = model or manifest_obj.app_config().model.path  # `model`: the checkpoint where it has moved
     model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
-    thread = EngineThread(lambda: Engine(manifest_obj), Metrics(), max_waiting)  # read once
+    thread = EngineThread(lambda: Engine(manifest_obj, model=model), Metrics(), max_waiting)  # read once
     config = uvicorn.Config(create_app(thread, model_name, api_key), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACE_SECONDS, lifespan="on")
     server = _Server(config, thread)
@@ -212,10 +263,10 @@ class _Server(uvicorn.Server):
             self._drain.start()
 
 
-def serve(manifest, host: str, port: int, max_waiting: int, api_key: str | None) -> None:
+def serve(manifest, host: str, port: int, max_waiting: int, api_key: str | None, model: str | None = None) -> None:
     """Bind, load the engine in its thread, serve until SIGTERM or SIGINT. Raises the
     engine's load error (a TrtgraphError) if loading fails."""
-    server, thread = build_server(manifest, host, port, max_waiting, api_key)
+    server, thread = build_server(manifest, host, port, max_waiting, api_key, model=model)
     # uvicorn handles SIGTERM/SIGINT itself and re-raises the signal once it has shut down;
     # by then every request is finished or aborted, so that re-raise should just return.
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -155,15 +155,20 @@ class EngineThread:
             self.metrics.requests.labels("abort").inc()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Each output to its request's queue: one hand-over per event loop per step, not one
+        per output."""
+        handed: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
         for out in outputs:
             sink = self._sinks.get(out.id)
             if sink is None:
                 continue  # aborted meanwhile
-            self._started(sink)
             if out.finished:
-                self._finish_sink(out.id, out)
+                self._close_sink(out.id)
             else:
-                _put(sink, out)
+                self._started(sink)
+            handed.setdefault(sink.loop, []).append((sink.queue, out))
+        for loop, items in handed.items():
+            _call(loop, _put_all, items)
 
     def _started(self, sink: _Sink) -> None:
         """The request produced something (or ended): it no longer counts as queued."""
@@ -182,7 +187,17 @@ class EngineThread:
 
 
 def _put(sink: _Sink, item) -> None:
+    _call(sink.loop, sink.queue.put_nowait, item)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for q, item in items:
+        q.put_nowait(item)
+
+
+def _call(loop: asyncio.AbstractEventLoop, fn, arg) -> None:
+    """Run fn(arg) on the event loop's thread."""
     try:
-        sink.loop.call_soon_threadsafe(sink.queue.put_nowait, item)
+        loop.call_soon_threadsafe(fn, arg)
     except RuntimeError:  # the event loop has closed: nobody is listening any more
         pass

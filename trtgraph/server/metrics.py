@@ -46,6 +46,8 @@ class Metrics:
         """Account one engine step: its outputs, and what the engine's stats gained."""
         for out in outputs:
             self.generation_tokens.inc(len(out.token_ids))
+            if out.finished and out.result.choices:  # n > 1: the completions come whole, at the end
+                self.generation_tokens.inc(sum(len(c.token_ids) for c in out.result.choices))
             if out.finished:
                 self.finished(out.result)
         self.step_seconds.observe(step_seconds)
