@@ -213,8 +213,8 @@ def test_gpu_triton_sample_equals_the_reference_at_full_vocabulary():
 
     dev, V, R = torch.device("cuda"), 128256, 64
     gen = torch.Generator().manual_seed(11)
-    batch = [t.to(dev) for t in filter_mix(gen, R, V, False)]
-    logits, temp, top_k, top_p, min_p, seeds, pos = batch
+    logits, temp, top_k, top_p, min_p, seeds, pos = [t.to(dev) for t in filter_mix(gen, R, V, False)]
+    batch = (logits, temp, top_k, top_p, seeds, pos, min_p)  # sample's argument order
     want = sampler.sample(*batch)
     got, _ = sampling.draw(*batch, None, None, sampling.CHUNK, sampling.CAP)
     assert torch.equal(got, want)

@@ -35,8 +35,9 @@ NUM_WARPS = 16
 # The split draw: tokens per chunk program, candidates kept per chunk, warps.
 CHUNK = 4096
 CAP = 64
-CHUNK_WARPS = 8
-SELECT_WARPS = 8
+STEPS = 14  # bisection steps for a chunk's candidate cut: (max - min) / 2**14 apart
+CHUNK_WARPS = 4
+SELECT_WARPS = 4
 
 
 @triton.jit
@@ -61,6 +62,24 @@ def _gumbel(row_hash, cols):
     bits = _mix32(row_hash.to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x3C6EF372))
     u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _mix32_i64(x):
+    """runtime/step/sampler._mix32 itself: int64 values masked to 32 bits after each product."""
+    x = x & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+    x = ((x ^ (x >> 15)) * 0x646F1B35) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x5BD1E995) & 0xFFFFFFFF
+    return x ^ (x >> 15)
+
+
+@triton.jit
+def _row_hash(seeds_ptr, pos_ptr, r):
+    """runtime/step/sampler.row_hash of row r, in the kernel (in torch it is ~36 tiny launches)."""
+    seed = tl.load(seeds_ptr + r).to(tl.int64)
+    pos = tl.load(pos_ptr + r).to(tl.int64)
+    return _mix32_i64(_mix32_i64(seed ^ (seed >> 32)) ^ ((pos * 0x9E3779B1) & 0xFFFFFFFF))
 
 
 @triton.jit
@@ -158,8 +177,8 @@ def _row_params(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, r, V):
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, hash_ptr,
-                   out_ptr, todo_ptr, V, stride, BLOCK: tl.constexpr):
+def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
+                   pos_ptr, out_ptr, todo_ptr, V, stride, BLOCK: tl.constexpr):
     """The exact draw by rejection rounds, one program per row, for the rows `todo` marks (those
     whose kept set reaches below the candidates of `_chunk_kernel`)."""
     r = tl.program_id(0).to(tl.int64)
@@ -170,7 +189,7 @@ def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_
         temp, k, top_p, min_p, k_on, p_on, filtered = _row_params(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, r, V)
         greedy = temp <= 0
         t = tl.where(greedy, 1.0, tl.maximum(temp, 1e-6))
-        row_hash = tl.load(hash_ptr + r)
+        row_hash = _row_hash(seeds_ptr, pos_ptr, r)
         m, arg_l, c = _first_pass(src, V, t, row_hash, BLOCK)
         if filtered:
             z = 0.0
@@ -201,15 +220,16 @@ def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_
 
 
 @triton.jit
-def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, hash_ptr,
-                  cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, V, stride, C, CH: tl.constexpr, CAP: tl.constexpr):
+def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
+                  cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, V, stride, C, CH: tl.constexpr, CAP: tl.constexpr,
+                  STEPS: tl.constexpr):
     """Program (row r, chunk c) over CH tokens of the row: the chunk's max of x = l/t and its
     first argmax; rows without filters: the Gumbel-max (value, id); filtered rows: the chunk's
-    candidates (the at most CAP largest keys, all of a tie or none of it: the smallest key v
-    with count(key >= v) <= CAP, by bisection over the chunk held in registers), written
-    compacted, with the largest key left out and, for top-p without top-k, the chunk's mass
-    sum(exp(x - chunk max)). Per chunk: sf [m, gumbel best, mass, x left out], si [argmax,
-    gumbel argmax, candidates, key left out]."""
+    candidates, the tokens with x >= tau for a tau that keeps at most CAP of them (a bisection
+    on values between the chunk's max and its smallest finite x, at most 64 below, over the
+    chunk held in registers), written compacted, the largest key left out and, for top-p
+    without top-k, the chunk's mass sum(exp(x - chunk max)). Per chunk: sf [m, gumbel best,
+    mass, x left out], si [argmax, gumbel argmax, candidates, key left out]."""
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64)
     src = logits_ptr + r * stride
@@ -229,25 +249,32 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
     nc_key = tl.full((), -1, tl.int64)
     nc_x = -float("inf")
     if (temp > 0) & (filtered == 0):
-        y = tl.where(inside, x + _gumbel(tl.load(hash_ptr + r), cols), -float("inf"))
+        y = tl.where(inside, x + _gumbel(_row_hash(seeds_ptr, pos_ptr, r), cols), -float("inf"))
         by = tl.max(y, 0)
         ay = tl.min(tl.where(inside & (y == by), cols, V), 0)
     if filtered:
-        key = tl.where(inside, _keys(x), -1)
-        ans = tl.full((), 0, tl.int64)
-        for i in tl.static_range(32):
-            cand = ans | (tl.full((), 1, tl.int64) << (31 - i))
-            ans = tl.where(tl.sum((key >= cand).to(tl.int32), 0) > CAP, cand, ans)
-        tau = tl.where(tl.sum(inside.to(tl.int32), 0) > CAP, ans + 1, 0)
-        sel = key >= tau
+        # tau: count(x >= hi) <= CAP always; count(x >= lo) > CAP while bisecting
+        lo = tl.maximum(tl.min(tl.where(inside & (x > -float("inf")), x, float("inf")), 0), mc - 64.0)
+        few = tl.sum((inside & (x >= lo)).to(tl.int32), 0) <= CAP
+        hi = mc
+        for _ in tl.static_range(STEPS):
+            mid = lo + (hi - lo) * 0.5
+            more = tl.sum((x >= mid).to(tl.int32), 0) > CAP
+            lo = tl.where(more, mid, lo)
+            hi = tl.where(more, hi, mid)
+        tau = tl.where(few, lo, hi)
+        tau = tl.where(tl.sum((x >= mc).to(tl.int32), 0) > CAP, float("inf"), tau)  # ties at the max: none
+        tau = tl.where(tl.sum(inside.to(tl.int32), 0) <= CAP, -float("inf"), tau)  # a small chunk: all
+        sel = inside & (x >= tau)
         pos = tl.cumsum(sel.to(tl.int32), 0) - 1
+        sel = sel & (pos < CAP)  # only +inf logits could pass CAP
         base = (r * C + c) * CAP
         tl.store(cand_x_ptr + base + pos, x, mask=sel)
         tl.store(cand_id_ptr + base + pos, cols.to(tl.int32), mask=sel)
         n = tl.sum(sel.to(tl.int64), 0)
-        out = inside & (key < tau)
-        nc_key = tl.max(tl.where(out, key, -1), 0)
-        nc_x = tl.max(tl.where(out, x, -float("inf")), 0)
+        left = inside & (sel == 0)
+        nc_key = tl.max(tl.where(left, _keys(x), -1), 0)
+        nc_x = tl.max(tl.where(left, x, -float("inf")), 0)
         if p_on & (k_on == 0):
             mass = tl.sum(tl.where(x == -float("inf"), 0.0, tl.exp(x - mc)), 0)
     s = (r * C + c) * 4
@@ -262,27 +289,29 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
 
 
 @triton.jit
-def _largest_where_count(key, weight, bound, STRICT: tl.constexpr):
+def _largest_where(skey, weight, bound, STRICT: tl.constexpr):
     """The largest v in [0, 2**32) with sum(weight where key >= v (key > v if STRICT)) > bound
-    (>= when not STRICT); -1 where v = 0 fails. 32 bisection steps over values in registers."""
+    (>= when not STRICT), -1 where v = 0 fails: the reference's bisection, over values in
+    registers. skey: the int32 key minus 2**31 (the same order, half the registers)."""
     ans = tl.full((), 0, tl.int64)
     for i in tl.static_range(32):
         cand = ans | (tl.full((), 1, tl.int64) << (31 - i))
+        v = (cand - 2147483648).to(tl.int32)
         if STRICT:
-            ok = tl.sum(tl.sum(tl.where(key > cand, weight, 0.0), 1), 0) > bound
+            ok = tl.sum(tl.where(skey > v, weight, 0.0), 0) > bound
         else:
-            ok = tl.sum(tl.sum(tl.where(key >= cand, weight, 0), 1), 0) >= bound
+            ok = tl.sum(tl.where(skey >= v, weight, 0), 0) >= bound
         ans = tl.where(ok, cand, ans)
     if STRICT:
-        found = tl.sum(tl.sum(tl.where(key > 0, weight, 0.0), 1), 0) > bound
+        found = tl.sum(tl.where(skey > -2147483648, weight, 0.0), 0) > bound
     else:
-        found = tl.sum(tl.sum(tl.where(key >= 0, weight, 0), 1), 0) >= bound
+        found = tl.sum(weight, 0) >= bound
     return tl.where(found, ans, -1)
 
 
 @triton.jit
-def _select_kernel(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, hash_ptr, cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr,
-                   out_ptr, todo_ptr, V, C, C_PAD: tl.constexpr, CAP: tl.constexpr):
+def _select_kernel(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, cand_x_ptr, cand_id_ptr, sf_ptr,
+                   si_ptr, out_ptr, todo_ptr, V, C, C_PAD: tl.constexpr, CAP: tl.constexpr):
     """Program r: the row's token from its chunks, combined in chunk order. Greedy rows: the
     first argmax; rows without filters: the first Gumbel-max; filtered rows: the reference's
     thresholds (runtime/step/sampler.keep_mask) over the candidates, then the Gumbel-max over
@@ -303,32 +332,32 @@ def _select_kernel(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, hash_ptr, cand_x_p
         by = tl.max(by_c, 0)
         tok = tl.min(tl.where(cm & (by_c == by), tl.load(si_ptr + s + 1, mask=cm, other=V), V), 0)
     if filtered:
-        j = tl.arange(0, CAP)
-        n_c = tl.load(si_ptr + s + 2, mask=cm, other=0)
-        valid = cm[:, None] & (j[None, :] < n_c[:, None])  # [C_PAD, CAP]
-        at = (r * C + ci[:, None]) * CAP + j[None, :]
-        xs = tl.load(cand_x_ptr + at, mask=valid, other=-float("inf"))
-        ids = tl.load(cand_id_ptr + at, mask=valid, other=0).to(tl.int64)
+        i = tl.arange(0, C_PAD * CAP)  # candidate slot i: chunk i // CAP, entry i % CAP
+        chunk = i // CAP
+        valid = (chunk < C) & (i % CAP < tl.load(si_ptr + (r * C + chunk) * 4 + 2, mask=chunk < C, other=0))
+        xs = tl.load(cand_x_ptr + r * C * CAP + i, mask=valid, other=-float("inf"))
+        ids = tl.load(cand_id_ptr + r * C * CAP + i, mask=valid, other=0).to(tl.int64)
         key = tl.where(valid, _keys(xs), -1)
+        skey = (key - 2147483648).to(tl.int32)
         e = tl.where(valid, tl.exp(xs - m), 0.0)
         nc = tl.max(tl.load(si_ptr + s + 3, mask=cm, other=-1), 0)
         nc_e = tl.exp(tl.max(tl.load(sf_ptr + s + 3, mask=cm, other=-float("inf")), 0) - m)
         kth = tl.full((), 0, tl.int64)
         if k_on:
-            kth = _largest_where_count(key, valid.to(tl.int64), k, False)
+            kth = _largest_where(skey, valid.to(tl.int32), k, False)
         in_k = valid & (key >= kth)
         over = tl.full((), 0, tl.int64)
         if p_on:
             if k_on:
-                z = tl.sum(tl.sum(tl.where(in_k, e, 0.0), 1), 0)
+                z = tl.sum(tl.where(in_k, e, 0.0), 0)
             else:
                 mass_c = tl.load(sf_ptr + s + 2, mask=cm, other=0.0)
                 z = tl.sum(tl.where(m_c == -float("inf"), 0.0, mass_c * tl.exp(m_c - m)), 0)
-            over = _largest_where_count(key, tl.where(in_k, e, 0.0), top_p * z, True) + 1
+            over = _largest_where(skey, tl.where(in_k, e, 0.0), top_p * z, True) + 1
         keep = in_k & (key >= over) & (e >= min_p)
-        y = tl.where(keep, xs + _gumbel(tl.load(hash_ptr + r), ids), -float("inf"))
-        best = tl.max(tl.max(y, 1), 0)
-        tok = tl.min(tl.min(tl.where(keep & (y == best), ids, V), 1), 0)
+        y = tl.where(keep, xs + _gumbel(_row_hash(seeds_ptr, pos_ptr, r), ids), -float("inf"))
+        best = tl.max(y, 0)
+        tok = tl.min(tl.where(keep & (y == best), ids, V), 0)
         # Is NC (and so every token left out) outside the kept set, by a threshold known exactly?
         z_exact = (k_on == 0) | (kth > nc)
         out = (nc < 0) | (k_on & (kth > nc)) | (p_on & z_exact & (over > nc)) | ((nc_e < min_p) & (z_exact | (p_on == 0)))
@@ -352,8 +381,6 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
 
 def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, active, block, cap):
     """(tokens [R], rejected [R]: 1 where the row took the rejection rounds)."""
-    from ..runtime.step.sampler import row_hash
-
     R, V = logits.shape
     dev = logits.device
     logits = logits.contiguous()
@@ -362,7 +389,8 @@ def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, 
     processed = processed.contiguous()
     min_p = torch.zeros_like(top_p) if min_p is None else min_p
     temperature, top_k = temperature.float().contiguous(), top_k.contiguous()
-    top_p, min_p, hashes = top_p.float().contiguous(), min_p.float().contiguous(), row_hash(seeds, positions).contiguous()
+    top_p, min_p = top_p.float().contiguous(), min_p.float().contiguous()
+    hashes = (seeds.contiguous(), positions.contiguous())
     C = triton.cdiv(V, block)
     cand_x = torch.empty(R, C, cap, dtype=torch.float32, device=dev)
     cand_id = torch.empty(R, C, cap, dtype=torch.int32, device=dev)
@@ -371,11 +399,11 @@ def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, 
     out = torch.empty(R, dtype=torch.int64, device=dev)
     todo = torch.empty(R, dtype=torch.int64, device=dev)
     params = (temperature, top_k, top_p, min_p)
-    _chunk_kernel[(R, C)](logits, processed, active, *params, hashes, cand_x, cand_id, sf, si, V, V, C,
-                          CH=block, CAP=cap, num_warps=CHUNK_WARPS)
-    _select_kernel[(R,)](*params, hashes, cand_x, cand_id, sf, si, out, todo, V, C,
+    _chunk_kernel[(R, C)](logits, processed, active, *params, *hashes, cand_x, cand_id, sf, si, V, V, C,
+                          CH=block, CAP=cap, STEPS=STEPS, num_warps=CHUNK_WARPS)
+    _select_kernel[(R,)](*params, *hashes, cand_x, cand_id, sf, si, out, todo, V, C,
                          C_PAD=triton.next_power_of_2(C), CAP=cap, num_warps=SELECT_WARPS)
-    _sample_kernel[(R,)](logits, processed, active, *params, hashes, out, todo, V, V, BLOCK=2 * block,
+    _sample_kernel[(R,)](logits, processed, active, *params, *hashes, out, todo, V, V, BLOCK=2 * block,
                          num_warps=NUM_WARPS)
     return out, todo
 
