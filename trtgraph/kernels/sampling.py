@@ -35,7 +35,7 @@ NUM_WARPS = 16
 # The split draw: tokens per chunk program, candidates kept per chunk, warps.
 CHUNK = 4096
 CAP = 64
-STEPS = 14  # bisection steps for a chunk's candidate cut: (max - min) / 2**14 apart
+STEPS = 12  # bisection steps for a chunk's candidate cut: (max - min) / 2**12 apart
 CHUNK_WARPS = 4
 SELECT_WARPS = 4
 
@@ -289,19 +289,27 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
 
 
 @triton.jit
-def _largest_where(skey, weight, bound, STRICT: tl.constexpr):
+def _largest_where(skey, weight, bound, lo, hi, STRICT: tl.constexpr):
     """The largest v in [0, 2**32) with sum(weight where key >= v (key > v if STRICT)) > bound
     (>= when not STRICT), -1 where v = 0 fails: the reference's bisection, over values in
-    registers. skey: the int32 key minus 2**31 (the same order, half the registers)."""
+    registers. The answer, when found, lies in [lo, hi], so the bits they share are taken
+    from hi without counting. skey: the key minus 2**31 as int32 (same order, half the
+    registers)."""
     ans = tl.full((), 0, tl.int64)
+    lo = tl.maximum(lo, 0)
+    hi = tl.maximum(hi, lo)
     for i in tl.static_range(32):
-        cand = ans | (tl.full((), 1, tl.int64) << (31 - i))
-        v = (cand - 2147483648).to(tl.int32)
-        if STRICT:
-            ok = tl.sum(tl.where(skey > v, weight, 0.0), 0) > bound
+        bit = tl.full((), 1, tl.int64) << (31 - i)
+        cand = ans | bit
+        if ((lo ^ hi) >> (31 - i)) == 0:  # a shared leading bit
+            ans = tl.where((hi & bit) != 0, cand, ans)
         else:
-            ok = tl.sum(tl.where(skey >= v, weight, 0), 0) >= bound
-        ans = tl.where(ok, cand, ans)
+            v = (cand - 2147483648).to(tl.int32)
+            if STRICT:
+                ok = tl.sum(tl.where(skey > v, weight, 0.0), 0) > bound
+            else:
+                ok = tl.sum(tl.where(skey >= v, weight, 0), 0) >= bound
+            ans = tl.where(ok, cand, ans)
     if STRICT:
         found = tl.sum(tl.where(skey > -2147483648, weight, 0.0), 0) > bound
     else:
@@ -344,7 +352,8 @@ def _select_kernel(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr
         nc_e = tl.exp(tl.max(tl.load(sf_ptr + s + 3, mask=cm, other=-float("inf")), 0) - m)
         kth = tl.full((), 0, tl.int64)
         if k_on:
-            kth = _largest_where(skey, valid.to(tl.int32), k, False)
+            lo = tl.min(tl.where(valid, key, 1 << 32), 0)
+            kth = _largest_where(skey, valid.to(tl.int32), k, lo, tl.max(key, 0), False)
         in_k = valid & (key >= kth)
         over = tl.full((), 0, tl.int64)
         if p_on:
@@ -353,7 +362,9 @@ def _select_kernel(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr
             else:
                 mass_c = tl.load(sf_ptr + s + 2, mask=cm, other=0.0)
                 z = tl.sum(tl.where(m_c == -float("inf"), 0.0, mass_c * tl.exp(m_c - m)), 0)
-            over = _largest_where(skey, tl.where(in_k, e, 0.0), top_p * z, True) + 1
+            lo = tl.min(tl.where(in_k, key, 1 << 32), 0) - 1
+            hi = tl.max(tl.where(in_k, key, -1), 0) - 1
+            over = _largest_where(skey, tl.where(in_k, e, 0.0), top_p * z, lo, hi, True) + 1
         keep = in_k & (key >= over) & (e >= min_p)
         y = tl.where(keep, xs + _gumbel(_row_hash(seeds_ptr, pos_ptr, r), ids), -float("inf"))
         best = tl.max(y, 0)

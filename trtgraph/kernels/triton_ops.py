@@ -207,30 +207,30 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        # partials [programs(0), kv heads, splits, BLOCK_M, (D | 2)]
-        base = ((pid * num_kv_heads + kvh) * NUM_SPLITS + split) * BLOCK_M
-        rows = base + tl.arange(0, BLOCK_M)
-        tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc)
-        tl.store(part_ml_ptr + rows * 2, m_i)
-        tl.store(part_ml_ptr + rows * 2 + 1, l_i)
-        # The split that arrives last merges all of them (in split order, whichever it is) and
-        # puts the counter back to 0 for the next launch: no second kernel.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr + pid * num_kv_heads + kvh, 1, sem="acq_rel")
-        if arrived == NUM_SPLITS - 1:
-            _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, pid * num_kv_heads + kvh, tiles, tok, head, row_ok,
-                          q_stride_t, q_stride_h, NUM_SPLITS, SPLIT_TILES, HEAD_DIM, BLOCK_M)
-            tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
+        # Splits past the row's context (most of them at short contexts) have nothing to add.
+        used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1)
+        if split < used:
+            # partials [programs(0), kv heads, splits, BLOCK_M, (D | 2)]
+            base = ((pid * num_kv_heads + kvh) * NUM_SPLITS + split) * BLOCK_M
+            rows = base + tl.arange(0, BLOCK_M)
+            tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc)
+            tl.store(part_ml_ptr + rows * 2, m_i)
+            tl.store(part_ml_ptr + rows * 2 + 1, l_i)
+            # The split that arrives last merges all of them (in split order, whichever it is)
+            # and puts the counter back to 0 for the next launch: no second kernel.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(arrivals_ptr + pid * num_kv_heads + kvh, 1, sem="acq_rel")
+            if arrived == used - 1:
+                _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, pid * num_kv_heads + kvh, used, tok, head, row_ok,
+                              q_stride_t, q_stride_h, NUM_SPLITS, HEAD_DIM, BLOCK_M)
+                tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
 
 
 @triton.jit
-def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, tiles, tok, head, row_ok, q_stride_t, q_stride_h,
-                  NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_M: tl.constexpr):
-    """out = the splits' partial softmax sums merged, in split order; only the splits that had
-    work are read (short contexts leave most empty)."""
+def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, used, tok, head, row_ok, q_stride_t, q_stride_h,
+                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out = the partial softmax sums of splits 0 .. used - 1 merged, in split order."""
     d = tl.arange(0, HEAD_DIM)
-    used = tl.cdiv(tiles, SPLIT_TILES if SPLIT_TILES > 0 else tl.cdiv(tiles, NUM_SPLITS))
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(used):
         rows = (program * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
