@@ -1,5 +1,8 @@
 """Where a decode step's GPU time goes: kernel count and per-kernel time of one step, from
-the eager run of the same kernels a graph replays. Usage: python scripts/profile_step.py ARTIFACTS"""
+the eager run of the same kernels a graph replays.
+
+Usage: python scripts/profile_step.py ARTIFACTS|CONFIG.yaml [TOP]  (a config builds the three
+profiled keys only, no capture; TOP kernels listed per key, 12 by default)"""
 
 import sys
 
@@ -7,14 +10,20 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from trtgraph.bench import decode_rows
-from trtgraph.buckets import GraphKey
+from trtgraph.buckets import BucketPlan, GraphKey
+from trtgraph.config import Config
 from trtgraph.artifacts import load_manifest
 from trtgraph.runtime.step.executor import Executor
 
-manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
-ex = Executor.build(manifest.app_config(), manifest.plan())
-for key in (k for k in (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled"))
-            if k in ex.plan.keys):
+KEYS = (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled"))
+TOP = int(sys.argv[2]) if len(sys.argv) > 2 else 12
+if sys.argv[1].endswith((".yaml", ".yml")):
+    cfg = Config.from_yaml(sys.argv[1])
+    ex = Executor.build(cfg, BucketPlan.from_config(cfg).with_keys(list(KEYS)))
+else:
+    manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
+    ex = Executor.build(manifest.app_config(), manifest.plan())
+for key in (k for k in KEYS if k in ex.plan.keys):
     ex.prepare(key, decode_rows(ex, key.batch_size, 128))
     with torch.inference_mode():
         for _ in range(3):
@@ -29,5 +38,5 @@ for key in (k for k in (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"
     total = sum(e.device_time_total for e in events) / steps
     count = sum(e.count for e in events) / steps
     print(f"\n{key}: {count:.0f} kernels per step, {total / 1e3:.3f} ms of kernel time per step")
-    for e in sorted(events, key=lambda e: -e.device_time_total)[:12]:
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:TOP]:
         print(f"  {e.device_time_total / steps / 1e3:7.3f} ms  x{e.count // steps:<4} {e.key[:90]}")

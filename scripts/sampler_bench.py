@@ -66,8 +66,8 @@ def graph_time(fn) -> float:
 def sampler_alone(V: int) -> list[str]:
     from trtgraph.kernels import sampling
 
-    lines = ["", "| sampler alone, fp32 logits [bs, V] | bs | argmax ms | sort-based ms | sort-free torch ms | sort-free Triton ms | Triton, T only ms |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["", "| sampler alone, fp32 logits [bs, V] | bs | argmax ms | sort-based ms | sort-free torch ms | sort-free Triton ms "
+             "| Triton, T only ms | Triton, top-p 0.9 only ms (rows by rejection) |", "|---|---|---|---|---|---|---|---|"]
     for bs in BATCHES:
         gen = torch.Generator(device="cuda").manual_seed(bs)
         logits = torch.randn(bs, V, device="cuda", generator=gen) * 3
@@ -81,9 +81,12 @@ def sampler_alone(V: int) -> list[str]:
         times = [graph_time(lambda: logits.argmax(-1)), graph_time(lambda: sort_sampler(logits, t, k, p, seeds, pos)),
                  graph_time(lambda: sampler.sample(logits, t, k, p, seeds, pos)),
                  graph_time(lambda: sampling.sample(logits, t, k, p, seeds, pos)),
-                 graph_time(lambda: sampling.sample(logits, t, 0 * k, 1 + 0 * p, seeds, pos))]
+                 graph_time(lambda: sampling.sample(logits, t, 0 * k, 1 + 0 * p, seeds, pos)),
+                 graph_time(lambda: sampling.sample(logits, t, 0 * k, p, seeds, pos))]
+        rejected = int(sampling.draw(logits, t, 0 * k, p, seeds, pos, None, None, None, sampling.CHUNK,
+                                     sampling.CAP)[1].sum())
         lines.append(f"| top-k 50 top-p 0.9 T 0.8 (Triton == torch reference: {same}; == sort-based: {agree:.2f}) | {bs} | "
-                     + " | ".join(f"{x:.3f}" for x in times) + " |")
+                     + " | ".join(f"{x:.3f}" for x in times) + f" ({rejected}/{bs}) |")
     return lines
 
 

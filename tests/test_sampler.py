@@ -101,21 +101,42 @@ def tri():
     return sampling
 
 
-@pytest.mark.parametrize("ties", [False, True])
-@pytest.mark.parametrize("V", [300, 2500])
-def test_triton_sample_equals_the_reference(tri, ties, V):
-    gen = torch.Generator().manual_seed(V + ties)
-    R = 24
+def filter_mix(gen, R, V, ties):
+    """Every filter combination, and greedy rows."""
     logits, temp, top_k, top_p, min_p, seeds, pos = random_batch(gen, R, V, ties)
-    # every filter combination, and greedy rows
     top_k[0::3] = 0
     top_p[1::3] = 1.0
     min_p[::2] = 0.0
     temp[5::7] = 0.0
     top_k[7], top_p[8], top_k[9], top_p[9] = 1, 1e-7, 50, 0.95
+    return logits, temp, top_k, top_p, min_p, seeds, pos
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("V", [300, 2500])
+def test_triton_sample_equals_the_reference(tri, ties, V):
+    gen = torch.Generator().manual_seed(V + ties)
+    logits, temp, top_k, top_p, min_p, seeds, pos = filter_mix(gen, 24, V, ties)
     want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
-    got = tri.sample(logits, temp, top_k, top_p, seeds, pos, min_p, block=512)  # several blocks per row
+    got = tri.sample(logits, temp, top_k, top_p, seeds, pos, min_p, block=512)  # several chunks per row
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("cap", [1, 8, 64, 1024])
+def test_triton_sample_settles_rows_from_candidates_or_by_rejection(tri, cap):
+    """The same tokens whichever path a row takes: few candidates per chunk send most filtered
+    rows to the rejection rounds, many settle them all from the candidates."""
+    gen = torch.Generator().manual_seed(cap)
+    logits, temp, top_k, top_p, min_p, seeds, pos = filter_mix(gen, 24, 2500, False)
+    want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
+    got, rejected = tri.draw(logits, temp, top_k, top_p, seeds, pos, min_p, None, None, 256, cap)
+    assert torch.equal(got, want)
+    filtered = (temp > 0) & (((top_k > 0) & (top_k < 2500)) | (top_p < 1) | (min_p > 0))
+    assert not rejected[~filtered].any()
+    if cap >= 256:  # a chunk is its own candidates: nothing left out
+        assert not rejected.any()
+    elif cap > 1:  # both paths taken
+        assert rejected[filtered].any() and (rejected[filtered] == 0).any()
 
 
 def test_triton_sample_reads_processed_rows(tri):
@@ -181,3 +202,27 @@ def test_the_kernel_set_chooses_the_sampler_once():
     tri = get_kernels("triton")
     assert (tri.sample, tri.process_logits, tri.top_logprobs) == (sampling.sample, sampling.process,
                                                                   sampling.top_logprobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_triton_sample_equals_the_reference_at_full_vocabulary():
+    """Llama-3 vocabulary, 64 rows: every filter mix equals the torch reference on the GPU;
+    top-k 50 + top-p 0.9 rows settle from the candidates; a row's token is the same alone."""
+    from trtgraph.kernels import sampling
+
+    dev, V, R = torch.device("cuda"), 128256, 64
+    gen = torch.Generator().manual_seed(11)
+    logits, temp, top_k, top_p, min_p, seeds, pos = [t.to(dev) for t in filter_mix(gen, R, V, False)]
+    batch = (logits, temp, top_k, top_p, seeds, pos, min_p)  # sample's argument order
+    want = sampler.sample(*batch)
+    got, _ = sampling.draw(*batch, None, None, sampling.CHUNK, sampling.CAP)
+    assert torch.equal(got, want)
+    k50, p09 = torch.full_like(top_k, 50), torch.full_like(top_p, 0.9)
+    got, rejected = sampling.draw(logits, temp.clamp_min(0.5), k50, p09, seeds, pos, min_p, None, None,
+                                  sampling.CHUNK, sampling.CAP)
+    assert not rejected.any()
+    assert torch.equal(got, sampler.sample(logits, temp.clamp_min(0.5), k50, p09, seeds, pos, min_p))
+    for r in (0, 9, 63):
+        one = sampling.sample(*(t[r:r + 1] for t in batch))
+        assert int(one) == int(sampling.sample(*batch)[r])

@@ -148,7 +148,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: to
 
 
 @triton.jit
-def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr,
                        q_stride_t, q_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
                        cache_head_stride, bt_stride, scale_log2,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
@@ -207,45 +207,42 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        # partials [programs(0), kv heads, splits, BLOCK_M, (D | 2)]
-        base = ((pid * num_kv_heads + kvh) * NUM_SPLITS + split) * BLOCK_M
-        rows = base + tl.arange(0, BLOCK_M)
-        tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc)
-        tl.store(part_ml_ptr + rows * 2, m_i)
-        tl.store(part_ml_ptr + rows * 2 + 1, l_i)
+        # Splits past the row's context (most of them at short contexts) have nothing to add.
+        used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1)
+        if split < used:
+            # partials [programs(0), kv heads, splits, BLOCK_M, (D | 2)]
+            base = ((pid * num_kv_heads + kvh) * NUM_SPLITS + split) * BLOCK_M
+            rows = base + tl.arange(0, BLOCK_M)
+            tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc)
+            tl.store(part_ml_ptr + rows * 2, m_i)
+            tl.store(part_ml_ptr + rows * 2 + 1, l_i)
+            # The split that arrives last merges all of them (in split order, whichever it is)
+            # and puts the counter back to 0 for the next launch: no second kernel.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(arrivals_ptr + pid * num_kv_heads + kvh, 1, sem="acq_rel")
+            if arrived == used - 1:
+                _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, pid * num_kv_heads + kvh, used, tok, head, row_ok,
+                              q_stride_t, q_stride_h, NUM_SPLITS, HEAD_DIM, BLOCK_M)
+                tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
 
 
 @triton.jit
-def _paged_attn_reduce_kernel(part_acc_ptr, part_ml_ptr, out_ptr, pos_ptr, q_stride_t, q_stride_h,
-                              Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
-                              NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, HEAD_DIM: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
-    num_kv_heads = tl.num_programs(1)
-    b = pid // NUM_Q_BLOCKS
-    qb = pid % NUM_Q_BLOCKS
-    r = qb * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = r < Q_LEN * GROUP
-    tok = b * Q_LEN + r // GROUP
-    head = kvh * GROUP + r % GROUP
+def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, used, tok, head, row_ok, q_stride_t, q_stride_h,
+                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out = the partial softmax sums of splits 0 .. used - 1 merged, in split order."""
     d = tl.arange(0, HEAD_DIM)
-    # Only the splits the main kernel gave work to (short contexts leave most empty).
-    ctx = tl.max(tl.load(pos_ptr + tok, mask=row_ok, other=-1), axis=0) + 1
-    tiles = tl.cdiv(ctx, BLOCK_N)
-    used = tl.cdiv(tiles, SPLIT_TILES if SPLIT_TILES > 0 else tl.cdiv(tiles, NUM_SPLITS))
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(used):
-        rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + rows * 2))
+        rows = (program * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + rows * 2, cache_modifier=".cg"))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for s in range(used):
-        rows = ((pid * num_kv_heads + kvh) * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
-        w = tl.exp2(tl.load(part_ml_ptr + rows * 2) - m_safe)
-        l_all += w * tl.load(part_ml_ptr + rows * 2 + 1)
-        acc += w[:, None] * tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :])
+        rows = (program * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        w = tl.exp2(tl.load(part_ml_ptr + rows * 2, cache_modifier=".cg") - m_safe)
+        l_all += w * tl.load(part_ml_ptr + rows * 2 + 1, cache_modifier=".cg")
+        acc += w[:, None] * tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], cache_modifier=".cg")
     out = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
     tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -319,15 +316,26 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     common = dict(Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, NUM_SPLITS=splits, SPLIT_TILES=split_tiles,
                   HEAD_DIM=head_dim, BLOCK_M=block_m)
-    _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml,
+    arrivals = _arrival_counters(batch * q_blocks * num_kv_heads, q.device) if splits > 1 else out
+    _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals,
                              q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,
                              PAGE=page, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              **common)
-    if splits > 1:
-        _paged_attn_reduce_kernel[(batch * q_blocks, num_kv_heads)](part_acc, part_ml, out, positions, q.stride(0),
-                                                                    q.stride(1), BLOCK_N=block_n, **common)
     return out
+
+
+# Split-KV arrival counters (int32, zero between launches: the last split resets its own),
+# per device. Allocated at the first split launch (warm-up, before any capture) and never
+# freed, so every recorded graph keeps valid addresses; a larger need adds a larger buffer.
+_ARRIVALS: dict = {}
+
+
+def _arrival_counters(n: int, device: torch.device) -> torch.Tensor:
+    held = _ARRIVALS.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 # ---------------------------------------------------------------------------------------
