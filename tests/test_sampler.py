@@ -101,6 +101,13 @@ def tri():
     return sampling
 
 
+@pytest.fixture(scope="module")
+def tri_proc(tri):
+    from trtgraph.kernels import processors
+
+    return processors
+
+
 def filter_mix(gen, R, V, ties):
     """Every filter combination, and greedy rows."""
     logits, temp, top_k, top_p, min_p, seeds, pos = random_batch(gen, R, V, ties)
@@ -167,26 +174,26 @@ def random_state(gen, R, V, S=6, n_bias=300, n_stop=5):
     return state, rows, torch.randint(0, 20, (R,), generator=gen)
 
 
-def test_triton_process_equals_the_reference(tri):
+def test_triton_process_equals_the_reference(tri_proc):
     gen = torch.Generator().manual_seed(4)
     R, V = 12, 1500
     logits = torch.randn(R, V, generator=gen) * 3
     state, rows, pos = random_state(gen, R, V)
     want = sampler.process(logits, rows, state, pos)
-    got = tri.process(logits, rows, state, pos)
+    got = tri_proc.process(logits, rows, state, pos)
     active = rows.active != 0
     assert active.sum() >= 3 and torch.equal(got[active], want[active])
     assert torch.equal(want[~active], logits[~active])
     assert (want == float("-inf")).any(), "no min_tokens mask applied: the test shows less"
 
 
-def test_triton_logprobs_equal_the_reference(tri):
+def test_triton_logprobs_equal_the_reference(tri_proc):
     gen = torch.Generator().manual_seed(5)
     R, V = 6, 2100
     logits = torch.randn(R, V, generator=gen) * 4
     tokens = torch.randint(0, V, (R,), generator=gen)
     want = torch.tensor([1, 0, 1, 1, 0, 1])
-    vals, ids = tri.top_logprobs(logits, tokens, want, 20)
+    vals, ids = tri_proc.top_logprobs(logits, tokens, want, 20)
     ref_vals, ref_ids = sampler.top_logprobs(logits, tokens, want, 20)
     rows = want != 0
     assert torch.equal(ids[rows], ref_ids[rows])
@@ -195,13 +202,13 @@ def test_triton_logprobs_equal_the_reference(tri):
 
 def test_the_kernel_set_chooses_the_sampler_once():
     """`kernels: torch` runs the torch reference everywhere (also on CUDA); Triton only by choice."""
-    from trtgraph.kernels import get_kernels, sampling
+    from trtgraph.kernels import get_kernels, processors, sampling
 
     ref = get_kernels("torch")
     assert (ref.sample, ref.process_logits, ref.top_logprobs) == (sampler.sample, sampler.process, sampler.top_logprobs)
     tri = get_kernels("triton")
-    assert (tri.sample, tri.process_logits, tri.top_logprobs) == (sampling.sample, sampling.process,
-                                                                  sampling.top_logprobs)
+    assert (tri.sample, tri.process_logits, tri.top_logprobs) == (sampling.sample, processors.process,
+                                                                  processors.top_logprobs)
 
 
 @pytest.mark.gpu

@@ -53,11 +53,12 @@ def _triton_set() -> KernelSet:
     from . import linear as lin
     from . import triton_ops as t
 
+    from . import processors as pr
     from . import sampling as s
 
     return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
-                     sample=s.sample, process_logits=s.process, top_logprobs=s.top_logprobs,
+                     sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
                      gumbel_noise=t.gumbel_noise)
 
 

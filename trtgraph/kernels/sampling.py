@@ -18,8 +18,7 @@ returns at once for every row; a near-flat row under top-p alone keeps more toke
 the candidates and takes the rejection path. Chunks and candidates depend on V only, so a
 row's token never depends on the batch.
 
-`process`: rows without a processor return at once; others get the penalties in one pass
-and then their logit_bias / min_tokens entries. `top_logprobs`: rows that asked only.
+The logits processors and logprobs are in kernels/processors.py.
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .sampling_common import _gumbel, _keys, _row_hash, _row_params
 
 # Vocabulary elements per loop iteration and warps per row: one program streams a whole row,
 # so few, wide iterations (each ends in block reductions) keep a pass short.
@@ -38,48 +39,6 @@ CAP = 64
 STEPS = 12  # bisection steps for a chunk's candidate cut: (max - min) / 2**12 apart
 CHUNK_WARPS = 4
 SELECT_WARPS = 4
-
-
-@triton.jit
-def _keys(x):
-    """fp32 -> int64 in [0, 2**32) with the order of the values (-0.0 == +0.0)."""
-    bits = (x + 0.0).to(tl.int32, bitcast=True).to(tl.int64)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2147483648
-
-
-@triton.jit
-def _mix32(x):
-    """kernels/sampler_reference._mix32 in native uint32 arithmetic (products wrap mod 2**32, as the
-    reference's masks make them): the same bits, without 64-bit multiplies."""
-    x = (x ^ (x >> 16)) * 0x7FEB352D
-    x = (x ^ (x >> 15)) * 0x646F1B35
-    x = (x ^ (x >> 16)) * 0x5BD1E995
-    return x ^ (x >> 15)
-
-
-@triton.jit
-def _gumbel(row_hash, cols):
-    bits = _mix32(row_hash.to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x3C6EF372))
-    u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
-def _mix32_i64(x):
-    """kernels/sampler_reference._mix32 itself: int64 values masked to 32 bits after each product."""
-    x = x & 0xFFFFFFFF
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
-    x = ((x ^ (x >> 15)) * 0x646F1B35) & 0xFFFFFFFF
-    x = ((x ^ (x >> 16)) * 0x5BD1E995) & 0xFFFFFFFF
-    return x ^ (x >> 15)
-
-
-@triton.jit
-def _row_hash(seeds_ptr, pos_ptr, r):
-    """kernels/sampler_reference.row_hash of row r, in the kernel (in torch it is ~36 tiny launches)."""
-    seed = tl.load(seeds_ptr + r).to(tl.int64)
-    pos = tl.load(pos_ptr + r).to(tl.int64)
-    return _mix32_i64(_mix32_i64(seed ^ (seed >> 32)) ^ ((pos * 0x9E3779B1) & 0xFFFFFFFF))
 
 
 @triton.jit
@@ -165,18 +124,6 @@ def _top_k_mass(src, V, t, m, k, lo, lo_cnt, lo_mass, hi, hi_cnt, BLOCK: tl.cons
 
 
 @triton.jit
-def _row_params(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, r, V):
-    temp = tl.load(temp_ptr + r)
-    k = tl.load(top_k_ptr + r)
-    top_p = tl.load(top_p_ptr + r)
-    min_p = tl.load(min_p_ptr + r)
-    k_on = (k > 0) & (k < V)
-    p_on = top_p < 1.0
-    filtered = (temp > 0) & (k_on | p_on | (min_p > 0.0))
-    return temp, k, top_p, min_p, k_on, p_on, filtered
-
-
-@triton.jit
 def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
                    pos_ptr, out_ptr, todo_ptr, V, stride, BLOCK: tl.constexpr):
     """The exact draw by rejection rounds, one program per row, for the rows `todo` marks (those
@@ -220,6 +167,24 @@ def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_
 
 
 @triton.jit
+def _candidate_cut(x, inside, mc, CAP: tl.constexpr, STEPS: tl.constexpr):
+    """tau keeping at most CAP of the chunk's x >= tau: a bisection between the chunk's max mc
+    and its smallest finite x (at most 64 below); count(x >= hi) <= CAP always, count(x >= lo)
+    > CAP while bisecting. Ties at the max beyond CAP: +inf (none); a chunk of <= CAP: -inf."""
+    lo = tl.maximum(tl.min(tl.where(inside & (x > -float("inf")), x, float("inf")), 0), mc - 64.0)
+    few = tl.sum((inside & (x >= lo)).to(tl.int32), 0) <= CAP
+    hi = mc
+    for _ in tl.static_range(STEPS):
+        mid = lo + (hi - lo) * 0.5
+        more = tl.sum((x >= mid).to(tl.int32), 0) > CAP
+        lo = tl.where(more, mid, lo)
+        hi = tl.where(more, hi, mid)
+    tau = tl.where(few, lo, hi)
+    tau = tl.where(tl.sum((x >= mc).to(tl.int32), 0) > CAP, float("inf"), tau)
+    return tl.where(tl.sum(inside.to(tl.int32), 0) <= CAP, -float("inf"), tau)
+
+
+@triton.jit
 def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
                   cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, V, stride, C, CH: tl.constexpr, CAP: tl.constexpr,
                   STEPS: tl.constexpr):
@@ -253,19 +218,7 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
         by = tl.max(y, 0)
         ay = tl.min(tl.where(inside & (y == by), cols, V), 0)
     if filtered:
-        # tau: count(x >= hi) <= CAP always; count(x >= lo) > CAP while bisecting
-        lo = tl.maximum(tl.min(tl.where(inside & (x > -float("inf")), x, float("inf")), 0), mc - 64.0)
-        few = tl.sum((inside & (x >= lo)).to(tl.int32), 0) <= CAP
-        hi = mc
-        for _ in tl.static_range(STEPS):
-            mid = lo + (hi - lo) * 0.5
-            more = tl.sum((x >= mid).to(tl.int32), 0) > CAP
-            lo = tl.where(more, mid, lo)
-            hi = tl.where(more, hi, mid)
-        tau = tl.where(few, lo, hi)
-        tau = tl.where(tl.sum((x >= mc).to(tl.int32), 0) > CAP, float("inf"), tau)  # ties at the max: none
-        tau = tl.where(tl.sum(inside.to(tl.int32), 0) <= CAP, -float("inf"), tau)  # a small chunk: all
-        sel = inside & (x >= tau)
+        sel = inside & (x >= _candidate_cut(x, inside, mc, CAP, STEPS))
         pos = tl.cumsum(sel.to(tl.int32), 0) - 1
         sel = sel & (pos < CAP)  # only +inf logits could pass CAP
         base = (r * C + c) * CAP
@@ -417,112 +370,3 @@ def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, 
     _sample_kernel[(R,)](logits, processed, active, *params, *hashes, out, todo, V, V, BLOCK=2 * block,
                          num_warps=NUM_WARPS)
     return out, todo
-
-
-# ---- logits processors ------------------------------------------------------------------------
-
-
-@triton.jit
-def _penalised(x, counts, rep, presence, frequency):
-    """The reference's arithmetic, in its order: repetition, then frequency and presence."""
-    gen = (counts & 0xFFFFFF).to(tl.float32)
-    x = tl.where(counts != 0, tl.where(x > 0, x / rep, x * rep), x)
-    return x - frequency * gen - presence * (gen > 0).to(tl.float32)
-
-
-@triton.jit
-def _process_kernel(logits_ptr, out_ptr, active_ptr, slots_ptr, counts_ptr, bias_ids_ptr, bias_vals_ptr,
-                    stop_ids_ptr, pos_ptr, until_ptr, rep_ptr, pres_ptr, freq_ptr, V, n_bias, n_stop,
-                    BLOCK: tl.constexpr, BIAS_BLOCK: tl.constexpr, STOP_BLOCK: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64)
-    if tl.load(active_ptr + r) != 0:
-        slot = tl.load(slots_ptr + r)
-        rep = tl.load(rep_ptr + r)
-        presence = tl.load(pres_ptr + r)
-        frequency = tl.load(freq_ptr + r)
-        src, dst, cnt = logits_ptr + r * V, out_ptr + r * V, counts_ptr + slot * V
-        for start in range(0, V, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            inside = cols < V
-            x = tl.load(src + cols, mask=inside, other=0.0)
-            c = tl.load(cnt + cols, mask=inside, other=0)
-            tl.store(dst + cols, _penalised(x, c, rep, presence, frequency), mask=inside)
-        tl.debug_barrier()
-        j = tl.arange(0, BIAS_BLOCK)
-        ids = tl.load(bias_ids_ptr + slot * n_bias + j, mask=j < n_bias, other=-1)
-        listed = ids >= 0
-        b = tl.load(bias_vals_ptr + slot * n_bias + j, mask=listed, other=0.0)
-        x = tl.load(src + ids, mask=listed, other=0.0) + b
-        c = tl.load(cnt + ids, mask=listed, other=0)
-        tl.store(dst + ids, _penalised(x, c, rep, presence, frequency), mask=listed)
-        tl.debug_barrier()
-        if tl.load(pos_ptr + r) < tl.load(until_ptr + r):
-            s = tl.arange(0, STOP_BLOCK)
-            stop = tl.load(stop_ids_ptr + slot * n_stop + s, mask=s < n_stop, other=0)
-            tl.store(dst + stop, tl.full((STOP_BLOCK,), -float("inf"), tl.float32), mask=s < n_stop)
-
-
-def process(logits: torch.Tensor, rows, state, positions: torch.Tensor) -> torch.Tensor:
-    """kernels/sampler_reference.process for the rows with `active` set; the other rows of the result
-    are left unwritten (the sampler reads `logits` for them)."""
-    R, V = logits.shape
-    logits = logits.contiguous()
-    out = torch.empty_like(logits)
-    n_bias, n_stop = state.bias_ids.shape[1], state.stop_ids.shape[1]
-    _process_kernel[(R,)](logits, out, rows.active, rows.slots, state.token_counts, state.bias_ids, state.bias_values,
-                          state.stop_ids, positions, rows.eos_until, rows.repetition, rows.presence, rows.frequency,
-                          V, n_bias, n_stop, BLOCK=BLOCK, num_warps=NUM_WARPS, BIAS_BLOCK=triton.next_power_of_2(n_bias),
-                          STOP_BLOCK=triton.next_power_of_2(n_stop))
-    return out
-
-
-# ---- logprobs ------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _logprobs_kernel(logits_ptr, tokens_ptr, want_ptr, vals_ptr, ids_ptr, V, K: tl.constexpr, BLOCK: tl.constexpr):
-    """Rows that asked: log_softmax at the drawn token, then the top K in (value desc, id asc)
-    order, one pass each (the row stays in L2)."""
-    r = tl.program_id(0).to(tl.int64)
-    if tl.load(want_ptr + r) != 0:
-        src = logits_ptr + r * V
-        m = -float("inf")
-        z = 0.0
-        for start in range(0, V, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            x = tl.load(src + cols, mask=cols < V, other=-float("inf"))
-            m_new = tl.maximum(m, tl.max(x, 0))
-            z = z * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-            m = m_new
-        log_z = m + tl.log(z)
-        tl.store(vals_ptr + r * (K + 1), tl.load(src + tl.load(tokens_ptr + r)) - log_z)
-        prev_v = float("inf")
-        prev_i = -1
-        for j in range(K):
-            best = -float("inf")
-            arg = V
-            for start in range(0, V, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                x = tl.load(src + cols, mask=cols < V, other=-float("inf"))
-                after = (x < prev_v) | ((x == prev_v) & (cols > prev_i))
-                y = tl.where(after & (cols < V), x, -float("inf"))
-                b = tl.max(y, 0)
-                i = tl.min(tl.where((y == b) & after & (cols < V), cols, V), 0)
-                take = (b > best) | ((b == best) & (i < arg))
-                arg = tl.where(take, i, arg)
-                best = tl.where(take, b, best)
-            tl.store(vals_ptr + r * (K + 1) + 1 + j, best - log_z)
-            tl.store(ids_ptr + r * K + j, arg.to(tl.int64))
-            prev_v = best
-            prev_i = arg
-
-
-def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor, k: int):
-    """kernels/sampler_reference.top_logprobs for the rows with `want` set (others left unwritten)."""
-    R, V = logits.shape
-    logits = logits.contiguous()
-    vals = torch.empty(R, 1 + k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(R, k, dtype=torch.int64, device=logits.device)
-    _logprobs_kernel[(R,)](logits, tokens.contiguous(), want, vals, ids, V, K=k, BLOCK=BLOCK,
-                           num_warps=NUM_WARPS)
-    return vals, ids

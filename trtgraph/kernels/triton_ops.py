@@ -148,6 +148,36 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: to
 
 
 @triton.jit
+def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cache_block_stride, cache_slot_stride,
+                  scale_log2, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax of the rows' queries q [M, D] over KV tiles [start, end) of one sequence
+    (block-table row bt_row) and one kv head (k_base): (running max m, sum l, accumulator), in
+    log2 units; a query t sees keys 0..pos[t]."""
+    d = tl.arange(0, HEAD_DIM)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for tile in range(start, end):
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < ctx
+        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0)
+        off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
+        k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
+        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr,
                        q_stride_t, q_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
                        cache_head_stride, bt_stride, scale_log2,
@@ -181,26 +211,9 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     start = split * per_split
     end = tl.minimum(start + per_split, tiles) if NUM_SPLITS > 1 else tiles
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    k_base = kv_ptr + kvh * cache_head_stride
-    for tile in range(start, end):
-        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < ctx
-        page = tl.load(bt_ptr + b * bt_stride + n // PAGE, mask=n_ok, other=0)
-        off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
-        k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend_tiles(q, kv_ptr + kvh * cache_head_stride, bt_ptr + b * bt_stride, pos, ctx, start, end,
+                                  cache_kv_stride, cache_block_stride, cache_slot_stride, scale_log2,
+                                  PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
 
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

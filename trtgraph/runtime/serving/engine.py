@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 import torch
 
 from ... import startup
-from ...artifacts import load_manifest, manifest_path, use_triton_cache
+from ...artifacts import Manifest, load_manifest, manifest_path, use_triton_cache
 from ...errors import ManifestError, PromptError
 from ...models import load_tokenizer
 from ...models.chat import load_chat_template
@@ -37,7 +37,7 @@ POOL_TOLERANCE_BYTES = 32 << 20
 
 
 class Engine:
-    def __init__(self, path: str | Path = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
+    def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
                  tp: TPGroup = TPGroup(), model: str | Path | None = None):
         """speculative=False ignores the manifest's speculative section (plain decode steps),
         for A/B runs on the same capture. model: the checkpoint directory, where it has moved
@@ -355,7 +355,7 @@ def _with_checkpoint(config, mpath: Path, model: str | Path | None):
     if config.model.path is not None and not Path(config.model.path).is_dir():
         raise ManifestError(f"{mpath}: config.model.path = {config.model.path} does not exist; the checkpoint "
                             f"was moved or deleted after capture. Pass its new location with `trtgraph run "
-                            f"--model PATH` (or LLM(..., model=PATH)); its files are checked against the "
+                            f"--model PATH` or `trtgraph serve --model PATH` (or LLM(..., model=PATH)); its files are checked against the "
                             f"manifest's sizes and sha256.")
     return config
 
