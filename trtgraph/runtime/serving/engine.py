@@ -127,10 +127,11 @@ class Engine:
         return time.perf_counter() - t0
 
     # ---- the incremental core: add, abort, step -----------------------------------------
-    def add_request(self, request: Request | dict, where: str = "request") -> None:
+    def add_request(self, request: Request | dict, where: str = "request", stream: bool = True) -> None:
         """Queue a request; it joins the running batch at a coming step. A request no
         recorded key can serve comes back from the next step() as an error Result. Raises
-        PromptError for a malformed dict or an id that is already live."""
+        PromptError for a malformed dict or an id that is already live. stream=False: no
+        output until it finishes (its text is decoded once, at the end)."""
         req = request if isinstance(request, Request) else parse_request(
             request, where, self.executor.loaded.config.vocab_size)
         if self._is_live(req.id):
@@ -148,7 +149,7 @@ class Engine:
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
             return
         self.stats.prompt_tokens += len(item.prompt_ids)
-        self._live[req.id] = _Live(item, time.perf_counter(), TextStream(self.tokenizer, req.stop_strings))
+        self._live[req.id] = _Live(item, time.perf_counter(), TextStream(self.tokenizer, req.stop_strings), stream)
         self.scheduler.add(item)
 
     def _is_live(self, request_id: str) -> bool:
@@ -213,15 +214,16 @@ class Engine:
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
-        ids = self.submit(requests, gpu_timing)
+        ids = self.submit(requests, gpu_timing, stream=False)
         for out in self.outputs_of(ids):
             if out.finished:
                 yield out.result
 
-    def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> list[str]:
+    def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False, stream: bool = True) -> list[str]:
         """Validate every request (ids unique within the batch and among live requests),
         then queue them all; their ids. Submitted to an idle engine they start a new run:
-        `stats` then cover this batch (and whatever joins it before the engine is idle)."""
+        `stats` then cover this batch (and whatever joins it before the engine is idle).
+        stream=False: each request's one output is its last (no per-step text deltas)."""
         vocab = self.executor.loaded.config.vocab_size
         reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab)
                 for i, r in enumerate(requests)]
@@ -237,7 +239,7 @@ class Engine:
         if not self.has_unfinished():
             self.start_run(gpu_timing)
         for i, req in enumerate(reqs):
-            self.add_request(req, f"request {i}")
+            self.add_request(req, f"request {i}", stream)
         return list(first)
 
     def start_run(self, gpu_timing: bool = False) -> None:
@@ -286,8 +288,11 @@ class Engine:
     def _complete(self, f: InFlight) -> list[RequestOutput]:
         """Wait for a step's tokens; the scheduler applies them; each drawing request's news."""
         tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
-        outputs = []
+        outputs, live = [], self._live
         for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
+            req = seq.request
+            if reason is None and not req.stop_strings and not live[req.id].stream:
+                continue  # nobody reads this request's deltas: its text is decoded once, at the end
             outputs += self._news(seq, reason)
         return outputs
 
@@ -304,7 +309,7 @@ class Engine:
                 if not seq.finished:
                     self.scheduler.finish(seq)
         if reason is None:
-            if req.n > 1:  # one output, once all n completions have finished
+            if req.n > 1 or not live.stream:  # one output, once it (all n completions) has finished
                 return []
             delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out))
             live.num_sent = len(out)
@@ -338,6 +343,7 @@ class _Live:
     seq: Sequence
     arrival_seconds: float  # time.perf_counter() at add_request
     text: TextStream
+    stream: bool = True  # whether each step's new tokens and text are handed out (else only the end)
     num_sent: int = 0  # output tokens already handed out
 
 
