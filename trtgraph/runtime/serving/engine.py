@@ -184,7 +184,12 @@ class Engine:
                 # rows, inputs advanced on the device) before reading this one's tokens back.
                 ahead = self.scheduler.extend_decode(f.step)
                 self._inflight = self.launcher.launch(ahead, self.stats) if ahead is not None else None
-                outputs += self._complete(f)
+                drew = self._drawn(f)
+                if self._inflight is None:
+                    # The rows changed (a request finished, or one waits to be admitted): form and
+                    # launch the next step now, before turning this one's tokens into text.
+                    self._inflight = self._launch_next()
+                outputs += [o for d in drew for o in self._news(*d)]
                 if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
                     self._complete(self._inflight)  # ran ahead for rows that all finished: drain it
                     self._inflight = None
@@ -287,27 +292,34 @@ class Engine:
     # ---- after a step: tokens to text and outputs ------------------------------------------
     def _complete(self, f: InFlight) -> list[RequestOutput]:
         """Wait for a step's tokens; the scheduler applies them; each drawing request's news."""
-        tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
-        outputs, live = [], self._live
-        for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
-            req = seq.request
-            if reason is None and not req.stop_strings and not live[req.id].stream:
-                continue  # nobody reads this request's deltas: its text is decoded once, at the end
-            outputs += self._news(seq, reason)
-        return outputs
+        return [o for d in self._drawn(f) for o in self._news(*d)]
 
-    def _news(self, seq: Sequence, reason: str | None) -> list[RequestOutput]:
+    def _drawn(self, f: InFlight) -> list[tuple[Sequence, str | None, str | None]]:
+        """Wait for a step's tokens and let the scheduler apply them; stop strings are checked
+        here too (a hit ends the sequence before the next step is formed). (sequence, finish
+        reason, its text when a stop-string check decoded it) for each whose news someone
+        reads: every one that finished, and the others of streamed requests (a request
+        submitted with stream=False has its text decoded once, at the end)."""
+        tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
+        drew, live = [], self._live
+        for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
+            req, text = seq.request, None
+            if req.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= req.min_tokens:
+                text, hit = live[req.id].text.stop_text(seq.output_ids)
+                if hit:
+                    reason = "stop"
+                    if not seq.finished:
+                        self.scheduler.finish(seq)
+            if reason is not None or live[req.id].stream:
+                drew.append((seq, reason, text))
+        return drew
+
+    def _news(self, seq: Sequence, reason: str | None, text: str | None = None) -> list[RequestOutput]:
         """One sequence's new tokens as its request's output: the text so far, or, when a stop
-        (token-level, from the scheduler, or a stop string, checked here) ended it, its Result."""
+        (token-level, from the scheduler, or a stop string, found by `_drawn`) ended it, its
+        Result. text: the output's text when `_drawn` decoded it (cut at a stop string)."""
         req, live = seq.request, self._live[seq.request.id]
         out = seq.output_ids
-        text = None
-        if req.stop_strings and len(out) >= req.min_tokens:
-            text, hit = live.text.stop_text(out)
-            if hit:
-                reason = "stop"
-                if not seq.finished:
-                    self.scheduler.finish(seq)
         if reason is None:
             if req.n > 1 or not live.stream:  # one output, once it (all n completions) has finished
                 return []
