@@ -185,14 +185,14 @@ class Engine:
                 ahead = self.scheduler.extend_decode(f.step)
                 self._inflight = self.launcher.launch(ahead, self.stats) if ahead is not None else None
                 drew = self._drawn(f)
+                if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
+                    self._drawn(self._inflight)  # ran ahead for rows that all finished: drain it
+                    self._inflight = None
                 if self._inflight is None:
                     # The rows changed (a request finished, or one waits to be admitted): form and
                     # launch the next step now, before turning this one's tokens into text.
                     self._inflight = self._launch_next()
                 outputs += [o for d in drew for o in self._news(*d)]
-                if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
-                    self._complete(self._inflight)  # ran ahead for rows that all finished: drain it
-                    self._inflight = None
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
             self.stats.seconds = time.perf_counter() - self._run_start
@@ -290,10 +290,6 @@ class Engine:
             self.broadcast.stop()
 
     # ---- after a step: tokens to text and outputs ------------------------------------------
-    def _complete(self, f: InFlight) -> list[RequestOutput]:
-        """Wait for a step's tokens; the scheduler applies them; each drawing request's news."""
-        return [o for d in self._drawn(f) for o in self._news(*d)]
-
     def _drawn(self, f: InFlight) -> list[tuple[Sequence, str | None, str | None]]:
         """Wait for a step's tokens and let the scheduler apply them; stop strings are checked
         here too (a hit ends the sequence before the next step is formed). (sequence, finish
