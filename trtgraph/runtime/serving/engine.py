@@ -127,10 +127,11 @@ class Engine:
         return time.perf_counter() - t0
 
     # ---- the incremental core: add, abort, step -----------------------------------------
-    def add_request(self, request: Request | dict, where: str = "request") -> None:
+    def add_request(self, request: Request | dict, where: str = "request", stream: bool = True) -> None:
         """Queue a request; it joins the running batch at a coming step. A request no
         recorded key can serve comes back from the next step() as an error Result. Raises
-        PromptError for a malformed dict or an id that is already live."""
+        PromptError for a malformed dict or an id that is already live. stream=False: no
+        output until it finishes (its text is decoded once, at the end)."""
         req = request if isinstance(request, Request) else parse_request(
             request, where, self.executor.loaded.config.vocab_size)
         if self._is_live(req.id):
@@ -148,7 +149,7 @@ class Engine:
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
             return
         self.stats.prompt_tokens += len(item.prompt_ids)
-        self._live[req.id] = _Live(item, time.perf_counter(), TextStream(self.tokenizer, req.stop_strings))
+        self._live[req.id] = _Live(item, time.perf_counter(), TextStream(self.tokenizer, req.stop_strings), stream)
         self.scheduler.add(item)
 
     def _is_live(self, request_id: str) -> bool:
@@ -183,10 +184,15 @@ class Engine:
                 # rows, inputs advanced on the device) before reading this one's tokens back.
                 ahead = self.scheduler.extend_decode(f.step)
                 self._inflight = self.launcher.launch(ahead, self.stats) if ahead is not None else None
-                outputs += self._complete(f)
+                drew = self._drawn(f)
                 if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
-                    self._complete(self._inflight)  # ran ahead for rows that all finished: drain it
+                    self._drawn(self._inflight)  # ran ahead for rows that all finished: drain it
                     self._inflight = None
+                if self._inflight is None:
+                    # The rows changed (a request finished, or one waits to be admitted): form and
+                    # launch the next step now, before turning this one's tokens into text.
+                    self._inflight = self._launch_next()
+                outputs += [o for d in drew for o in self._news(*d)]
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
             self.stats.seconds = time.perf_counter() - self._run_start
@@ -213,15 +219,16 @@ class Engine:
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
-        ids = self.submit(requests, gpu_timing)
+        ids = self.submit(requests, gpu_timing, stream=False)
         for out in self.outputs_of(ids):
             if out.finished:
                 yield out.result
 
-    def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> list[str]:
+    def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False, stream: bool = True) -> list[str]:
         """Validate every request (ids unique within the batch and among live requests),
         then queue them all; their ids. Submitted to an idle engine they start a new run:
-        `stats` then cover this batch (and whatever joins it before the engine is idle)."""
+        `stats` then cover this batch (and whatever joins it before the engine is idle).
+        stream=False: each request's one output is its last (no per-step text deltas)."""
         vocab = self.executor.loaded.config.vocab_size
         reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab)
                 for i, r in enumerate(requests)]
@@ -237,7 +244,7 @@ class Engine:
         if not self.has_unfinished():
             self.start_run(gpu_timing)
         for i, req in enumerate(reqs):
-            self.add_request(req, f"request {i}")
+            self.add_request(req, f"request {i}", stream)
         return list(first)
 
     def start_run(self, gpu_timing: bool = False) -> None:
@@ -283,28 +290,34 @@ class Engine:
             self.broadcast.stop()
 
     # ---- after a step: tokens to text and outputs ------------------------------------------
-    def _complete(self, f: InFlight) -> list[RequestOutput]:
-        """Wait for a step's tokens; the scheduler applies them; each drawing request's news."""
+    def _drawn(self, f: InFlight) -> list[tuple[Sequence, str | None, str | None]]:
+        """Wait for a step's tokens and let the scheduler apply them; stop strings are checked
+        here too (a hit ends the sequence before the next step is formed). (sequence, finish
+        reason, its text when a stop-string check decoded it) for each whose news someone
+        reads: every one that finished, and the others of streamed requests (a request
+        submitted with stream=False has its text decoded once, at the end)."""
         tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
-        outputs = []
+        drew, live = [], self._live
         for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
-            outputs += self._news(seq, reason)
-        return outputs
+            req, text = seq.request, None
+            if req.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= req.min_tokens:
+                text, hit = live[req.id].text.stop_text(seq.output_ids)
+                if hit:
+                    reason = "stop"
+                    if not seq.finished:
+                        self.scheduler.finish(seq)
+            if reason is not None or live[req.id].stream:
+                drew.append((seq, reason, text))
+        return drew
 
-    def _news(self, seq: Sequence, reason: str | None) -> list[RequestOutput]:
+    def _news(self, seq: Sequence, reason: str | None, text: str | None = None) -> list[RequestOutput]:
         """One sequence's new tokens as its request's output: the text so far, or, when a stop
-        (token-level, from the scheduler, or a stop string, checked here) ended it, its Result."""
+        (token-level, from the scheduler, or a stop string, found by `_drawn`) ended it, its
+        Result. text: the output's text when `_drawn` decoded it (cut at a stop string)."""
         req, live = seq.request, self._live[seq.request.id]
         out = seq.output_ids
-        text = None
-        if req.stop_strings and len(out) >= req.min_tokens:
-            text, hit = live.text.stop_text(out)
-            if hit:
-                reason = "stop"
-                if not seq.finished:
-                    self.scheduler.finish(seq)
         if reason is None:
-            if req.n > 1:  # one output, once all n completions have finished
+            if req.n > 1 or not live.stream:  # one output, once it (all n completions) has finished
                 return []
             delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out))
             live.num_sent = len(out)
@@ -338,6 +351,7 @@ class _Live:
     seq: Sequence
     arrival_seconds: float  # time.perf_counter() at add_request
     text: TextStream
+    stream: bool = True  # whether each step's new tokens and text are handed out (else only the end)
     num_sent: int = 0  # output tokens already handed out
 
 

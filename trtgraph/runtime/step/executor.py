@@ -112,10 +112,11 @@ class Executor:
             num_slots=self.plan.max_batch_size,
         )
         pin = self.device.type == "cuda"
-        self._new_blocks_host = [torch.zeros((self.buffers.max_seqs, 3), dtype=torch.int64, pin_memory=pin)
+        # the fast path's new block entries: (row, column, block, the row's new slot)
+        self._new_blocks_host = [torch.zeros((self.buffers.max_seqs, 4), dtype=torch.int64, pin_memory=pin)
                                  for _ in range(3)]
         self._new_blocks_turn = 0
-        self._new_blocks_dev = torch.zeros((self.buffers.max_seqs, 3), dtype=torch.int64, device=self.device)
+        self._new_blocks_dev = torch.zeros((self.buffers.max_seqs, 4), dtype=torch.int64, device=self.device)
         self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors, self.weight_tensors)
         self.metadata = {k: AttentionMetadata(
             q_len=k.q_len, batch_size=k.batch_size,
@@ -343,40 +344,42 @@ class Executor:
     # ---- input preparation (steady-state fast path) -------------------------------------
     def advance_decode(self, num_real: int, new_blocks: list[tuple[int, int, int]]) -> None:
         """The same generation rows as the last step, in the same order: positions += 1 and
-        input tokens gathered from the last step's drawn tokens (`next_tokens`), all on the device; block
-        tables touched only where a row entered a new block ((row, column, block) each);
-        slots recomputed on the device. Padding rows keep what the last full path wrote."""
+        input tokens gathered from the last step's drawn tokens (`next_tokens`), all on the
+        device. A row's slot is its last one + 1, except where the row entered a new block
+        ((row, column, block) each): there the block table gets the block and the slot is
+        the block's first. Three small device ops per step, two more at a block boundary.
+        Padding rows keep what the last full path wrote."""
         b, bs = self.buffers, self.block_size
-        entries = torch.tensor(new_blocks, dtype=torch.int64) if new_blocks else None  # [n, 3]: row, column, block
-        if entries is not None:
+        entries = np.asarray(new_blocks, dtype=np.int64).reshape(-1, 3)  # [n, 3]: row, column, block
+        if len(entries):
             self._check_new_blocks(num_real, entries)
-        pos = b.dev.positions[:num_real]
-        pos += 1
+        b.dev.positions[:num_real] += 1
         b.dev.input_ids[:num_real].copy_(b.next_tokens[:num_real])
-        tables = b.dev.block_tables
-        if new_blocks:  # one small copy and one scatter, however many rows entered a new block
-            n = len(new_blocks)
+        slots = b.dev.slot_mapping
+        slots[:num_real] += 1
+        if len(entries):  # one small copy and two scatters, however many rows entered a new block
+            n = len(entries)
             # A ring of pinned staging slots: a slot is rewritten only two launches later,
             # after the engine has waited for the step that copied from it.
             self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
             staged = self._new_blocks_host[self._new_blocks_turn][:n]
-            staged.copy_(entries)
+            staged.numpy()[:, :3] = entries
+            staged.numpy()[:, 3] = entries[:, 2] * bs
             dev = self._new_blocks_dev[:n]
             dev.copy_(staged, non_blocking=True)
-            flat = tables.view(-1)
-            flat.index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
-        blocks = tables[:num_real].gather(1, (pos // bs).unsqueeze(1)).squeeze(1)
-        b.dev.slot_mapping[:num_real].copy_(blocks * bs + pos % bs)
+            tables = b.dev.block_tables
+            tables.view(-1).index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
+            slots.index_copy_(0, dev[:, 0], dev[:, 3])
 
-    def _check_new_blocks(self, num_real: int, entries: torch.Tensor) -> None:
+    def _check_new_blocks(self, num_real: int, entries: np.ndarray) -> None:
         """The fast path's new (row, column, block) entries, checked at once on the host."""
-        lo = torch.tensor([0, 0, 1])
-        hi = torch.tensor([num_real, self.max_blocks_per_seq, self.num_blocks])
+        lo = np.array([0, 0, 1])
+        hi = np.array([num_real, self.max_blocks_per_seq, self.num_blocks])
         bad = (entries < lo) | (entries >= hi)  # [n, 3]
-        if not bool(bad.any()):
+        if not bad.any():
             return
-        i, col = bad.nonzero()[0].tolist()
-        r, c, blk = entries[i].tolist()
+        i, col = (int(v) for v in np.argwhere(bad)[0])
+        r, c, blk = (int(v) for v in entries[i])
         what = ("row", "column", "block id")[col]
         raise ReplayMismatchError(f"fast-path decode step: new block entry (row {r}, column {c}, block {blk}) "
                                   f"has its {what} outside [{int(lo[col])}, {int(hi[col])}); refusing to write "

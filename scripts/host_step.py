@@ -1,0 +1,179 @@
+"""The host's cost per decode step, phase by phase, on the static (CPU) backend: what the
+CPU must do between two replays, which bounds how long the GPU idles per step (issue 14).
+
+Captures the embedded default widened to ROWS rows (a synthetic tiny model, the CPU), serves
+ROWS requests of PROMPT prompt tokens and OUT generated tokens through Engine.generate (the
+offline `trtgraph run` path), and times each host phase with time.perf_counter_ns:
+schedule (forming a step), ahead (extend_decode: the step launched before the last one's
+tokens are read), prepare (launcher._prepare: host packing or the fast path's device
+updates), launch (the rest of launcher.launch: copies, events, stats; the model call not
+counted), model (Executor.execute: the tiny model's CPU compute, which a GPU replay
+replaces; reported, not counted as host work), wait (launcher.wait: reading tokens back),
+postprocess (Scheduler.postprocess), news (Engine._news: a request's output and text; timed
+per call, so its timer's own cost lands in `other`), stops (the rest of Engine._drawn, or
+of Engine._complete before it existed: stop strings, the loop over rows), other (the rest of
+Engine.step()).
+
+Usage: PYTHONPATH=$PWD python3 scripts/host_step.py [--rows 64 --prompt 128 --out 128 --repeats 3]
+(the best of REPEATS runs per phase). On a GPU: --manifest ART --prompts FILE.jsonl runs a
+captured manifest instead and reports tokens/s, step time and GPU idle per step too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+
+from trtgraph.compiler.pipeline import capture
+from trtgraph.config import Config
+from trtgraph.runtime.serving.engine import Engine
+from trtgraph.runtime.serving.launcher import StepLauncher
+from trtgraph.runtime.serving.scheduler import Scheduler
+from trtgraph.runtime.step.executor import Executor
+
+PHASES = ("schedule", "ahead", "prepare", "launch", "wait", "postprocess", "stops", "news", "other", "model")
+ns: dict[str, int] = defaultdict(int)
+
+
+def timed(cls, name: str, phase: str, inner: tuple[str, ...] = ()):
+    """Wrap cls.name so that its time goes to `phase`, less what phases in `inner` took inside it."""
+    fn = getattr(cls, name)
+
+    def wrapper(*args, **kwargs):
+        before = sum(ns[p] for p in inner)
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            ns[phase] += time.perf_counter_ns() - t0 - (sum(ns[p] for p in inner) - before)
+
+    wrapper.unwrapped = fn
+    setattr(cls, name, wrapper)
+
+
+def instrument(on: bool) -> None:
+    """Time every phase (on) or restore the plain methods (off)."""
+    places = ((Executor, "execute", "model", ()), (StepLauncher, "_prepare", "prepare", ()),
+              (StepLauncher, "launch", "launch", ("prepare", "model")), (StepLauncher, "wait", "wait", ()),
+              (Scheduler, "schedule", "schedule", ()), (Scheduler, "extend_decode", "ahead", ()),
+              (Scheduler, "postprocess", "postprocess", ()),
+              (Engine, "_news", "news", ()),
+              (Engine, "_drawn" if hasattr(Engine, "_drawn") else "_complete", "stops", ("wait", "postprocess", "news")),
+              (Engine, "step", "other", tuple(p for p in PHASES if p != "other")))
+    for cls, name, phase, inner in places:
+        fn = getattr(cls, name)
+        if on:
+            timed(cls, name, phase, inner)
+        elif hasattr(fn, "unwrapped"):
+            setattr(cls, name, fn.unwrapped)
+
+
+def phases(engine: Engine, prompts: list[dict], repeats: int) -> tuple[dict[str, float], int]:
+    """µs per step per phase, the best of `repeats` runs; and the number of steps."""
+    instrument(True)
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        ns.clear()
+        list(engine.generate(prompts))
+        per = {p: ns[p] / engine.stats.steps / 1e3 for p in PHASES}
+        best = per if not best else {p: min(best[p], per[p]) for p in PHASES}
+    instrument(False)
+    return best, engine.stats.steps
+
+
+def report(best: dict[str, float], model_note: str) -> None:
+    for p in PHASES:
+        print(f"  {p:12s} {best[p]:8.1f}" + (f"   ({model_note})" if p == "model" else ""))
+    print(f"  {'host total':12s} {sum(v for p, v in best.items() if p != 'model'):8.1f}")
+
+
+def cpu(rows: int, prompt: int, out: int, repeats: int) -> None:
+    torch.set_num_threads(1)
+    d = Config.default().to_dict()
+    d["device"] = "cpu"
+    d["limits"].update(max_batch_size=rows, max_seq_len=prompt + out + 16, max_num_tokens=max(256, prompt))
+    d["buckets"]["sampling"] = ["greedy"]
+    art = tempfile.mkdtemp(prefix="host-step-")
+    capture(Config.from_dict(d, source="host_step"), art)
+    engine = Engine(art)
+    prompts = [{"id": f"r{i}", "prompt_token_ids": [(7 * i + j) % 300 + 3 for j in range(prompt)],
+                "max_tokens": out, "ignore_eos": True} for i in range(rows)]
+    best, steps = phases(engine, prompts, repeats)
+    print(f"{rows} rows x ({prompt} in, {out} out) greedy, {steps} steps, {engine.stats.fast_path_steps} on the "
+          f"fast path; CPU (static backend) µs per step, best of {repeats}:")
+    report(best, "the tiny model on the CPU; not host work")
+
+
+def gaps(engine: Engine, prompts: list[dict]) -> None:
+    """The GPU's idle time between consecutive steps (end event of one, begin event of the
+    next), by the kind of the step that waited: the timeline of where the device waits."""
+    kinds: list[tuple[str, tuple]] = []
+    wait = StepLauncher.wait
+
+    def recorded(self, f, stats):
+        kind = "fast" if f.step.repeats else ("prefill" if f.step.is_prefill else "full decode")
+        kinds.append((kind, f.events))
+        return wait(self, f, stats)
+
+    StepLauncher.wait = recorded
+    try:
+        list(engine.generate(prompts, gpu_timing=True))
+    finally:
+        StepLauncher.wait = wait
+    launched = kinds  # each step is waited for once, in launch order
+    per: dict[str, list[float]] = defaultdict(list)
+    for (_, before), (kind, after) in zip(launched, launched[1:]):
+        per[kind].append(1e3 * before[1].elapsed_time(after[0]))
+    st = engine.stats
+    inside = sum(sum(v) for v in per.values()) / 1e6
+    print(f"GPU idle before each step, by kind (µs): "
+          + "; ".join(f"{k}: {len(v)} steps, mean {sum(v) / len(v):.1f}, max {max(v):.1f}, total {sum(v) / 1e3:.2f} ms"
+                      for k, v in sorted(per.items()))
+          + f"; before the first and after the last step (admission, the last results): "
+            f"{1e3 * (st.seconds - st.gpu_busy_seconds - inside):.2f} ms of {1e3 * st.seconds:.1f} ms")
+
+
+def gpu(manifest: str, prompt_file: str, repeats: int, dump: str | None) -> None:
+    """A captured manifest on CUDA: the run's tokens/s, step time and GPU idle per step
+    (gpu_timing), best of `repeats` untimed runs; then the phases (timed runs)."""
+    engine = Engine(manifest)
+    prompts = [json.loads(line) for line in open(prompt_file) if line.strip()]
+    warm = {r.id: r.token_ids for r in engine.generate(prompts)}
+    if dump:
+        with open(dump, "w") as f:
+            json.dump(warm, f)
+    runs = []
+    for _ in range(repeats):
+        list(engine.generate(prompts, gpu_timing=True))
+        runs.append(engine.stats.to_json())
+    best = max(runs, key=lambda r: r["tokens_per_second"])
+    keep = ("tokens_per_second", "seconds", "steps", "fast_path_steps", "gpu_idle_per_step_us", "gpu_busy_seconds",
+            "completion_tokens")
+    print(json.dumps({k: best[k] for k in keep if k in best}))
+    print("mean step ms", round(1e3 * best["seconds"] / best["steps"], 3),
+          "busy ms/step", round(1e3 * best.get("gpu_busy_seconds", 0) / best["steps"], 3))
+    gaps(engine, prompts)
+    ph, steps = phases(engine, prompts, repeats)
+    print(f"{len(prompts)} prompts, {steps} steps; host µs per step (timed runs, best of {repeats}):")
+    report(ph, "replay enqueue (and the CUDA launch)")
+
+
+if __name__ == "__main__":
+    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a.add_argument("--rows", type=int, default=64)
+    a.add_argument("--prompt", type=int, default=128)
+    a.add_argument("--out", type=int, default=128)
+    a.add_argument("--repeats", type=int, default=3)
+    a.add_argument("--manifest", help="a captured CUDA manifest: time its run instead of the CPU tiny model")
+    a.add_argument("--prompts", help="with --manifest: a JSONL of native requests")
+    a.add_argument("--dump", help="with --manifest: write the first run's token ids by request id here (JSON)")
+    o = a.parse_args()
+    if o.manifest:
+        gpu(o.manifest, o.prompts, o.repeats, o.dump)
+    else:
+        cpu(o.rows, o.prompt, o.out, o.repeats)
