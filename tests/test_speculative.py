@@ -171,3 +171,79 @@ def test_sampled_verification_keeps_the_distribution_on_a_tiny_vocabulary():
     chi2 = float((((spec - n * p) ** 2) / (n * p)).sum())
     assert chi2 < 20.5, chi2  # p < 0.001 for 5 degrees of freedom
     assert math.isclose(accepted.float().mean().item(), p[draft].item(), abs_tol=0.03)  # accepted w.p. p(draft)
+
+
+# ---- adaptive speculation (runtime/serving/speculation.py) ----------------------------------
+def _priced(engine, monkeypatch, verify_over_plain: float):
+    """Give the engine's speculation policy replay times (the CPU's are not used): each plain
+    decode key 1 ms, each verify key `verify_over_plain` ms."""
+    keys = [k for k in engine.manifest.graph_keys if not k.is_prefill]
+    monkeypatch.setattr(engine.scheduler.speculation, "replay_ms",
+                        {k: verify_over_plain if k.draft_len else 1.0 for k in keys})
+
+
+def test_adaptive_policy_falls_back_to_plain_steps_when_drafts_are_not_accepted(engines, monkeypatch):
+    spec, plain = engines
+    _priced(spec, monkeypatch, 1.5)  # drafting pays from about 30% acceptance on
+    reqs = [r for r in _prompts() if r["id"].endswith("s")]  # sampled at 0.8: drafts (almost) never match
+    declined = spec.scheduler.speculation.plain_steps
+    got, _ = _run(spec, reqs)
+    sp = spec.stats.to_json()["speculative"]
+    declined = spec.scheduler.speculation.plain_steps - declined
+    want, _ = _run(plain, reqs)
+    assert declined > 0  # steps where rows had n-gram matches, yet the policy ran the plain key
+    assert sp["plain_decode_steps"] > 3 * sp["verify_steps"], sp
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_adaptive_policy_drafts_when_drafts_are_accepted(engines, monkeypatch):
+    spec, plain = engines
+    _priced(spec, monkeypatch, 1.5)
+    reqs = [r for r in _prompts() if r["id"] in ("0-g", "1-g")]  # this model repeats itself on these
+    got, _ = _run(spec, reqs)
+    sp = spec.stats.to_json()["speculative"]
+    want, _ = _run(plain, reqs)
+    assert sp["verify_steps"] > sp["plain_decode_steps"] and sp["acceptance_rate"] > 0.5, sp
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_plain_steps_of_a_speculative_engine_take_the_fast_path_when_drafting_cannot_pay(engines, monkeypatch):
+    spec, plain = engines
+    _priced(spec, monkeypatch, 1.0 + K)  # no estimate below certainty makes a verify step pay
+    reqs = [r for r in _prompts() if r["id"].endswith("g")]
+    got, _ = _run(spec, reqs)
+    stats = spec.stats.to_json()
+    want, _ = _run(plain, reqs)
+    assert stats["speculative"]["verify_steps"] == 0 and stats["fast_path_steps"] > 0
+    assert stats["fast_path_steps"] == plain.stats.to_json()["fast_path_steps"]
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_acceptance_estimate_scores_proposals_against_the_tokens_that_followed():
+    from trtgraph.runtime.serving.speculation import Acceptance
+
+    a = Acceptance()
+    assert a.rate == 0.5 and math.isclose(a.expected_tokens(3), 1 + 0.5 + 0.25 + 0.125)
+    ids = [1, 2, 3]
+    a.offer(len(ids), [4, 5, 6])
+    a.offer(len(ids), [9, 9, 9])  # one proposal pending at a time
+    ids += [4, 5]
+    a.observe(ids)
+    assert a.pending is not None and a.proposals == 0  # agrees so far: not decided yet
+    ids += [7]
+    a.observe(ids)
+    assert a.pending is None and (a.proposals, a.drafts_matched) == (1, 2)
+    before = a.rate
+    for _ in range(6):  # proposals that never match drive the estimate down
+        a.offer(len(ids), [0, 0, 0])
+        ids += [1]
+        a.observe(ids)
+    assert a.rate < 0.15 < before
+    for _ in range(6):  # and ones that match in full bring it back up
+        a.offer(len(ids), [1, 1, 1])
+        ids += [1, 1, 1]
+        a.observe(ids)
+    assert a.rate > 0.7

@@ -90,7 +90,8 @@ def run_summary(s: dict, eager: bool) -> str:
     lines += [f"  {k}: {v}" for k, v in s["steps_per_key"].items()]
     if "speculative" in s:
         sp = s["speculative"]
-        lines.append(f"speculative: {sp['verify_steps']} verify steps, draft acceptance "
+        lines.append(f"speculative: {sp['verify_steps']} verify steps and {sp['plain_decode_steps']} plain decode "
+                     f"steps (the policy drafts where it pays), draft acceptance "
                      f"{100 * sp['acceptance_rate']:.1f}%, {sp['mean_tokens_per_row_step']:.2f} tokens per "
                      f"sequence per verify step")
     return "\n".join(lines)

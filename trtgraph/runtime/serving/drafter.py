@@ -6,7 +6,8 @@ keeps an index from n-gram to where its latest earlier occurrence ended.
 Policy for a sequence with no match: `propose` returns None. A step where no row has a
 match runs as a plain decode step (no drafts, no wasted verification); in a step where
 some rows match, a row without one is filled with copies of its last token (every row of
-a uniform step needs K drafts); verification makes any draft safe.
+a uniform step needs K drafts); verification makes any draft safe. Whether a step with
+matches drafts at all is the speculation policy's decision (speculation.py).
 """
 
 from __future__ import annotations

@@ -79,14 +79,16 @@ class Engine:
         sp = config.speculative
         self.drafter = NgramDrafter(sp.draft_len, sp.ngram_min, sp.ngram_max) if sp and speculative else None
         self.scheduler = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size, self.drafter,
-                                   config.limits.max_seq_len, eos_ids=self.stop_ids)
+                                   config.limits.max_seq_len, eos_ids=self.stop_ids,
+                                   replay_ms={r.key: r.replay_ms for r in self.manifest.keys}  # CPU times: noise
+                                   if ex.device.type == "cuda" else None)
         self.scheduler.fast_path = self.broadcast is None  # the other ranks get every step's full inputs
         self.admission = Admission(self.tokenizer, self.chat_template, ex.loaded.config, self.generation,
                                    ex.loaded.checkpoint_dir, config.limits.max_seq_len,
                                    has_sampled="sampled" in {k.sampling for k in self.manifest.graph_keys},
                                    tensor_parallel=tp.active)
         self.launcher = StepLauncher(ex, eager, self.broadcast)
-        self.stats = RunStats(record_seconds=self.record_seconds)
+        self.stats = RunStats(record_seconds=self.record_seconds, speculative=self.drafter is not None)
         self._preemptions_before = 0  # the scheduler's count when `stats` began
         self._run_start: float | None = None  # when `stats` began counting seconds
         self._live: dict[str, _Live] = {}  # requests being served, by id
@@ -253,7 +255,7 @@ class Engine:
         CUDA events around every step, for the GPU's idle time."""
         if self.has_unfinished():
             raise RuntimeError("start_run() on an engine that is still serving requests")
-        self.stats = RunStats(record_seconds=self.record_seconds)
+        self.stats = RunStats(record_seconds=self.record_seconds, speculative=self.drafter is not None)
         self._preemptions_before = self.scheduler.num_preemptions
         self._run_start = time.perf_counter()
         self.launcher.timing = gpu_timing and self.executor.device.type == "cuda"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from .drafter import NgramDrafter, NgramIndex
+from .speculation import Acceptance, SpeculationPolicy
 from ..step.kv_cache import BlockAllocator, blocks_for_tokens
 from .requests import Request
 
@@ -46,6 +47,7 @@ class Sequence:
     num_preemptions: int = 0
     finished: bool = False
     ngram: NgramIndex = field(default_factory=NgramIndex)  # the drafter's index of this sequence
+    accept: Acceptance = field(default_factory=Acceptance)  # its drafts' running acceptance (speculation.py)
     first_token_time: float | None = None
     last_token_time: float | None = None
     slot: int | None = None  # the device state slot while running (runtime/step/buffers.py)
@@ -86,11 +88,14 @@ class ScheduledStep:
 class Scheduler:
     def __init__(self, plan: BucketPlan, num_blocks: int, block_size: int,
                  drafter: NgramDrafter | None = None, max_seq_len: int | None = None,
-                 eos_ids: frozenset[int] = frozenset()):
-        """eos_ids: the model's end-of-sequence ids (a request with ignore_eos draws past them)."""
+                 eos_ids: frozenset[int] = frozenset(), replay_ms: dict[GraphKey, float] | None = None):
+        """eos_ids: the model's end-of-sequence ids (a request with ignore_eos draws past them).
+        replay_ms: each key's replay time (the manifest's), for the speculation policy; without
+        it every generation step where a row has an n-gram match drafts."""
         self.plan = plan
         self.eos_ids = frozenset(eos_ids)
         self.drafter = drafter
+        self.speculation = SpeculationPolicy(plan, drafter.k, replay_ms) if drafter is not None else None
         self.max_seq_len = max_seq_len
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
@@ -207,13 +212,14 @@ class Scheduler:
 
     def _proposals(self, rows: list[Sequence]) -> dict | None:
         """Drafts by sequence (None where no n-gram matched), or None for a plain step: no
-        drafter, no match in any row, or a row too close to max_seq_len for K more positions."""
+        drafter, a row too close to max_seq_len for K more positions, or the speculation
+        policy finds drafting does not pay (no match in any row, or low expected acceptance)."""
         if self.drafter is None or not rows:
             return None
         if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
             return None
         out = {id(s): self.drafter.propose(s.all_ids, s.ngram) for s in rows}
-        return out if any(d is not None for d in out.values()) else None
+        return out if self.speculation.decide(rows, out) else None
 
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
         sampled = any(not s.request.is_greedy for s in seqs)
@@ -256,9 +262,11 @@ class Scheduler:
         path). A row that finishes in `step` wastes its slot in the next one; its blocks are
         freed when it finishes. None when it cannot be."""
         admissible = self.waiting and len(self.running) < self.plan.max_batch_size
-        if not self.fast_path or step.is_prefill or self.drafter is not None or admissible \
+        if not self.fast_path or step.is_prefill or step.drafts is not None or admissible \
                 or step.seqs != self.running:
-            return None  # (with a drafter every step is planned afresh: drafts come from the last tokens)
+            return None
+        if self.drafter is not None and not self.speculation.may_run_ahead(step.seqs):
+            return None  # drafting may pay next step: plan it afresh from this step's tokens
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
             return None

@@ -23,6 +23,7 @@ class RunStats:
     record_seconds: float = 0.0  # start-up: warm-up and re-recording of every key
     steps_per_key: Counter = field(default_factory=Counter)
     gpu_busy_seconds: float | None = None  # with gpu_timing: device time inside the steps' graphs
+    speculative: bool = False  # the engine drafts (then the summary shows drafted vs plain steps)
     verify_steps: int = 0  # speculative steps
     verify_rows: int = 0  # sequence-steps in them
     drafted_rows: int = 0  # of those, rows whose K drafts came from an n-gram match
@@ -33,6 +34,11 @@ class RunStats:
     @property
     def tokens_per_second(self) -> float:
         return self.completion_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def plain_decode_steps(self) -> int:
+        """Generation steps that ran a plain decode key (no drafts)."""
+        return sum(n for k, n in self.steps_per_key.items() if not k.is_prefill and not k.draft_len)
 
     @property
     def padding_waste(self) -> float:
@@ -46,8 +52,9 @@ class RunStats:
                 "fast_path_steps": self.fast_path_steps, "padding_waste_pct": round(100 * self.padding_waste, 2),
                 "preemptions": self.preemptions, **({"aborted": self.aborted} if self.aborted else {}),
                 "steps_per_key": {str(k): v for k, v in sorted(self.steps_per_key.items())},
-                **({} if not self.verify_steps else {
-                    "speculative": {"verify_steps": self.verify_steps, "drafted_rows": self.drafted_rows,
+                **({} if not (self.verify_steps or self.speculative) else {
+                    "speculative": {"verify_steps": self.verify_steps, "plain_decode_steps": self.plain_decode_steps,
+                                    "drafted_rows": self.drafted_rows,
                                     "acceptance_rate": round(self.drafts_accepted / max(self.drafts_fed, 1), 4),
                                     "mean_tokens_per_row_step": round(self.verify_tokens / max(self.verify_rows, 1), 3)}}),
                 **({} if self.gpu_busy_seconds is None else {
