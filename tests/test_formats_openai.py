@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+pytest.importorskip("openai")  # a test extra (pyproject); skipped where it is not installed
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
+
+openai = pytest.importorskip("openai")  # a test extra (pyproject); skipped where it is not installed
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families

@@ -62,12 +62,7 @@ class Engine:
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp)
         startup.lap("kv_cache_and_buffers")
-        model_diffs = _model_differences(self.manifest, ex.loaded.fingerprint)
-        if model_diffs:
-            raise ManifestError(_mismatch_message(manifest_path(path), model_diffs))
-        if ex.buffers.layout() != self.manifest.buffers:
-            raise ManifestError(f"{manifest_path(path)}: the persistent buffer layout built here differs "
-                                f"from the manifest's `buffers`. Recapture on this machine.")
+        self._check_built(manifest_path(path))
         self.record_seconds = self._record()
         ex.runner.lock()
         self.broadcast = StepBroadcast(tp, ex, self.manifest.capture_order) if tp.active else None
@@ -98,6 +93,15 @@ class Engine:
         self._inflight: InFlight | None = None  # a launched step whose tokens are not read yet
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
         startup.lap("tokenizer_and_scheduler")
+
+    def _check_built(self, mpath: Path):
+        """The model and the buffer layout built here are the ones the manifest recorded."""
+        model_diffs = _model_differences(self.manifest, self.executor.loaded.fingerprint)
+        if model_diffs:
+            raise ManifestError(_mismatch_message(mpath, model_diffs))
+        if self.executor.buffers.layout() != self.manifest.buffers:
+            raise ManifestError(f"{mpath}: the persistent buffer layout built here differs "
+                                f"from the manifest's `buffers`. Recapture on this machine.")
 
     @property
     def config(self):
