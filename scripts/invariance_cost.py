@@ -10,7 +10,7 @@
   (prompts of 100 to 1,500 tokens) on a capture whose only chunk size is 64 and on one whose
   only chunk size is 512 (deterministic: true), compared token for token.
 
-Usage: python scripts/invariance_cost.py CONFIG.yaml WORKDIR [--8b] [--layers N] [--chunks]
+Usage: python scripts/invariance_cost.py CONFIG.yaml WORKDIR [--8b] [--layers N] [--chunks] [--few-keys]
 `--8b` swaps the model for Llama-3.1-8B shapes (synthetic weights). Prints markdown tables
 and writes WORKDIR/invariance.json."""
 
@@ -125,6 +125,7 @@ def main():
     ap.add_argument("--8b", dest="llama8b", action="store_true")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--chunks", action="store_true")
+    ap.add_argument("--few-keys", action="store_true", help="decode buckets 1, 8, 64 and prefill 1, 8 x 512 only")
     a = ap.parse_args()
     base = Config.from_yaml(a.config).to_dict()
     if a.llama8b:
@@ -133,7 +134,8 @@ def main():
         base["model"]["synthetic"]["num_hidden_layers"] = a.layers
     base["limits"] = {"max_batch_size": 64, "max_seq_len": 2048, "max_num_tokens": 8192}
     base["kv_cache"] = {"block_size": 16, "num_blocks": 4096}
-    buckets = BUCKETS
+    buckets = dict(BUCKETS, batch_sizes=[1, 8, 64], context_batch_sizes=[1, 8], chunk_sizes=[512]) if a.few_keys \
+        else BUCKETS
     bw = measure_bandwidth(resolve_device(base["device"]))
     table, report = {}, {"bandwidth_GBps": bw / 1e9}
     for det in (True, False):
