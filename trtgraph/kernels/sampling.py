@@ -42,6 +42,16 @@ SELECT_WARPS = 4
 
 
 @triton.jit
+def _running_argmax(v, cols, V, best, arg):
+    """(best, arg) after one more block of values v at cols: the first index of a strictly
+    larger block maximum replaces the running one (ties keep the earlier, lower id)."""
+    b = tl.max(v, 0)
+    i = tl.min(tl.where(v == b, cols, V), 0)
+    take = b > best
+    return tl.where(take, b, best), tl.where(take, i, arg)
+
+
+@triton.jit
 def _first_pass(src, V, t, row_hash, BLOCK: tl.constexpr):
     """(max of x = l/t, argmax of l, argmax of x + noise), first index on ties."""
     m = -float("inf")
@@ -55,18 +65,21 @@ def _first_pass(src, V, t, row_hash, BLOCK: tl.constexpr):
         lg = tl.load(src + cols, mask=inside, other=-float("inf"))
         x = lg / t
         m = tl.maximum(m, tl.max(x, 0))
-        bl = tl.max(lg, 0)
-        il = tl.min(tl.where(lg == bl, cols, V), 0)
-        take_l = bl > best_l
-        arg_l = tl.where(take_l, il, arg_l)
-        best_l = tl.where(take_l, bl, best_l)
+        best_l, arg_l = _running_argmax(lg, cols, V, best_l, arg_l)
         y = tl.where(inside, x + _gumbel(row_hash, cols), -float("inf"))
-        by = tl.max(y, 0)
-        iy = tl.min(tl.where(y == by, cols, V), 0)
-        take_y = by > best_y
-        arg_y = tl.where(take_y, iy, arg_y)
-        best_y = tl.where(take_y, by, best_y)
+        best_y, arg_y = _running_argmax(y, cols, V, best_y, arg_y)
     return m, arg_l, arg_y
+
+
+@triton.jit
+def _block_above(src, start, V, t, m, above, BLOCK: tl.constexpr):
+    """One block of a row from `start`: (cols, x = logits / t, sel = key(x) > above, the count
+    of sel, the sum of exp(x - m) over sel)."""
+    cols = start + tl.arange(0, BLOCK)
+    inside = cols < V
+    x = tl.load(src + cols, mask=inside, other=-float("inf")) / t
+    sel = inside & (_keys(x) > above)
+    return cols, x, sel, tl.sum(sel.to(tl.int64), 0), tl.sum(tl.where(sel, tl.exp(x - m), 0.0), 0)
 
 
 @triton.jit
@@ -77,18 +90,11 @@ def _round(src, V, t, m, row_hash, above, BLOCK: tl.constexpr):
     best = -float("inf")
     arg = 0
     for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < V
-        x = tl.load(src + cols, mask=inside, other=-float("inf")) / t
-        sel = inside & (_keys(x) > above)
-        cnt += tl.sum(sel.to(tl.int64), 0)
-        mass += tl.sum(tl.where(sel, tl.exp(x - m), 0.0), 0)
+        cols, x, sel, c, w = _block_above(src, start, V, t, m, above, BLOCK)
+        cnt += c
+        mass += w
         y = tl.where(sel, x + _gumbel(row_hash, cols), -float("inf"))
-        b = tl.max(y, 0)
-        i = tl.min(tl.where(y == b, cols, V), 0)
-        take = b > best
-        arg = tl.where(take, i, arg)
-        best = tl.where(take, b, best)
+        best, arg = _running_argmax(y, cols, V, best, arg)
     return cnt, mass, arg
 
 
@@ -97,12 +103,9 @@ def _count_mass(src, V, t, m, above, BLOCK: tl.constexpr):
     cnt = tl.full((), 0, tl.int64)
     mass = 0.0
     for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < V
-        x = tl.load(src + cols, mask=inside, other=-float("inf")) / t
-        sel = inside & (_keys(x) > above)
-        cnt += tl.sum(sel.to(tl.int64), 0)
-        mass += tl.sum(tl.where(sel, tl.exp(x - m), 0.0), 0)
+        cols, x, sel, c, w = _block_above(src, start, V, t, m, above, BLOCK)
+        cnt += c
+        mass += w
     return cnt, mass
 
 

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .sampling_common import _mix32_i64
+
 # ---------------------------------------------------------------------------------------
 # RMSNorm, and RMSNorm fused with the residual add
 # ---------------------------------------------------------------------------------------
@@ -357,22 +359,13 @@ def _arrival_counters(n: int, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _mix32(x):
-    x = x & 0xFFFFFFFF
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
-    x = ((x ^ (x >> 15)) * 0x646F1B35) & 0xFFFFFFFF
-    x = ((x ^ (x >> 16)) * 0x5BD1E995) & 0xFFFFFFFF
-    return x ^ (x >> 15)
-
-
-@triton.jit
 def _gumbel_kernel(rows_ptr, ids_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     ids = tl.load(ids_ptr + r * n_cols + cols, mask=mask, other=0).to(tl.int64)
     row = tl.load(rows_ptr + r)
-    bits = _mix32(row ^ _mix32(ids + 0x3C6EF372))
+    bits = _mix32_i64(row ^ _mix32_i64(ids + 0x3C6EF372))
     u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     tl.store(out_ptr + r * n_cols + cols, -tl.log(-tl.log(u)), mask=mask)
 
