@@ -218,16 +218,21 @@ def test_checkpoint_without_tokenizer_json_and_a_vocab_below_256_fails_at_captur
     except ImportError:
         from hf_models import save_tiny
     save_tiny("LlamaForCausalLM", tmp_path / "ckpt", vocab_size=200)
-    (tmp_path / "model.yaml").write_text("model: {path: ./ckpt}\ndtype: float32\ndevice: cpu\n"
-                                         "limits: {max_batch_size: 2, max_seq_len: 64, max_num_tokens: 64}\n"
-                                         "buckets: {batch_sizes: [1, 2], context_batch_sizes: [1], "
-                                         "chunk_sizes: [16], sampling: [greedy]}\n")
-    result = CliRunner().invoke(main, ["capture", "--config", str(tmp_path / "model.yaml"),
-                                       "--out", str(tmp_path / "out")])
+    result = _capture_ckpt(tmp_path, "dtype: float32\n"
+                                     "limits: {max_batch_size: 2, max_seq_len: 64, max_num_tokens: 64}\n"
+                                     "buckets: {batch_sizes: [1, 2], context_batch_sizes: [1], "
+                                     "chunk_sizes: [16], sampling: [greedy]}\n")
     assert result.exit_code == 2, result.output
     assert "ckpt/config.json: vocab_size = 200 is not allowed" in result.output
     assert "no tokenizer.json" in result.output and "256" in result.output
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def _capture_ckpt(tmp_path, rest: str):
+    """`trtgraph capture` of tmp_path/ckpt on the CPU, `rest` the remaining model.yaml lines."""
+    (tmp_path / "model.yaml").write_text("model: {path: ./ckpt}\ndevice: cpu\n" + rest)
+    return CliRunner().invoke(main, ["capture", "--config", str(tmp_path / "model.yaml"),
+                                     "--out", str(tmp_path / "out")])
 
 
 HF_BASE = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 112,
@@ -273,11 +278,8 @@ def test_nan_in_a_checkpoint_config_json_exits_2_through_the_cli(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps(HF_BASE).replace("10000.0", "NaN"))
-    (tmp_path / "model.yaml").write_text("model: {path: ./ckpt}\ndevice: cpu\n"
-                                         "limits: {max_batch_size: 4, max_seq_len: 64, max_num_tokens: 64}\n"
-                                         "buckets: {chunk_sizes: [16], sampling: [greedy]}\n")
-    result = CliRunner().invoke(main, ["capture", "--config", str(tmp_path / "model.yaml"),
-                                       "--out", str(tmp_path / "out")])
+    result = _capture_ckpt(tmp_path, "limits: {max_batch_size: 4, max_seq_len: 64, max_num_tokens: 64}\n"
+                                     "buckets: {chunk_sizes: [16], sampling: [greedy]}\n")
     assert result.exit_code == 2, result.output
     assert "ckpt/config.json: rope_theta = nan is not allowed" in result.output
 
