@@ -13,6 +13,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import reference, sampler_reference
+from .composed import compose
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,18 @@ class KernelSet:
     rope_write_kv: Callable
     paged_attention: Callable
     linear: Callable
+    # a matrix multiply with its neighbours (kernels/composed.py defines them; the Triton set
+    # runs its fused kernels for the shapes chosen at build time, the composition elsewhere)
+    norm_qkv_rope: Callable
+    linear_residual: Callable
+    norm_gate_up_silu: Callable
+    norm_linear: Callable
     # the sampler (kernels/sampler_reference.py is the torch reference, kernels/sampling.py the Triton twin)
     sample: Callable
     process_logits: Callable
     top_logprobs: Callable
     gumbel_noise: Callable  # the sampler's noise alone: (row hashes [R], vocab ids [R, N]) -> [R, N]
+    argmax: Callable  # greedy keys: logits [R, V] -> int64 [R], the first maximal index
 
 
 _REGISTRY: dict[str, Callable[[], KernelSet]] = {
@@ -40,10 +48,12 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
         linear=reference.linear,
+        **compose(reference.rms_norm, reference.linear, reference.silu_and_mul, reference.rope_write_kv)._asdict(),
         sample=sampler_reference.sample,
         process_logits=sampler_reference.process,
         top_logprobs=sampler_reference.top_logprobs,
         gumbel_noise=sampler_reference.gumbel_noise,
+        argmax=sampler_reference.greedy,
     ),
     "triton": lambda: _triton_set(),
 }
@@ -58,8 +68,9 @@ def _triton_set() -> KernelSet:
 
     return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
+                     **compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv)._asdict(),
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
-                     gumbel_noise=t.gumbel_noise)
+                     gumbel_noise=t.gumbel_noise, argmax=sampler_reference.greedy)
 
 
 def resolve(name: str, device_type: str) -> str:

@@ -1,8 +1,11 @@
 """One decoder for the Llama family: Llama (incl. llama3 rope scaling), Mistral, Qwen2
 (qkv bias), Qwen3 (q/k RMSNorm). Plain PyTorch, flat packed tokens, paged KV cache.
 
-forward(input_ids [T], positions [T], meta) -> hidden [T, H]
-compute_logits(hidden [R, H]) -> logits [R, V] in fp32
+forward(input_ids [T], positions [T], meta) -> the residual stream [T, H]
+compute_logits(hidden [R, H]) -> logits [R, V] in fp32 (the final norm, then the LM head)
+
+Each layer is four fused ops of the KernelSet (kernels/composed.py) around attention: norm +
+qkv + RoPE + KV write, o + residual, norm + gate_up + SiLU-mul, down + residual.
 
 `meta` is an AttentionMetadata (runtime/step/metadata.py): q_len (a constant of the graph
 key), slot_mapping [T], block_tables [B, MB] and the per-layer KV caches. Every shape
@@ -17,6 +20,7 @@ import torch
 from torch import nn
 
 from ..kernels import KernelSet
+from ..kernels.composed import QKVHeads
 from .config import ModelConfig
 from .parallel import TPGroup, local_config
 
@@ -65,20 +69,20 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x, positions, cos_sin, kv_cache, meta, ops: KernelSet):
+    def heads(self) -> QKVHeads:
         cfg = self.cfg
-        T = x.shape[0]
-        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)  # [T, (Hq + 2 Hkv) D]
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.reshape(T, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        q = ops.rope_write_kv(q, k, v, cos_sin, positions, kv_cache, meta.slot_mapping[:T])
+        if not cfg.qk_norm:
+            return QKVHeads(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        return QKVHeads(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.q_norm.weight, self.k_norm.weight,
+                        self.q_norm.eps)
+
+    def forward(self, residual, norm: RMSNorm, positions, cos_sin, kv_cache, meta, ops: KernelSet):
+        """residual [T, H] -> residual + attention(norm(residual)) (the o projection's sum)."""
+        T = residual.shape[0]
+        q = ops.norm_qkv_rope(residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias,
+                              self.heads(), cos_sin, positions, kv_cache, meta.slot_mapping[:T])
         out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
-        return self.tp.all_reduce(ops.linear(out.reshape(T, cfg.q_size), self.o_proj.weight))  # row-parallel o
+        return _add_projection(ops, self.tp, out.reshape(T, self.cfg.q_size), self.o_proj.weight, residual)
 
 
 class MLP(nn.Module):
@@ -88,9 +92,18 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, ops: KernelSet):
-        gate_up = ops.linear(x, self.gate_up_proj.weight)
-        return self.tp.all_reduce(ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight))  # row-parallel down
+    def forward(self, residual, norm: RMSNorm, ops: KernelSet):
+        """residual [T, H] -> residual + mlp(norm(residual))."""
+        act = ops.norm_gate_up_silu(residual, norm.weight, norm.eps, self.gate_up_proj.weight)
+        return _add_projection(ops, self.tp, act, self.down_proj.weight, residual)
+
+
+def _add_projection(ops: KernelSet, tp: TPGroup, x, weight, residual):
+    """residual + x @ weight.T for a row-parallel projection (o, down): fused on one GPU; with
+    tensor parallelism the partial products are summed over ranks before the residual add."""
+    if not tp.active:
+        return ops.linear_residual(x, weight, residual)
+    return residual + tp.all_reduce(ops.linear(x, weight))
 
 
 class DecoderLayer(nn.Module):
@@ -101,16 +114,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    def forward(self, x, residual, positions, cos_sin, kv_cache, meta, ops: KernelSet):
-        n1 = self.input_layernorm
-        if residual is None:
-            residual, h = x, ops.rms_norm(x, n1.weight, n1.eps)
-        else:
-            h, residual = ops.add_rms_norm(x, residual, n1.weight, n1.eps)
-        h = self.self_attn(h, positions, cos_sin, kv_cache, meta, ops)
-        n2 = self.post_attention_layernorm
-        h, residual = ops.add_rms_norm(h, residual, n2.weight, n2.eps)
-        return self.mlp(h, ops), residual
+    def forward(self, residual, positions, cos_sin, kv_cache, meta, ops: KernelSet):
+        """The residual stream in, the residual stream out (each norm lives in its consumer)."""
+        residual = self.self_attn(residual, self.input_layernorm, positions, cos_sin, kv_cache, meta, ops)
+        return self.mlp(residual, self.post_attention_layernorm, ops)
 
 
 class CausalLM(nn.Module):
@@ -151,11 +158,11 @@ class CausalLM(nn.Module):
         return self.tp.all_reduce(h)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+        """The residual stream after the last layer [T, H]; the final norm is the LM head's
+        (compute_logits), so rows can be picked before it."""
         h = self.embed(input_ids)  # [T, H]
-        residual = None
         for layer, kv_cache in zip(self.layers, meta.kv_caches):
-            h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta, self.ops)
-        h, _ = self.ops.add_rms_norm(h, residual, self.norm.weight, self.norm.eps)
+            h = layer(h, positions, self.cos_sin, kv_cache, meta, self.ops)
         return h
 
     def linear_row_counts(self, step_tokens: list[int], logit_rows: list[int]) -> dict[tuple[int, int], list[int]]:
@@ -169,7 +176,10 @@ class CausalLM(nn.Module):
         return counts
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.ops.linear(hidden, self.lm_head_weight).float()  # [R, ceil(V / world)]
+        """hidden: the residual stream's rows [R, H] (forward's output) -> fp32 logits [R, V]."""
+        n = self.norm
+        logits = self.ops.norm_linear(hidden, n.weight, n.eps, self.lm_head_weight,
+                                      out_dtype=torch.float32)  # [R, ceil(V / world)]
         logits = self.tp.all_gather_last(logits)  # [R, padded V], gathered before sampling
         if logits.shape[-1] != self.cfg.vocab_size:  # vocabulary padding: cut off, never sampled
             logits = logits[:, :self.cfg.vocab_size].contiguous()

@@ -188,7 +188,7 @@ class Executor:
             if key.is_prefill:
                 hidden = hidden.index_select(0, rows)  # [B, H]: each sequence's last real token
             logits = model.compute_logits(hidden)  # [R, V]
-            tokens = sampler.greedy(logits) if draw is None else draw(logits)
+            tokens = model.ops.argmax(logits) if draw is None else draw(logits)
             out.copy_(tokens)
             if key.draft_len:
                 # Verification: row i's token j is the model's own draw after its first j+1

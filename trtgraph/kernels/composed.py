@@ -1,0 +1,77 @@
+"""The decoder's fused ops, defined as compositions of the single ops.
+
+A decode step moves each layer's weights once, and everything between two matrix multiplies
+is small; so the model calls four fused ops, each a matrix multiply with its neighbours:
+
+- `norm_qkv_rope(x, norm_weight, eps, weight, bias, heads, cos_sin, positions, kv_cache,
+  slot_mapping) -> q [T, Hq, D]`: RMSNorm, the qkv projection, (Qwen3's q/k norms), RoPE, and
+  the rotated k and v written to the paged cache;
+- `linear_residual(x, weight, residual) -> residual + x @ weight.T` (the o and down
+  projections; the result may reuse `residual`'s storage, so the caller drops the old one);
+- `norm_gate_up_silu(x, norm_weight, eps, weight) -> silu(gate) * up [T, I]`;
+- `norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None)`: RMSNorm then a
+  projection (the LM head, writing fp32 logits).
+
+`compose(...)` builds them from a kernel set's single ops: the torch references (the numbers
+every faster version is held against, and exactly the unfused model's rounding) and the
+Triton set's path for shapes where its fused kernels are not chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class QKVHeads:
+    """How the qkv projection's output splits: heads of this rank, and Qwen3's per-head norms."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_norm: torch.Tensor | None = None  # [D] (qk-norm models only)
+    k_norm: torch.Tensor | None = None
+    qk_eps: float = 0.0
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+class FusedOps(NamedTuple):
+    norm_qkv_rope: Callable
+    linear_residual: Callable
+    norm_gate_up_silu: Callable
+    norm_linear: Callable
+
+
+def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_write_kv: Callable) -> FusedOps:
+    """The four fused ops as sequences of a kernel set's single ops."""
+
+    def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
+        y = linear(rms_norm(x, norm_weight, eps), weight, bias)
+        return y if out_dtype is None else y.to(out_dtype)
+
+    def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, positions, kv_cache, slot_mapping):
+        T, D = x.shape[0], heads.head_dim
+        qkv = norm_linear(x, norm_weight, eps, weight, bias)  # [T, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([heads.q_size, heads.kv_size, heads.kv_size], dim=-1)
+        q, k, v = q.reshape(T, heads.num_heads, D), k.reshape(T, heads.num_kv_heads, D), v.reshape(T, heads.num_kv_heads, D)
+        if heads.q_norm is not None:
+            q, k = rms_norm(q, heads.q_norm, heads.qk_eps), rms_norm(k, heads.k_norm, heads.qk_eps)
+        return rope_write_kv(q, k, v, cos_sin, positions, kv_cache, slot_mapping)
+
+    def linear_residual(x, weight, residual):
+        return residual + linear(x, weight)
+
+    def norm_gate_up_silu(x, norm_weight, eps, weight):
+        return silu_and_mul(norm_linear(x, norm_weight, eps, weight))
+
+    return FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
