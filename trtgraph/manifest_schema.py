@@ -253,8 +253,8 @@ def key_record_fields(v: FieldReader, i: int, raw: Any) -> dict:
 def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     """Totals agree with the keys they sum up."""
     v.obj(totals, "totals", ("num_keys", "warmup_seconds", "capture_seconds", "pool_bytes",
-                             "largest_key_pool_bytes", "all_parity_ok", "linear_backends", "notes"),
-          optional=("all_parity_ok", "linear_backends", "notes"))
+                             "largest_key_pool_bytes", "all_parity_ok", "linear_backends", "fused_ops", "notes"),
+          optional=("all_parity_ok", "linear_backends", "fused_ops", "notes"))
     if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(pool_bytes):
         v.fail("totals.num_keys", totals["num_keys"], f"{len(pool_bytes)}, the number of keys")
     if v.int_field(totals, "totals.pool_bytes", lo=0, hi=MAX_BYTES) != sum(pool_bytes):
@@ -274,6 +274,11 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
             not isinstance(k, str) or not re.fullmatch(r"[0-9]{1,7}x[0-9]{1,7}", k) or b not in ("triton", "cublas")
             for k, b in backends.items()):
         v.fail("totals.linear_backends", backends, 'an object {"NxK": "triton" | "cublas"} per GEMM shape')
+    fused = totals.get("fused_ops", {})
+    if not isinstance(fused, dict) or len(fused) > 64 or any(
+            not isinstance(k, str) or not re.fullmatch(r"[a-z_]{1,32}:[0-9]{1,7}x[0-9]{1,7}", k)
+            or b not in ("fused", "composed") for k, b in fused.items()):
+        v.fail("totals.fused_ops", fused, 'an object {"op:NxK": "fused" | "composed"} per fused op and weight shape')
 
 
 def check_parallel(v: FieldReader, par: Any, config: Config) -> None:

@@ -222,6 +222,16 @@ def _linear_backends(ex: Executor) -> dict:
     return installed_backends()
 
 
+def _fused_ops(ex: Executor) -> dict:
+    """Each fused op and weight shape: the fused decode GEMV for steps of <= 64 rows, or the
+    composition of single ops, as the executor chose it."""
+    if ex.model.ops.name != "triton":
+        return {}
+    from ..kernels.decode_linear import installed_choice
+
+    return installed_choice()
+
+
 def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_seconds: float) -> Manifest:
     pool = sum(r.pool_bytes for r in records)
     capture_s = sum(r.capture_seconds for r in records)
@@ -242,5 +252,6 @@ def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_sec
             "pool_bytes": pool,
             "largest_key_pool_bytes": max((r.pool_bytes for r in records), default=0),
             "linear_backends": _linear_backends(ex),
+            "fused_ops": _fused_ops(ex),
         },
     )

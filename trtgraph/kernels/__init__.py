@@ -26,7 +26,8 @@ class KernelSet:
     paged_attention: Callable
     linear: Callable
     # a matrix multiply with its neighbours (kernels/composed.py defines them; the Triton set
-    # runs its fused kernels for the shapes chosen at build time, the composition elsewhere)
+    # runs its fused kernels, kernels/decode_linear.py, for the shapes chosen at build time and
+    # steps of few rows, the composition elsewhere)
     norm_qkv_rope: Callable
     linear_residual: Callable
     norm_gate_up_silu: Callable
@@ -60,6 +61,7 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
 
 
 def _triton_set() -> KernelSet:
+    from . import decode_linear as dl
     from . import linear as lin
     from . import triton_ops as t
 
@@ -68,7 +70,7 @@ def _triton_set() -> KernelSet:
 
     return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
-                     **compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv)._asdict(),
+                     **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv))._asdict(),
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
                      gumbel_noise=t.gumbel_noise, argmax=sampler_reference.greedy)
 

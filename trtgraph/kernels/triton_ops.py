@@ -331,7 +331,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     common = dict(Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, NUM_SPLITS=splits, SPLIT_TILES=split_tiles,
                   HEAD_DIM=head_dim, BLOCK_M=block_m)
-    arrivals = _arrival_counters(batch * q_blocks * num_kv_heads, q.device) if splits > 1 else out
+    arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device) if splits > 1 else out
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals,
                              q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,
@@ -346,7 +346,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
 _ARRIVALS: dict = {}
 
 
-def _arrival_counters(n: int, device: torch.device) -> torch.Tensor:
+def arrival_counters(n: int, device: torch.device) -> torch.Tensor:
     held = _ARRIVALS.setdefault(device, [])
     if not held or held[-1].numel() < n:
         held.append(torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device))

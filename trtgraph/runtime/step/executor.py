@@ -132,7 +132,8 @@ class Executor:
         if loaded is None:
             kernels = get_kernels(resolve_kernels(config.kernels, device.type))
             loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels, tp)
-        if loaded.model.ops.name == "triton":  # GEMM backends and attention splits, batch-invariant where asked
+        if loaded.model.ops.name == "triton":  # GEMM backends, fused GEMVs, attention splits, invariant where asked
+            from ...kernels.decode_linear import choose_fused
             from ...kernels.linear import choose_backends
             from ...kernels.triton_ops import set_attention_invariant
 
@@ -141,6 +142,14 @@ class Executor:
             counts = loaded.model.linear_row_counts([k.num_tokens for k in plan.keys],
                                                     [k.num_logit_rows for k in plan.keys])
             choose_backends(counts, DTYPES[config.dtype], device, config.deterministic)
+            # the fused decode GEMVs: which (op, weight shape) runs them for steps of <= 64 rows
+            first = loaded.model.layers[0]
+            shapes = [(op, *w.shape) for op, w in (
+                ("norm_qkv_rope", first.self_attn.qkv_proj.weight), ("linear_residual", first.self_attn.o_proj.weight),
+                ("norm_gate_up_silu", first.mlp.gate_up_proj.weight), ("linear_residual", first.mlp.down_proj.weight),
+                ("norm_linear", loaded.model.lm_head_weight))]
+            choose_fused(shapes, counts, device, config.deterministic, loaded.model.tp.active,
+                         qk_norm=loaded.model.local.qk_norm)
         lim = config.limits
         num_blocks = config.kv_cache.num_blocks
         if num_blocks == AUTO:

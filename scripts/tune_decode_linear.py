@@ -1,0 +1,117 @@
+"""Tune the fused decode GEMVs (kernels/decode_linear.py) per Llama-3.2-1B layer shape (bf16),
+one config per shape for every T, against the composition they replace (Triton RMSNorm,
+cuBLAS, Triton SiLU-mul / RoPE+KV write, torch residual add), each timed in a CUDA graph.
+
+Prints per shape the best configs (us at T = 1, 8, 64 and fraction of the measured copy
+bandwidth, counting the weight bytes) and the composition's; ends with the `_TUNED` table and
+the shapes where the composition was faster. Usage: python scripts/tune_decode_linear.py OUT.json [SHAPE ...]
+"""
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from tune_linear import graph_time  # scripts/ is on sys.path when this runs as a script
+
+from trtgraph.bench import measure_bandwidth
+from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import triton_ops as t
+from trtgraph.kernels.composed import QKVHeads, compose
+
+DEV = torch.device("cuda")
+DT = torch.bfloat16
+HEADS = QKVHeads(32, 8, 64)
+# name: (op, N, K)
+SHAPES = {"qkv": ("norm_qkv_rope", 3072, 2048), "o": ("linear_residual", 2048, 2048),
+          "gate_up": ("norm_gate_up_silu", 16384, 2048), "down": ("linear_residual", 2048, 8192),
+          "lm_head": ("norm_linear", 128256, 2048)}
+ROWS = (1, 8, 64)
+COMPOSED = compose(t.rms_norm, F.linear, t.silu_and_mul, t.rope_write_kv)
+
+
+def candidates(op, n, k):
+    """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages): per BLOCK_N the splits that put about one
+    to two waves of programs on 132 SMs."""
+    cols = n // 2 if op in ("norm_qkv_rope", "norm_gate_up_silu") else n
+    out = []
+    for bn in (32, 64, 128):
+        tiles = -(-cols // bn)
+        splits = sorted({s for s in (1, 2, 4, 8, 16) if tiles * s <= 300 and k // s >= 256} or {1})[-2:]
+        for bk in (128, 256):
+            for s in splits:
+                out.append((bn, bk, s, 4, 4))
+    if op == "norm_linear":
+        out += [(128, 128, 1, 4, 3), (128, 256, 1, 8, 3), (256, 128, 1, 8, 3)]
+    return out
+
+
+def make_call(op, n, k, m, ws, fused):
+    """fn(i) running the op on m rows with weight copy i % len(ws) (the copies defeat L2)."""
+    ops = dl.FUSED_OPS if fused else COMPOSED
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn((m, k), generator=g).to(DEV, DT)
+    nw = torch.ones(k, device=DEV, dtype=DT)
+    if op == "norm_qkv_rope":
+        cos_sin = torch.randn((256, HEADS.head_dim), device=DEV)
+        pos = torch.arange(m, device=DEV)
+        cache = torch.zeros((2, 64, 16, HEADS.num_kv_heads, HEADS.head_dim), device=DEV, dtype=DT)
+        slots = torch.arange(m, device=DEV) + 16
+        return lambda i: ops.norm_qkv_rope(x, nw, 1e-5, ws[i % len(ws)], None, HEADS, cos_sin, pos, cache, slots)
+    if op == "linear_residual":
+        res = torch.zeros((m, n), device=DEV, dtype=DT)
+        return lambda i: ops.linear_residual(x, ws[i % len(ws)], res)
+    if op == "norm_gate_up_silu":
+        return lambda i: ops.norm_gate_up_silu(x, nw, 1e-5, ws[i % len(ws)])
+    return lambda i: ops.norm_linear(x, nw, 1e-5, ws[i % len(ws)], None, torch.float32)
+
+
+def tune_shape(name, op, n, k, bw, out):
+    copies = max(2, -(-(256 << 20) // (n * k * 2)))
+    ws = [torch.randn((n, k), device=DEV, dtype=DT) / k ** 0.5 for _ in range(copies)]
+    calls = max(copies, 8)
+    nbytes = n * k * 2
+    rows = []
+    for cfg in candidates(op, n, k):
+        dl._TUNED[(n, k)] = cfg
+        try:
+            tm = {m: graph_time(make_call(op, n, k, m, ws, True), calls) for m in ROWS}
+        except Exception as e:  # out of shared memory and the like: not a candidate
+            print(f"  {name} {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+            continue
+        rows.append((sum(tm.values()), cfg, tm))
+    rows.sort(key=lambda r: r[0])
+    comp = {m: graph_time(make_call(op, n, k, m, ws, False), calls) for m in ROWS}
+
+    def fmt(tm):
+        return ", ".join(f"T={m} {v * 1e6:.1f} us ({nbytes / v / bw:.0%})" for m, v in tm.items())
+
+    print(f"\n{name} {op} N={n} K={k} ({nbytes / 1e6:.1f} MB): composition (cuBLAS) {fmt(comp)}")
+    for _, cfg, tm in rows[:4]:
+        print(f"  {cfg}: {fmt(tm)}")
+    best, tm = rows[0][1], rows[0][2]
+    dl._TUNED[(n, k)] = best
+    faster = sum(tm.values()) < sum(comp.values())
+    print(f"  best {best}: {'faster' if faster else 'SLOWER'} than the composition "
+          f"({sum(tm.values()) * 1e6:.1f} vs {sum(comp.values()) * 1e6:.1f} us summed over T={ROWS})")
+    out[name] = {"op": op, "n": n, "k": k, "config": best, "fused_us": {m: v * 1e6 for m, v in tm.items()},
+                 "composed_us": {m: v * 1e6 for m, v in comp.items()},
+                 "bw_frac": {m: nbytes / v / bw for m, v in tm.items()}, "faster": faster}
+
+
+def main():
+    bw = measure_bandwidth(DEV)
+    out = {"bandwidth_GBps": bw / 1e9}
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    for name in sys.argv[2:] or SHAPES:
+        tune_shape(name, *SHAPES[name], bw, out)
+        sys.stdout.flush()
+    tuned = {(v["n"], v["k"]): tuple(v["config"]) for v in out.values() if isinstance(v, dict)}
+    print("\n_TUNED = " + repr(tuned))
+    print("_SLOWER = " + repr({(v["op"], v["n"], v["k"]) for v in out.values() if isinstance(v, dict) and not v["faster"]}))
+    with open(sys.argv[1] if len(sys.argv) > 1 else "tune_decode.json", "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The fused decode GEMVs (kernels/decode_linear.py) against the composition of the torch
+references (kernels/composed.py), under TRITON_INTERPRET=1 on the CPU and on the GPU."""
+
+import pytest
+import torch
+
+from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import reference
+from trtgraph.kernels.composed import QKVHeads, compose
+
+REF = compose(reference.rms_norm, reference.linear, reference.silu_and_mul, reference.rope_write_kv)
+
+
+def _inputs(T, K, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((T, K), generator=g).to(device, dtype)
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(device, dtype)
+    return g, x, nw
+
+
+def _weight(g, n, k, dtype, device):
+    return (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
+
+
+def _rope_case(g, T, heads, dtype, device, num_blocks=16, block_size=4, max_pos=64):
+    D = heads.head_dim
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    ang = torch.arange(max_pos).float()[:, None] * inv[None, :]
+    cos_sin = torch.cat((ang.cos(), ang.sin()), dim=-1).to(device)
+    positions = torch.randint(0, max_pos, (T,), generator=g).to(device)
+    slots = (torch.randperm(num_blocks * block_size - block_size, generator=g)[:T] + block_size).to(device)
+    cache = torch.zeros((2, num_blocks, block_size, heads.num_kv_heads, D), dtype=dtype, device=device)
+    return cos_sin, positions, cache, slots
+
+
+def _close(got, want, dtype):
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+def _check_all(T, dtype, device, shapes, bias, seed=0):
+    """Each fused op against the references: shapes = (H, I, V, heads)."""
+    H, inter, V, heads = shapes
+    g, x, nw = _inputs(T, H, dtype, device, seed)
+    eps = 1e-5
+    # LM head: fp32 logits (and a bf16 output when asked)
+    w = _weight(g, V, H, dtype, device)
+    b = (0.1 * torch.randn(V, generator=g)).to(device, dtype) if bias else None
+    _close(dl.norm_linear(x, nw, eps, w, b, torch.float32), REF.norm_linear(x, nw, eps, w, b, torch.float32), dtype)
+    _close(dl.norm_linear(x, nw, eps, w, b), REF.norm_linear(x, nw, eps, w, b), dtype)
+    # gate_up + SiLU-and-mul
+    w = _weight(g, 2 * inter, H, dtype, device)
+    _close(dl.norm_gate_up_silu(x, nw, eps, w), REF.norm_gate_up_silu(x, nw, eps, w), dtype)
+    # down + residual (the fused op writes into the residual's storage: pass a copy)
+    act = torch.randn((T, inter), generator=g).to(device, dtype)
+    w = _weight(g, H, inter, dtype, device)
+    want = REF.linear_residual(act, w, x)
+    res = x.clone()
+    got = dl.linear_residual(act, w, res)
+    _close(got, want, dtype)
+    assert got.data_ptr() == res.data_ptr()
+    # qkv + RoPE + KV write
+    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
+    w = _weight(g, n_qkv, H, dtype, device)
+    b = (0.1 * torch.randn(n_qkv, generator=g)).to(device, dtype) if bias else None
+    cos_sin, positions, cache, slots = _rope_case(g, T, heads, dtype, device)
+    ref_cache = cache.clone()
+    want = REF.norm_qkv_rope(x, nw, eps, w, b, heads, cos_sin, positions, ref_cache, slots)
+    got = dl.norm_qkv_rope(x, nw, eps, w, b, heads, cos_sin, positions, cache, slots)
+    _close(got, want, dtype)
+    _close(cache, ref_cache, dtype)
+
+
+TINY = (48, 40, 72, QKVHeads(4, 2, 8))  # hidden 48, intermediate 40, vocabulary 72, 4 q / 2 kv heads of 8
+
+
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("T", [1, 3, 17, 40])
+def test_fused_ops_match_the_references(monkeypatch, T, split):
+    """Every fused op, with split-K 1 and 3, one to three m-tiles, columns not a multiple of
+    BLOCK_N (fp32: the interpreter's dot is exact enough for 1e-4)."""
+    tuned = {}
+    for n, k in ((72, 48), (80, 48), (48, 40), (64, 48)):  # lm head, gate_up, down, qkv
+        tuned[(n, k)] = (16, 16, split, 1, 1)
+    monkeypatch.setattr(dl, "_TUNED", tuned)
+    _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
+
+
+def test_default_config_splits_and_is_row_count_free():
+    """The untuned config: a function of (N, K, device) only; the interpreter's default splits K."""
+    cpu = torch.device("cpu")
+    assert dl.decode_config(40, 96, cpu).split_k == 2 and dl.decode_config(40, 48, cpu).split_k == 1
+    cuda = torch.device("cuda")
+    assert dl.decode_config(2048, 8192, cuda).split_k > 1
+    assert dl.decode_config(128256, 2048, cuda).split_k == 1
+
+
+def test_choice_and_dispatch(monkeypatch):
+    """choose_fused: CUDA only, never with tensor parallelism, and with `deterministic` only for
+    shapes whose plan never runs more than FUSED_MAX_ROWS rows; dispatch runs the chosen path."""
+    shapes = [("norm_linear", 72, 48), ("linear_residual", 48, 40)]
+    counts = {(72, 48): [1, 8], (48, 40): [1, 8, 512]}
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert dl.choose_fused(shapes, counts, cpu, False, False) == {"linear_residual:48x40": "composed",
+                                                                  "norm_linear:72x48": "composed"}
+    assert dl.choose_fused(shapes, counts, cuda, False, True) == {"linear_residual:48x40": "composed",
+                                                                  "norm_linear:72x48": "composed"}
+    assert dl.choose_fused(shapes, counts, cuda, True, False) == {"linear_residual:48x40": "composed",
+                                                                  "norm_linear:72x48": "fused"}
+    assert dl.choose_fused(shapes, counts, cuda, False, False) == {"linear_residual:48x40": "fused",
+                                                                   "norm_linear:72x48": "fused"}
+    calls = []
+    composed = REF._replace(norm_linear=lambda *a: calls.append("composed"))
+    monkeypatch.setattr(dl, "FUSED_OPS", REF._replace(norm_linear=lambda *a: calls.append("fused")))
+    ops = dl.dispatch(composed)
+    w = torch.zeros(72, 48)
+    ops.norm_linear(torch.zeros(64, 48), None, 0.0, w)
+    ops.norm_linear(torch.zeros(65, 48), None, 0.0, w)
+    ops.norm_linear(torch.zeros(1, 48), None, 0.0, torch.zeros(73, 48))
+    assert calls == ["fused", "composed", "composed"]
+    assert dl.choose_fused([("norm_qkv_rope", 72, 48)], counts, cuda, False, False, qk_norm=True) == {
+        "norm_qkv_rope:72x48": "composed"}
+    dl.choose_fused([], {}, cpu, False, False)
+    assert dl.installed_choice() == {}
+
+
+LLAMA_1B = (2048, 8192, 128256, QKVHeads(32, 8, 64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_ops_gpu(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for T in (1, 5, 64):
+        _check_all(T, dtype, torch.device("cuda"), LLAMA_1B, bias=T == 5, seed=T)
+
+
+@pytest.mark.gpu
+def test_fused_ops_batch_invariant_gpu():
+    """Row 0's outputs are bitwise equal whether the step has 1 or up to 64 rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    H, inter, V, heads = LLAMA_1B
+    g, x, nw = _inputs(64, H, dt, dev)
+    ws = {name: _weight(g, n, k, dt, dev) for name, n, k in (
+        ("lm", V, H), ("gu", 2 * inter, H), ("down", H, inter),
+        ("qkv", (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim, H))}
+    act = torch.randn((64, inter), generator=g).to(dev, dt)
+    cos_sin, positions, cache, slots = _rope_case(g, 64, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
+
+    def row0(T):
+        c = cache.clone()
+        q = dl.norm_qkv_rope(x[:T], nw, 1e-5, ws["qkv"], None, heads, cos_sin, positions[:T], c, slots[:T])
+        s0 = slots[0].item()
+        return (dl.norm_linear(x[:T], nw, 1e-5, ws["lm"], None, torch.float32)[0],
+                dl.norm_gate_up_silu(x[:T], nw, 1e-5, ws["gu"])[0],
+                dl.linear_residual(act[:T], ws["down"], x[:T].clone())[0],
+                q[0], c.view(2, -1, heads.num_kv_heads, heads.head_dim)[:, s0])
+
+    first = row0(1)
+    for T in range(2, 65):
+        for a, b in zip(first, row0(T)):
+            assert torch.equal(a, b), f"row 0 differs at T={T}"

@@ -1,0 +1,329 @@
+"""Fused decode GEMVs: the four fused ops of kernels/composed.py as single Triton kernels for
+steps of few rows (T <= FUSED_MAX_ROWS: decode and verification keys).
+
+One kernel, four epilogues. Swap-AB: a program multiplies a weight tile [BLOCK_N, BLOCK_K]
+by 16 rows of x (padded, masked) transposed, acc[BLOCK_N, 16], so the weights fill the MMA's
+M side and are streamed from HBM once; rows past 16 are more programs (m-tiles vary fastest
+in the grid, so they meet the same weight tile in L2).
+
+- RMSNorm in the prologue at no extra pass: the x tile is multiplied by norm_weight[k] as it
+  is loaded and sum(x^2) is accumulated alongside; rmsnorm is linear in x given the row's
+  rstd, so rstd = rsqrt(ss / K + eps) scales the accumulator in the epilogue.
+- Split-K where a shape has too few N-blocks to fill the GPU: fp32 partials (and partial sums
+  of squares) go to a workspace and an arrival counter per output tile (triton_ops'
+  `arrival_counters`); the program that arrives last sums the partials in split order (fixed:
+  deterministic), runs the epilogue and puts the counter back to 0.
+- Paired rows: SiLU-and-mul (a program owns gate rows n and up rows I + n) and RoPE (a program
+  owns the first halves of heads, rows h*D + d, and their partners h*D + D/2 + d) accumulate two
+  tiles, so the epilogue has both operands in registers.
+- Epilogues: plain store (fp32 logits for the LM head), residual add (o, down), silu(g) * u,
+  RoPE with q written out and the rotated k and the v written to the paged cache.
+
+Batch invariance by construction: the launch config (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
+is a function of (N, K) and the device only (`decode_config`), never of T; a row is one
+column of an m-tile and every column is reduced over K in the same order, so its result does
+not depend on how many rows share the step.
+
+Which shapes run these kernels is decided once at build time (`choose_fused`), recorded in
+the manifest, and the composition of single ops runs elsewhere (prefill, tensor parallelism,
+Qwen3's q/k norms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .composed import FusedOps, QKVHeads
+from .triton_ops import arrival_counters
+
+FUSED_MAX_ROWS = 64  # the fused kernels run for steps of at most this many rows
+FUSED, COMPOSED = "fused", "composed"
+_PLAIN, _RESIDUAL, _SILU, _ROPE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+# (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages), measured on the H200 with
+# scripts/tune_decode_linear.py (docs/performance.md); N counts output rows of the weight
+# (for gate_up and qkv the paired-row kernels use BLOCK_N pairs, i.e. 2 * BLOCK_N weight rows).
+_TUNED: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+
+
+def decode_config(n: int, k: int, device: torch.device) -> DecodeConfig:
+    """The launch configuration for a weight [n, k]: a pure function of the shape and device."""
+    if (n, k) in _TUNED:
+        return DecodeConfig(*_TUNED[(n, k)])
+    if device.type != "cuda":
+        return DecodeConfig(16, 32 if k >= 32 else 16, 2 if k >= 64 else 1, 1, 1)  # small, interpreter
+    # untuned: 64-row tiles, split K until the tiles fill the SMs about once, 512+ columns a split
+    tiles = triton.cdiv(n, 64)
+    split = 1
+    while tiles * split * 2 <= 132 and k // (split * 2) >= 512:
+        split *= 2
+    return DecodeConfig(64, 128, split, 4, 4)
+
+
+@triton.jit
+def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
+              res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+              cache_head_stride, num_q_heads, num_kv_heads,
+              MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr):
+    """acc [BLOCK_N (output columns), 16 (rows)] -> the op's outputs."""
+    if HAS_NORM:
+        rstd = tl.rsqrt(ss / K + eps)
+        acc1 = acc1 * rstd[None, :]
+        if MODE >= 2:
+            acc2 = acc2 * rstd[None, :]
+    if HAS_BIAS:
+        acc1 += tl.load(b_ptr + w_rows1, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+        if MODE >= 2:
+            acc2 += tl.load(b_ptr + w_rows2, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+    mask = col_ok[:, None] & row_ok[None, :]
+    dst = out_ptr + rows[None, :] * out_stride + cols[:, None]
+    if MODE == 0:
+        tl.store(dst, acc1.to(out_ptr.dtype.element_ty), mask=mask)
+    elif MODE == 1:
+        r = tl.load(res_ptr + rows[None, :] * res_stride + cols[:, None], mask=mask, other=0.0).to(tl.float32)
+        tl.store(dst, (r + acc1).to(out_ptr.dtype.element_ty), mask=mask)
+    elif MODE == 2:
+        tl.store(dst, (acc1 / (1.0 + tl.exp(-acc1)) * acc2).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # cols index (head, d) for d < D/2; acc1 the first halves, acc2 their partners
+        head = cols // HALF
+        d = cols % HALF
+        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
+        cs = cs_ptr + pos[None, :] * (2 * HALF) + d[:, None]
+        cos = tl.load(cs, mask=mask, other=0.0)
+        sin = tl.load(cs + HALF, mask=mask, other=0.0)
+        is_v = head >= num_q_heads + num_kv_heads
+        r1 = tl.where(is_v[:, None], acc1, acc1 * cos - acc2 * sin)
+        r2 = tl.where(is_v[:, None], acc2, acc2 * cos + acc1 * sin)
+        is_q = head < num_q_heads
+        qd = out_ptr + rows[None, :] * out_stride + (head * 2 * HALF + d)[:, None]
+        qm = mask & is_q[:, None]
+        tl.store(qd, r1.to(out_ptr.dtype.element_ty), mask=qm)
+        tl.store(qd + HALF, r2.to(out_ptr.dtype.element_ty), mask=qm)
+        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
+        kvh = tl.where(is_v, head - num_q_heads - num_kv_heads, head - num_q_heads)
+        kd = (kv_ptr + tl.where(is_v, cache_kv_stride, 0)[:, None] + slot[None, :] * cache_slot_stride
+              + (kvh * cache_head_stride + d)[:, None])
+        km = mask & (~is_q)[:, None]
+        tl.store(kd, r1.to(kv_ptr.dtype.element_ty), mask=km)
+        tl.store(kd + HALF, r2.to(kv_ptr.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
+                   cnt_ptr, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
+                   cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
+                   MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
+                   PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT_K: tl.constexpr, NACC: tl.constexpr):
+    """N: output columns (pairs for MODE 2 / 3); grid (m-tiles, N-tiles, SPLIT_K)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    rows = pid_m * 16 + tl.arange(0, 16)
+    row_ok = rows < M
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if MODE == 3:
+        w_rows1 = (cols // HALF) * (2 * HALF) + cols % HALF
+        w_rows2 = w_rows1 + HALF
+    else:
+        w_rows1 = cols
+        w_rows2 = cols + pair_offset
+    acc1 = tl.zeros([BLOCK_N, 16], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, 16], tl.float32)
+    ss = tl.zeros([16], tl.float32)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < k_hi
+        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss += tl.sum(xt * xt, axis=1)
+            xt = xt * tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
+        wm = col_ok[:, None] & k_ok[None, :]
+        w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+        acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
+        if MODE >= 2:
+            w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+            acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
+    if SPLIT_K == 1:
+        _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
+                  res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+                  cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
+    else:
+        # workspace [tiles, SPLIT_K, (acc1 | acc2 | ss)]: acc as [BLOCK_N, 16], ss as [16]
+        SLOT: tl.constexpr = NACC * BLOCK_N * 16 + 16
+        tile = pid_m * tl.num_programs(1) + pid_n
+        idx = tl.arange(0, BLOCK_N)[:, None] * 16 + tl.arange(0, 16)[None, :]
+        base = ws_ptr + (tile * SPLIT_K + split).to(tl.int64) * SLOT
+        tl.store(base + idx, acc1)
+        if MODE >= 2:
+            tl.store(base + BLOCK_N * 16 + idx, acc2)
+        tl.store(base + NACC * BLOCK_N * 16 + tl.arange(0, 16), ss)
+        # the split that arrives last sums all of them, in split order, and resets the counter
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc1 = tl.zeros([BLOCK_N, 16], tl.float32)
+            acc2 = tl.zeros([BLOCK_N, 16], tl.float32)
+            ss = tl.zeros([16], tl.float32)
+            for s in range(SPLIT_K):
+                b = ws_ptr + (tile * SPLIT_K + s).to(tl.int64) * SLOT
+                acc1 += tl.load(b + idx, cache_modifier=".cg")
+                if MODE >= 2:
+                    acc2 += tl.load(b + BLOCK_N * 16 + idx, cache_modifier=".cg")
+                ss += tl.load(b + NACC * BLOCK_N * 16 + tl.arange(0, 16), cache_modifier=".cg")
+            _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr,
+                      out_stride, res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride,
+                      cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS,
+                      HALF)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_cols: int, *,
+            norm_weight=None, eps=0.0, bias=None, residual=None, pair_offset=0, half=1, rope=None) -> torch.Tensor:
+    """Run the fused kernel: x [T, K] (row stride free), weight [N_w, K], out [T, ...] contiguous rows."""
+    T, K = x.shape
+    N_w = weight.shape[0]
+    assert x.stride(-1) == 1 and weight.is_contiguous()
+    cfg = decode_config(N_w, K, x.device)
+    if T == 0:
+        return out
+    split = cfg.split_k
+    k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
+    split = triton.cdiv(K, k_per_split)  # never an empty split
+    grid = (triton.cdiv(T, 16), triton.cdiv(n_cols, cfg.block_n), split)
+    nacc = 2 if mode >= _SILU else 1
+    if split > 1:
+        tiles = grid[0] * grid[1]
+        ws = torch.empty(tiles * split * (nacc * cfg.block_n * 16 + 16), dtype=torch.float32, device=x.device)
+        cnt = arrival_counters(tiles, x.device)
+    else:
+        ws = cnt = out
+    cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
+    _decode_kernel[grid](
+        x, norm_weight if norm_weight is not None else weight, weight, bias if bias is not None else weight, out,
+        residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
+        T, n_cols, K, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
+        residual.stride(0) if residual is not None else 0, float(eps), pair_offset,
+        kv.stride(0) if rope is not None else 0, kv.stride(2) if rope is not None else 0,
+        kv.stride(3) if rope is not None else 0, hq, hkv,
+        MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
+        PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    return out
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
+    """rms_norm(x) @ weight.T (+ bias), written in out_dtype (the weight's by default)."""
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or weight.dtype, device=x.device)
+    return _launch(_PLAIN, _rows(x), weight, out, weight.shape[0], norm_weight=norm_weight, eps=eps, bias=bias)
+
+
+def linear_residual(x, weight, residual):
+    """residual + x @ weight.T, written into residual's storage."""
+    assert residual.stride(-1) == 1
+    return _launch(_RESIDUAL, _rows(x), weight, residual, weight.shape[0], residual=residual)
+
+
+def norm_gate_up_silu(x, norm_weight, eps, weight):
+    """silu(gate) * up of rms_norm(x) @ [gate; up].T -> [T, I]."""
+    inter = weight.shape[0] // 2
+    out = torch.empty((x.shape[0], inter), dtype=weight.dtype, device=x.device)
+    return _launch(_SILU, _rows(x), weight, out, inter, norm_weight=norm_weight, eps=eps, pair_offset=inter)
+
+
+def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, positions, kv_cache, slot_mapping):
+    """RMSNorm, the qkv projection, RoPE; rotated k and v into the paged cache; q [T, Hq, D] out.
+    (No q/k norms: Qwen3's take the composition.)"""
+    assert heads.q_norm is None and kv_cache.is_contiguous()
+    T, D = x.shape[0], heads.head_dim
+    q = torch.empty((T, heads.num_heads, D), dtype=weight.dtype, device=x.device)
+    rope = (cos_sin, positions, slot_mapping, kv_cache, heads.num_heads, heads.num_kv_heads)
+    _launch(_ROPE, _rows(x), weight, q.view(T, heads.q_size), weight.shape[0] // 2, norm_weight=norm_weight,
+            eps=eps, bias=bias, half=D // 2, rope=rope)
+    return q
+
+
+FUSED_OPS = FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
+
+# ---------------------------------------------------------------------------------------
+# The choice: which (op, weight shape) runs the fused kernel for steps of <= FUSED_MAX_ROWS
+# ---------------------------------------------------------------------------------------
+
+_CHOICE: dict[tuple[str, int, int], str] = {}  # (op, N, K) -> FUSED | COMPOSED; unlisted: composed
+# (op, N, K) where the H200 measurement found the composition faster (scripts/tune_decode_linear.py)
+_SLOWER: set[tuple[str, int, int]] = set()
+
+
+def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int, int], list[int]],
+                 device: torch.device, deterministic: bool, tensor_parallel: bool,
+                 qk_norm: bool = False) -> dict[str, str]:
+    """Install, per fused op and weight shape (op, N, K), whether steps of <= FUSED_MAX_ROWS
+    rows run the fused kernel: on CUDA, on one GPU, not for Qwen3's q/k-normed qkv, and where
+    the H200 table does not say the composition is faster. With `deterministic`, a shape whose
+    plan also runs steps of more rows keeps the composition for every step (one path for every
+    T: the fused kernel is invariant, but past 64 rows the composition would take over with
+    another reduction order). A pure function of its arguments (a fixed table, no timing), so
+    the compiler and the runtime install the same choice; the compiler records it in the
+    manifest. Returns {"op:NxK": "fused" | "composed"}."""
+    _CHOICE.clear()
+    for op, n, k in shapes:
+        ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER
+              and not (qk_norm and op == "norm_qkv_rope"))
+        if ok and deterministic:
+            ok = max(row_counts.get((n, k), [0]), default=0) <= FUSED_MAX_ROWS
+        _CHOICE[(op, n, k)] = FUSED if ok else COMPOSED
+    return installed_choice()
+
+
+def installed_choice() -> dict[str, str]:
+    return {f"{op}:{n}x{k}": c for (op, n, k), c in sorted(_CHOICE.items())}
+
+
+def dispatch(composed: FusedOps) -> FusedOps:
+    """The four ops: each call runs the fused kernel when its (op, shape) was chosen and the
+    step has at most FUSED_MAX_ROWS rows, the composition otherwise (a shape-only test: the
+    same for every replay of a key)."""
+
+    def pick(name: str, weight: torch.Tensor, rows: int):
+        fused = rows <= FUSED_MAX_ROWS and _CHOICE.get((name, *weight.shape)) == FUSED
+        return getattr(FUSED_OPS if fused else composed, name)
+
+    def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads, *rest):
+        fn = composed.norm_qkv_rope if heads.q_norm is not None else pick("norm_qkv_rope", weight, x.shape[0])
+        return fn(x, norm_weight, eps, weight, bias, heads, *rest)
+
+    def linear_residual(x, weight, residual):
+        return pick("linear_residual", weight, x.shape[0])(x, weight, residual)
+
+    def norm_gate_up_silu(x, norm_weight, eps, weight):
+        return pick("norm_gate_up_silu", weight, x.shape[0])(x, norm_weight, eps, weight)
+
+    def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
+        return pick("norm_linear", weight, x.shape[0])(x, norm_weight, eps, weight, bias, out_dtype)
+
+    return FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
