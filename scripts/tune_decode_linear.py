@@ -106,6 +106,8 @@ def main():
     for name in sys.argv[2:] or SHAPES:
         tune_shape(name, *SHAPES[name], bw, out)
         sys.stdout.flush()
+        with open(sys.argv[1] if len(sys.argv) > 1 else "tune_decode.json", "w") as f:
+            json.dump(out, f, indent=1)
     tuned = {(v["n"], v["k"]): tuple(v["config"]) for v in out.values() if isinstance(v, dict)}
     print("\n_TUNED = " + repr(tuned))
     print("_SLOWER = " + repr({(v["op"], v["n"], v["k"]) for v in out.values() if isinstance(v, dict) and not v["faster"]}))
