@@ -31,25 +31,26 @@ COMPOSED = compose(t.rms_norm, F.linear, t.silu_and_mul, t.rope_write_kv)
 
 
 def candidates(op, n, k):
-    """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages): per BLOCK_N the splits that put about one
-    to two waves of programs on 132 SMs."""
-    cols = n // 2 if op in ("norm_qkv_rope", "norm_gate_up_silu") else n
+    """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages): per BLOCK_N the two largest splits that keep
+    at most ~4.5 waves of programs on 132 SMs; stages as many (<= 4) as shared memory holds."""
+    pairs = 2 if op in ("norm_qkv_rope", "norm_gate_up_silu") else 1
+    cols = n // pairs
     out = []
     for bn in (32, 64, 128):
         tiles = -(-cols // bn)
-        splits = sorted({s for s in (1, 2, 4, 8, 16) if tiles * s <= 300 and k // s >= 256} or {1})[-2:]
+        splits = sorted({s for s in (1, 2, 4, 8, 16) if tiles * s <= 600 and k // s >= 256} or {1})[-2:]
         for bk in (128, 256):
-            for s in splits:
-                out.append((bn, bk, s, 4, 4))
+            stages = max(2, min(4, (200 << 10) // (pairs * bn * bk * 2 + 64 * bk * 2)))
+            out += [(bn, bk, s, 4, stages) for s in splits]
     if op == "norm_linear":
-        out += [(128, 128, 1, 4, 3), (128, 256, 1, 8, 3), (256, 128, 1, 8, 3)]
+        out += [(128, 128, 1, 8, 3), (256, 128, 1, 8, 3)]
     return out
 
 
 def make_call(op, n, k, m, ws, fused):
     """fn(i) running the op on m rows with weight copy i % len(ws) (the copies defeat L2)."""
     ops = dl.FUSED_OPS if fused else COMPOSED
-    g = torch.Generator().manual_seed(m)
+    g = torch.Generator().manual_seed(0)  # row 0 the same for every m
     x = torch.randn((m, k), generator=g).to(DEV, DT)
     nw = torch.ones(k, device=DEV, dtype=DT)
     if op == "norm_qkv_rope":
@@ -72,14 +73,17 @@ def tune_shape(name, op, n, k, bw, out):
     calls = max(copies, 8)
     nbytes = n * k * 2
     rows = []
-    for cfg in candidates(op, n, k):
+    for cfg in candidates(op, n, k):  # screened at T = 1, the best three timed at every T
         dl._TUNED[(n, k)] = cfg
         try:
-            tm = {m: graph_time(make_call(op, n, k, m, ws, True), calls) for m in ROWS}
+            rows.append((graph_time(make_call(op, n, k, 1, ws, True), calls), cfg))
         except Exception as e:  # out of shared memory and the like: not a candidate
             print(f"  {name} {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
-            continue
-        rows.append((sum(tm.values()), cfg, tm))
+    rows = sorted(rows)[:3]
+    for i, (_, cfg) in enumerate(rows):
+        dl._TUNED[(n, k)] = cfg
+        tm = {m: graph_time(make_call(op, n, k, m, ws, True), calls) for m in ROWS}
+        rows[i] = (sum(tm.values()), cfg, tm)
     rows.sort(key=lambda r: r[0])
     comp = {m: graph_time(make_call(op, n, k, m, ws, False), calls) for m in ROWS}
 
@@ -94,9 +98,17 @@ def tune_shape(name, op, n, k, bw, out):
     faster = sum(tm.values()) < sum(comp.values())
     print(f"  best {best}: {'faster' if faster else 'SLOWER'} than the composition "
           f"({sum(tm.values()) * 1e6:.1f} vs {sum(comp.values()) * 1e6:.1f} us summed over T={ROWS})")
-    out[name] = {"op": op, "n": n, "k": k, "config": best, "fused_us": {m: v * 1e6 for m, v in tm.items()},
+    same = invariant(op, n, k, ws[0])
+    print(f"  row 0 bitwise equal at T = 1, 8, 17, 64: {same}")
+    out[name] = {"invariant": same, "op": op, "n": n, "k": k, "config": best, "fused_us": {m: v * 1e6 for m, v in tm.items()},
                  "composed_us": {m: v * 1e6 for m, v in comp.items()},
                  "bw_frac": {m: nbytes / v / bw for m, v in tm.items()}, "faster": faster}
+
+
+def invariant(op, n, k, w):
+    """Row 0 of the op's output bitwise equal at T = 1, 8, 17, 64 (row tiles of 16, 16, 32, 64)."""
+    outs = [make_call(op, n, k, m, [w], True)(0)[0].clone() for m in (1, 8, 17, 64)]
+    return all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 def main():

@@ -22,7 +22,7 @@ def _weight(g, n, k, dtype, device):
     return (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
 
 
-def _rope_case(g, T, heads, dtype, device, num_blocks=16, block_size=4, max_pos=64):
+def _rope_case(g, T, heads, dtype, device, num_blocks=32, block_size=4, max_pos=64):
     D = heads.head_dim
     inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
     ang = torch.arange(max_pos).float()[:, None] * inv[None, :]
@@ -75,15 +75,22 @@ TINY = (48, 40, 72, QKVHeads(4, 2, 8))  # hidden 48, intermediate 40, vocabulary
 
 
 @pytest.mark.parametrize("split", [1, 3])
-@pytest.mark.parametrize("T", [1, 3, 17, 40])
-def test_fused_ops_match_the_references(monkeypatch, T, split):
-    """Every fused op, with split-K 1 and 3, one to three m-tiles, columns not a multiple of
-    BLOCK_N (fp32: the interpreter's dot is exact enough for 1e-4)."""
+@pytest.mark.parametrize("T,row_tiles", [(1, (16, 32, 64)), (3, (16, 32, 64)), (17, (16, 32, 64)),
+                                         (40, (16, 32, 64)), (70, (16, 32, 64)), (40, None)])
+def test_fused_ops_match_the_references(monkeypatch, T, row_tiles, split):
+    """Every fused op, with split-K 1 and 3, row tiles of 16 / 32 / 64 and several m-tiles (70
+    rows in 64-row tiles; 40 rows in 16-row tiles), columns not a multiple of BLOCK_N (fp32: the
+    interpreter's dot is exact enough for 1e-4)."""
     tuned = {}
     for n, k in ((72, 48), (80, 48), (48, 40), (64, 48)):  # lm head, gate_up, down, qkv
         tuned[(n, k)] = (16, 16, split, 1, 1)
     monkeypatch.setattr(dl, "_TUNED", tuned)
+    monkeypatch.setattr(dl, "_ROW_TILES", row_tiles)
     _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
+
+
+def test_row_tiles():
+    assert [dl.row_tile(t) for t in (1, 16, 17, 32, 33, 64, 65, 500)] == [16, 16, 32, 32, 64, 64, 64, 64]
 
 
 def test_default_config_splits_and_is_row_count_free():

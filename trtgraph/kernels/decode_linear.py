@@ -2,9 +2,9 @@
 steps of few rows (T <= FUSED_MAX_ROWS: decode and verification keys).
 
 One kernel, four epilogues. Swap-AB: a program multiplies a weight tile [BLOCK_N, BLOCK_K]
-by 16 rows of x (padded, masked) transposed, acc[BLOCK_N, 16], so the weights fill the MMA's
-M side and are streamed from HBM once; rows past 16 are more programs (m-tiles vary fastest
-in the grid, so they meet the same weight tile in L2).
+by BLOCK_T (16, 32 or 64) rows of x (padded, masked) transposed, acc[BLOCK_N, BLOCK_T], so the
+weights fill the MMA's M side and are streamed from HBM once; rows past 64 are more programs
+(m-tiles vary fastest in the grid, so they meet the same weight tile in L2).
 
 - RMSNorm in the prologue at no extra pass: the x tile is multiplied by norm_weight[k] as it
   is loaded and sum(x^2) is accumulated alongside; rmsnorm is linear in x given the row's
@@ -74,12 +74,26 @@ def decode_config(n: int, k: int, device: torch.device) -> DecodeConfig:
     return DecodeConfig(64, 128, split, 4, 4)
 
 
+# The rows of x a program multiplies (the MMA's N side): the fewest of 16, 32, 64 that hold the
+# step, so a 64-row step streams each weight tile once, not once per 16 rows. A row's column of
+# the accumulator is reduced over K in the same order whatever the tile's width (the MMA
+# computes each column alone); tests/test_decode_linear.py checks row 0 bitwise on the GPU for
+# T = 1 .. 64. None: always 16 (a grid of m-tiles past 16 rows).
+_ROW_TILES: tuple[int, ...] | None = (16, 32, 64)
+
+
+def row_tile(rows: int) -> int:
+    if _ROW_TILES is None:
+        return 16
+    return next((t for t in _ROW_TILES if rows <= t), _ROW_TILES[-1])
+
+
 @triton.jit
 def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
               res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
               cache_head_stride, num_q_heads, num_kv_heads,
               MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr):
-    """acc [BLOCK_N (output columns), 16 (rows)] -> the op's outputs."""
+    """acc [BLOCK_N (output columns), BLOCK_T (rows)] -> the op's outputs."""
     if HAS_NORM:
         rstd = tl.rsqrt(ss / K + eps)
         acc1 = acc1 * rstd[None, :]
@@ -129,12 +143,12 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
                    cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
                    MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT_K: tl.constexpr, NACC: tl.constexpr):
-    """N: output columns (pairs for MODE 2 / 3); grid (m-tiles, N-tiles, SPLIT_K)."""
+                   SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr):
+    """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
-    rows = pid_m * 16 + tl.arange(0, 16)
+    rows = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < M
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -144,9 +158,9 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
     else:
         w_rows1 = cols
         w_rows2 = cols + pair_offset
-    acc1 = tl.zeros([BLOCK_N, 16], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, 16], tl.float32)
-    ss = tl.zeros([16], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    ss = tl.zeros([BLOCK_T], tl.float32)
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -169,28 +183,28 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
                   res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
                   cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
     else:
-        # workspace [tiles, SPLIT_K, (acc1 | acc2 | ss)]: acc as [BLOCK_N, 16], ss as [16]
-        SLOT: tl.constexpr = NACC * BLOCK_N * 16 + 16
+        # workspace [tiles, SPLIT_K, (acc1 | acc2 | ss)]: acc as [BLOCK_N, BLOCK_T], ss as [BLOCK_T]
+        SLOT: tl.constexpr = (NACC * BLOCK_N + 1) * BLOCK_T
         tile = pid_m * tl.num_programs(1) + pid_n
-        idx = tl.arange(0, BLOCK_N)[:, None] * 16 + tl.arange(0, 16)[None, :]
+        idx = tl.arange(0, BLOCK_N)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
         base = ws_ptr + (tile * SPLIT_K + split).to(tl.int64) * SLOT
         tl.store(base + idx, acc1)
         if MODE >= 2:
-            tl.store(base + BLOCK_N * 16 + idx, acc2)
-        tl.store(base + NACC * BLOCK_N * 16 + tl.arange(0, 16), ss)
+            tl.store(base + BLOCK_N * BLOCK_T + idx, acc2)
+        tl.store(base + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), ss)
         # the split that arrives last sums all of them, in split order, and resets the counter
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
-            acc1 = tl.zeros([BLOCK_N, 16], tl.float32)
-            acc2 = tl.zeros([BLOCK_N, 16], tl.float32)
-            ss = tl.zeros([16], tl.float32)
+            acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+            ss = tl.zeros([BLOCK_T], tl.float32)
             for s in range(SPLIT_K):
                 b = ws_ptr + (tile * SPLIT_K + s).to(tl.int64) * SLOT
                 acc1 += tl.load(b + idx, cache_modifier=".cg")
                 if MODE >= 2:
-                    acc2 += tl.load(b + BLOCK_N * 16 + idx, cache_modifier=".cg")
-                ss += tl.load(b + NACC * BLOCK_N * 16 + tl.arange(0, 16), cache_modifier=".cg")
+                    acc2 += tl.load(b + BLOCK_N * BLOCK_T + idx, cache_modifier=".cg")
+                ss += tl.load(b + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), cache_modifier=".cg")
             _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr,
                       out_stride, res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride,
                       cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS,
@@ -210,11 +224,12 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)  # never an empty split
-    grid = (triton.cdiv(T, 16), triton.cdiv(n_cols, cfg.block_n), split)
+    bt = row_tile(T)
+    grid = (triton.cdiv(T, bt), triton.cdiv(n_cols, cfg.block_n), split)
     nacc = 2 if mode >= _SILU else 1
     if split > 1:
         tiles = grid[0] * grid[1]
-        ws = torch.empty(tiles * split * (nacc * cfg.block_n * 16 + 16), dtype=torch.float32, device=x.device)
+        ws = torch.empty(tiles * split * (nacc * cfg.block_n + 1) * bt, dtype=torch.float32, device=x.device)
         cnt = arrival_counters(tiles, x.device)
     else:
         ws = cnt = out
@@ -228,7 +243,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         kv.stride(3) if rope is not None else 0, hq, hkv,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out
 
