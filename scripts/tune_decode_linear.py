@@ -31,17 +31,23 @@ COMPOSED = compose(t.rms_norm, F.linear, t.silu_and_mul, t.rope_write_kv)
 
 
 def candidates(op, n, k):
-    """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages): per BLOCK_N the two largest splits that keep
-    at most ~4.5 waves of programs on 132 SMs; stages as many (<= 4) as shared memory holds."""
+    """(BLOCK_N, BLOCK_K, SPLIT_K, warps, stages): per BLOCK_N the split s0 that first puts
+    >= 120 programs on the 132 SMs, half and twice it; stages as many (<= 4) as fit one program
+    per SM, and for s0 also as many as fit two."""
     pairs = 2 if op in ("norm_qkv_rope", "norm_gate_up_silu") else 1
     cols = n // pairs
     out = []
     for bn in (32, 64, 128):
         tiles = -(-cols // bn)
-        splits = sorted({s for s in (1, 2, 4, 8, 16) if tiles * s <= 600 and k // s >= 256} or {1})[-2:]
-        for bk in (128, 256):
-            stages = max(2, min(4, (200 << 10) // (pairs * bn * bk * 2 + 64 * bk * 2)))
+        s0 = next((s for s in (1, 2, 4, 8, 16) if tiles * s >= 120), 16)
+        splits = [s for s in (s0 // 2, s0, 2 * s0) if s >= 1 and k // s >= 256 and tiles * s <= 1200]
+        for bk in ((128, 256) if bn < 128 else (128,)):
+            per_stage = pairs * bn * bk * 2 + 64 * bk * 2
+            stages = max(2, min(4, (200 << 10) // per_stage))  # one program per SM
             out += [(bn, bk, s, 4, stages) for s in splits]
+            two = max(2, min(4, (100 << 10) // per_stage))  # two programs per SM
+            if bk == 128 and two != stages and s0 in splits:
+                out.append((bn, bk, s0, 4, two))
     if op == "norm_linear":
         out += [(128, 128, 1, 8, 3), (256, 128, 1, 8, 3)]
     return out

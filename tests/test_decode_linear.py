@@ -84,6 +84,7 @@ def test_fused_ops_match_the_references(monkeypatch, T, row_tiles, split):
     tuned = {}
     for n, k in ((72, 48), (80, 48), (48, 40), (64, 48)):  # lm head, gate_up, down, qkv
         tuned[(n, k)] = (16, 16, split, 1, 1)
+    tuned[(64, 48)] = (32, 16, split, 1, 1)  # qkv: 32 pairs of 8 heads x 4 in two full tiles (unmasked)
     monkeypatch.setattr(dl, "_TUNED", tuned)
     monkeypatch.setattr(dl, "_ROW_TILES", row_tiles)
     _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)

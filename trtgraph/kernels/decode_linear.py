@@ -143,7 +143,7 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
                    cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
                    MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr):
+                   SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
     """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -165,19 +165,32 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
     k_hi = tl.minimum(k_lo + k_per_split, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < k_hi
-        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                     other=0.0).to(tl.float32)
-        if HAS_NORM:
-            ss += tl.sum(xt * xt, axis=1)
-            xt = xt * tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
-        wm = col_ok[:, None] & k_ok[None, :]
-        w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
-        acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
-        if MODE >= 2:
-            w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
-            acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
+        if EVEN:  # every split a whole number of BLOCK_K, every N-tile full: unmasked weight loads
+            xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None], other=0.0)
+            xt = xt.to(tl.float32)
+            if HAS_NORM:
+                ss += tl.sum(xt * xt, axis=1)
+                xt = xt * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
+            xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
+            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :])
+            acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
+            if MODE >= 2:
+                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :])
+                acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
+        else:
+            k_ok = kk < k_hi
+            xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                         other=0.0).to(tl.float32)
+            if HAS_NORM:
+                ss += tl.sum(xt * xt, axis=1)
+                xt = xt * tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
+            wm = col_ok[:, None] & k_ok[None, :]
+            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+            acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
+            if MODE >= 2:
+                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+                acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
     if SPLIT_K == 1:
         _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
                   res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
@@ -243,7 +256,8 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         kv.stride(3) if rope is not None else 0, hq, hkv,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
+        EVEN=K % k_per_split == 0 and n_cols % cfg.block_n == 0, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out
 
