@@ -1,5 +1,7 @@
 """Where a decode step's GPU time goes: kernel count and per-kernel time of one step, from
-the eager run of the same kernels a graph replays.
+the eager run of the same kernels a graph replays; the time per kernel family, and the matrix
+multiplies' (fused decode GEMVs and cuBLAS / Triton GEMMs) fraction of the measured copy
+bandwidth for the weight bytes they read.
 
 Usage: python scripts/profile_step.py ARTIFACTS|CONFIG.yaml [TOP]  (a config builds the three
 profiled keys only, no capture; TOP kernels listed per key, 12 by default)"""
@@ -9,12 +11,16 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trtgraph.bench import decode_rows
+from trtgraph.bench import decode_rows, measure_bandwidth
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
 from trtgraph.artifacts import load_manifest
 from trtgraph.runtime.step.executor import Executor
 
+# kernel families by name fragment, first match wins; "matmul" is what reads the weights
+FAMILIES = (("matmul", ("_decode_kernel", "gemm", "gemv", "nvjet", "cutlass", "_linear_kernel", "splitk", "sm90")),
+            ("attention", ("attn",)), ("norm", ("rms_norm",)), ("rope", ("rope",)), ("silu", ("silu",)),
+            ("sampler", ("sample", "gumbel", "argmax", "topk", "process", "logit")))
 KEYS = (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled"))
 TOP = int(sys.argv[2]) if len(sys.argv) > 2 else 12
 if sys.argv[1].endswith((".yaml", ".yml")):
@@ -23,6 +29,11 @@ if sys.argv[1].endswith((".yaml", ".yml")):
 else:
     manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
     ex = Executor.build(manifest.app_config(), manifest.plan())
+BW = measure_bandwidth(ex.device) / 1e9
+LM_HEAD = ex.model.lm_head_weight
+WEIGHT_BYTES = LM_HEAD.numel() * LM_HEAD.element_size() + sum(  # every matrix a decode step reads once
+    p.numel() * p.element_size() for n, p in ex.model.named_parameters() if p.dim() == 2 and p is not LM_HEAD
+    and not n.startswith("embed_tokens"))
 for key in (k for k in KEYS if k in ex.plan.keys):
     ex.prepare(key, decode_rows(ex, key.batch_size, 128))
     with torch.inference_mode():
@@ -40,3 +51,14 @@ for key in (k for k in KEYS if k in ex.plan.keys):
     print(f"\n{key}: {count:.0f} kernels per step, {total / 1e3:.3f} ms of kernel time per step")
     for e in sorted(events, key=lambda e: -e.device_time_total)[:TOP]:
         print(f"  {e.device_time_total / steps / 1e3:7.3f} ms  x{e.count // steps:<4} {e.key[:90]}")
+    fam: dict[str, list[float]] = {}
+    for e in events:
+        name = next((f for f, frags in FAMILIES if any(x in e.key.lower() for x in frags)), "other")
+        t = fam.setdefault(name, [0.0, 0.0])
+        t[0] += e.device_time_total / steps / 1e3
+        t[1] += e.count / steps
+    print("  by family: " + ", ".join(f"{f} {t[0]:.3f} ms x{t[1]:.0f}" for f, t in sorted(fam.items(), key=lambda i: -i[1][0])))
+    if "matmul" in fam:
+        gbps = WEIGHT_BYTES / (fam["matmul"][0] / 1e3) / 1e9
+        print(f"  matmuls: {WEIGHT_BYTES / 1e6:.0f} MB of weights in {fam['matmul'][0]:.3f} ms = {gbps:.0f} GB/s, "
+              f"{gbps / BW:.0%} of the copy bandwidth ({BW:.0f} GB/s)")

@@ -3,11 +3,15 @@ one config per shape for every T, against the composition they replace (Triton R
 cuBLAS, Triton SiLU-mul / RoPE+KV write, torch residual add), each timed in a CUDA graph.
 
 Prints per shape the best configs (us at T = 1, 8, 64 and fraction of the measured copy
-bandwidth, counting the weight bytes) and the composition's; ends with the `_TUNED` table and
-the shapes where the composition was faster. Usage: python scripts/tune_decode_linear.py OUT.json [SHAPE ...]
+bandwidth, counting the weight bytes) and the composition's, and whether row 0 is bitwise
+equal at T = 1, 8, 17, 64. `--quick`: a short list of candidates per shape (the best of earlier
+full runs, and stacked paired rows); `--write`: merge the results into
+trtgraph/kernels/decode_tuned.py (the table the kernels use).
+Usage: python scripts/tune_decode_linear.py OUT.json [--quick] [--write] [SHAPE ...]
 """
 
 import json
+import pathlib
 import sys
 
 import torch
@@ -16,6 +20,7 @@ from tune_linear import graph_time  # scripts/ is on sys.path when this runs as 
 
 from trtgraph.bench import measure_bandwidth
 from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import decode_tuned
 from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import QKVHeads, compose
 
@@ -53,6 +58,18 @@ def candidates(op, n, k):
     return out
 
 
+# the best configs of the full runs (docs/performance.md) and stacked paired-row variants
+QUICK = {
+    "lm_head": [(128, 128, 1, 4, 3), (128, 128, 1, 8, 3), (128, 256, 1, 8, 2), (64, 128, 1, 4, 4)],
+    "qkv": [(64, 128, 4, 4, 4, False), (64, 128, 4, 8, 3, True), (32, 128, 4, 4, 4, True),
+            (32, 128, 8, 4, 4, False), (64, 128, 8, 4, 3, True)],
+    "o": [(64, 128, 4, 4, 4), (64, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 256, 4, 4, 3), (32, 128, 8, 4, 4)],
+    "gate_up": [(64, 256, 1, 4, 2, False), (64, 128, 1, 8, 3, True), (64, 128, 1, 4, 3, True),
+                (128, 128, 1, 8, 2, True), (32, 128, 1, 4, 4, True), (64, 256, 1, 8, 2, True)],
+    "down": [(64, 256, 4, 4, 3), (64, 128, 4, 4, 4), (64, 128, 8, 4, 3)],
+}
+
+
 def make_call(op, n, k, m, ws, fused):
     """fn(i) running the op on m rows with weight copy i % len(ws) (the copies defeat L2)."""
     ops = dl.FUSED_OPS if fused else COMPOSED
@@ -73,23 +90,27 @@ def make_call(op, n, k, m, ws, fused):
     return lambda i: ops.norm_linear(x, nw, 1e-5, ws[i % len(ws)], None, torch.float32)
 
 
-def tune_shape(name, op, n, k, bw, out):
+def tune_shape(name, op, n, k, bw, out, quick):
     copies = max(2, -(-(256 << 20) // (n * k * 2)))
     ws = [torch.randn((n, k), device=DEV, dtype=DT) / k ** 0.5 for _ in range(copies)]
     calls = max(copies, 8)
     nbytes = n * k * 2
-    rows = []
-    for cfg in candidates(op, n, k):  # screened at T = 1, the best three timed at every T
+    screened = []
+    for cfg in QUICK[name] if quick else candidates(op, n, k):  # screened at T = 1, the best three at every T
         dl._TUNED[(n, k)] = cfg
         try:
-            rows.append((graph_time(make_call(op, n, k, 1, ws, True), calls), cfg))
+            screened.append((graph_time(make_call(op, n, k, 1, ws, True), calls), cfg))
         except Exception as e:  # out of shared memory and the like: not a candidate
             print(f"  {name} {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
-    rows = sorted(rows)[:3]
-    for i, (_, cfg) in enumerate(rows):
+    rows = []
+    for _, cfg in sorted(screened)[:3]:
         dl._TUNED[(n, k)] = cfg
-        tm = {m: graph_time(make_call(op, n, k, m, ws, True), calls) for m in ROWS}
-        rows[i] = (sum(tm.values()), cfg, tm)
+        try:  # 64-row tiles need more shared memory than the 16-row ones screened
+            tm = {m: graph_time(make_call(op, n, k, m, ws, True), calls) for m in ROWS}
+        except Exception as e:
+            print(f"  {name} {cfg} at T=64: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+            continue
+        rows.append((sum(tm.values()), cfg, tm))
     rows.sort(key=lambda r: r[0])
     comp = {m: graph_time(make_call(op, n, k, m, ws, False), calls) for m in ROWS}
 
@@ -99,7 +120,7 @@ def tune_shape(name, op, n, k, bw, out):
     print(f"\n{name} {op} N={n} K={k} ({nbytes / 1e6:.1f} MB): composition (cuBLAS) {fmt(comp)}")
     for _, cfg, tm in rows[:4]:
         print(f"  {cfg}: {fmt(tm)}")
-    best, tm = rows[0][1], rows[0][2]
+    best, tm = tuple(rows[0][1]) + (False,) * (6 - len(rows[0][1])), rows[0][2]
     dl._TUNED[(n, k)] = best
     faster = sum(tm.values()) < sum(comp.values())
     print(f"  best {best}: {'faster' if faster else 'SLOWER'} than the composition "
@@ -117,20 +138,41 @@ def invariant(op, n, k, w):
     return all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+def write_table(out):
+    """Merge this run's best configs and verdicts into trtgraph/kernels/decode_tuned.py."""
+    tuned, slower = dict(decode_tuned.TUNED), set(decode_tuned.SLOWER)
+    for v in out.values():
+        if isinstance(v, dict):
+            tuned[(v["n"], v["k"])] = tuple(v["config"])
+            slower.discard((v["op"], v["n"], v["k"]))
+            if not v["faster"]:
+                slower.add((v["op"], v["n"], v["k"]))
+    path = pathlib.Path(decode_tuned.__file__)
+    text = path.read_text()
+    head = text[:text.index("TUNED = {")]
+    body = "TUNED = {\n" + "".join(f"    {key!r}: {cfg!r},\n" for key, cfg in sorted(tuned.items())) + "}\n"
+    body += "SLOWER = {\n" + "".join(f"    {key!r},\n" for key in sorted(slower)) + "}\n"
+    path.write_text(head + body)
+    print(f"wrote {path}")
+
+
 def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    quick, write = "--quick" in sys.argv, "--write" in sys.argv
     bw = measure_bandwidth(DEV)
     out = {"bandwidth_GBps": bw / 1e9}
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    for name in sys.argv[2:] or SHAPES:
-        tune_shape(name, *SHAPES[name], bw, out)
+    dest = args[0] if args else "tune_decode.json"
+    for name in args[1:] or SHAPES:
+        tune_shape(name, *SHAPES[name], bw, out, quick)
         sys.stdout.flush()
-        with open(sys.argv[1] if len(sys.argv) > 1 else "tune_decode.json", "w") as f:
+        with open(dest, "w") as f:
             json.dump(out, f, indent=1)
+        if write:  # after each shape, so a run cut short keeps what it measured
+            write_table(out)
     tuned = {(v["n"], v["k"]): tuple(v["config"]) for v in out.values() if isinstance(v, dict)}
-    print("\n_TUNED = " + repr(tuned))
-    print("_SLOWER = " + repr({(v["op"], v["n"], v["k"]) for v in out.values() if isinstance(v, dict) and not v["faster"]}))
-    with open(sys.argv[1] if len(sys.argv) > 1 else "tune_decode.json", "w") as f:
-        json.dump(out, f, indent=1)
+    print("\nTUNED = " + repr(tuned))
+    print("SLOWER = " + repr({(v["op"], v["n"], v["k"]) for v in out.values() if isinstance(v, dict) and not v["faster"]}))
 
 
 if __name__ == "__main__":

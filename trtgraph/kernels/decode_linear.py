@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import decode_tuned
 from .composed import FusedOps, QKVHeads
 from .triton_ops import arrival_counters
 
@@ -52,12 +53,13 @@ class DecodeConfig:
     split_k: int
     num_warps: int
     num_stages: int
+    stack: bool = False  # paired rows (gate_up, qkv): both halves in one tile, one MMA twice as tall
 
 
-# (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages), measured on the H200 with
-# scripts/tune_decode_linear.py (docs/performance.md); N counts output rows of the weight
+# (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, stack]), measured on the H200 with
+# scripts/tune_decode_linear.py (kernels/decode_tuned.py); N counts output rows of the weight
 # (for gate_up and qkv the paired-row kernels use BLOCK_N pairs, i.e. 2 * BLOCK_N weight rows).
-_TUNED: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+_TUNED: dict[tuple[int, int], tuple] = dict(decode_tuned.TUNED)
 
 
 def decode_config(n: int, k: int, device: torch.device) -> DecodeConfig:
@@ -138,12 +140,83 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
 
 
 @triton.jit
+def _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM: tl.constexpr, EVEN: tl.constexpr):
+    """x[rows, kk] in fp32, times the norm weight (RMSNorm's scale comes in the epilogue), and
+    the sum of squares so far -> (x tile [BLOCK_T, BLOCK_K], ss)."""
+    if EVEN:
+        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None], other=0.0)
+        xt = xt.to(tl.float32)
+        if HAS_NORM:
+            ss += tl.sum(xt * xt, axis=1)
+            xt = xt * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
+    else:
+        k_ok = kk < k_hi
+        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss += tl.sum(xt * xt, axis=1)
+            xt = xt * tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    return xt, ss
+
+
+@triton.jit
+def _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi, x_stride, w_stride,
+            MODE: tl.constexpr, HAS_NORM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
+    """The K loop: the x tile times the weight rows w_rows1 (and their partners w_rows2 for
+    MODE 2 / 3) -> (acc1, acc2, ss). EVEN: every split a whole number of BLOCK_K and every
+    N-tile full, so the weight loads are unmasked."""
+    acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    ss = tl.zeros([BLOCK_T], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt, ss = _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM, EVEN)
+        xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
+        wm = col_ok[:, None] & (kk < k_hi)[None, :]
+        if EVEN:
+            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :])
+        else:
+            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+        acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
+        if MODE >= 2:
+            if EVEN:
+                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :])
+            else:
+                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+            acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
+    return acc1, acc2, ss
+
+
+@triton.jit
+def _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, ok, k_lo, k_hi, x_stride, w_stride,
+                    HAS_NORM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
+    """The paired-row K loop with both halves in one tile (w_rows, ok: [2 * BLOCK_N], the first
+    rows then their partners) -> (acc of the first rows, acc of the partners, ss)."""
+    acc = tl.zeros([2 * BLOCK_N, BLOCK_T], tl.float32)
+    ss = tl.zeros([BLOCK_T], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt, ss = _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM, EVEN)
+        if EVEN:
+            w = tl.load(w_ptr + w_rows[:, None] * w_stride + kk[None, :])
+        else:
+            w = tl.load(w_ptr + w_rows[:, None] * w_stride + kk[None, :], mask=ok[:, None] & (kk < k_hi)[None, :],
+                        other=0.0)
+        acc = tl.dot(w, tl.trans(xt.to(w_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
+    acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_T)), (1, 2, 0)))
+    return acc1, acc2, ss
+
+
+@triton.jit
 def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
                    cnt_ptr, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
                    cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
                    MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
+                   SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
+                   STACK: tl.constexpr):
     """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -158,39 +231,20 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
     else:
         w_rows1 = cols
         w_rows2 = cols + pair_offset
-    acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    ss = tl.zeros([BLOCK_T], tl.float32)
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        if EVEN:  # every split a whole number of BLOCK_K, every N-tile full: unmasked weight loads
-            xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None], other=0.0)
-            xt = xt.to(tl.float32)
-            if HAS_NORM:
-                ss += tl.sum(xt * xt, axis=1)
-                xt = xt * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
-            xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
-            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :])
-            acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
-            if MODE >= 2:
-                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :])
-                acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
+    if STACK:  # paired rows as one [2 * BLOCK_N, BLOCK_K] tile: one MMA twice as tall per K step
+        jj = tl.arange(0, 2 * BLOCK_N)
+        cc = pid_n * BLOCK_N + jj % BLOCK_N
+        if MODE == 3:
+            w_rows = (cc // HALF) * (2 * HALF) + cc % HALF + tl.where(jj >= BLOCK_N, HALF, 0)
         else:
-            k_ok = kk < k_hi
-            xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                         other=0.0).to(tl.float32)
-            if HAS_NORM:
-                ss += tl.sum(xt * xt, axis=1)
-                xt = xt * tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
-            wm = col_ok[:, None] & k_ok[None, :]
-            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
-            acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
-            if MODE >= 2:
-                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
-                acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
+            w_rows = cc + tl.where(jj >= BLOCK_N, pair_offset, 0)
+        acc1, acc2, ss = _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, cc < N, k_lo, k_hi,
+                                         x_stride, w_stride, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
+    else:
+        acc1, acc2, ss = _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi,
+                                 x_stride, w_stride, MODE, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
     if SPLIT_K == 1:
         _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
                   res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
@@ -257,7 +311,8 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=K % k_per_split == 0 and n_cols % cfg.block_n == 0, num_warps=cfg.num_warps,
+        EVEN=K % k_per_split == 0 and n_cols % cfg.block_n == 0,
+        STACK=cfg.stack and mode >= _SILU, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out
 
@@ -304,8 +359,8 @@ FUSED_OPS = FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_lin
 # ---------------------------------------------------------------------------------------
 
 _CHOICE: dict[tuple[str, int, int], str] = {}  # (op, N, K) -> FUSED | COMPOSED; unlisted: composed
-# (op, N, K) where the H200 measurement found the composition faster (scripts/tune_decode_linear.py)
-_SLOWER: set[tuple[str, int, int]] = set()
+# (op, N, K) where the H200 measurement found the composition faster (kernels/decode_tuned.py)
+_SLOWER: set[tuple[str, int, int]] = set(decode_tuned.SLOWER)
 
 
 def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int, int], list[int]],

@@ -1,0 +1,20 @@
+"""The fused decode GEMVs' launch configs and the shapes where the composition was faster,
+measured on the H200 by `python scripts/tune_decode_linear.py OUT.json --write` (which rewrites
+this file; docs/performance.md has the numbers).
+
+TUNED: (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, stack), one per weight shape for
+every row count. SLOWER: (op, N, K) whose fused kernel lost to the composition (summed over
+T = 1, 8, 64), so the composition runs there.
+"""
+
+TUNED = {
+    (2048, 2048): (64, 128, 4, 4, 4, False),
+    (2048, 8192): (64, 256, 4, 4, 3, False),
+    (3072, 2048): (64, 128, 4, 4, 4, False),
+    (16384, 2048): (64, 256, 1, 4, 2, False),
+    (128256, 2048): (128, 128, 1, 4, 3, False),
+}
+SLOWER = {
+    ('norm_gate_up_silu', 16384, 2048),
+    ('norm_qkv_rope', 3072, 2048),
+}
