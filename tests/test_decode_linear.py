@@ -105,9 +105,10 @@ def test_default_config_splits_and_is_row_count_free():
 
 def test_choice_and_dispatch(monkeypatch):
     """choose_fused: CUDA only, never with tensor parallelism, and with `deterministic` only for
-    shapes whose plan never runs more than FUSED_MAX_ROWS rows; dispatch runs the chosen path."""
+    shapes whose plan never runs more than FUSED_MAX_ROWS rows; dispatch runs the chosen path
+    for steps of at most FUSED_MAX_ROWS rows."""
     shapes = [("norm_linear", 72, 48), ("linear_residual", 48, 40)]
-    counts = {(72, 48): [1, 8], (48, 40): [1, 8, 512]}
+    counts = {(72, 48): [1, 8, dl.FUSED_MAX_ROWS], (48, 40): [1, 8, dl.FUSED_MAX_ROWS + 1]}
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert dl.choose_fused(shapes, counts, cpu, False, False) == {"linear_residual:48x40": "composed",
                                                                   "norm_linear:72x48": "composed"}
@@ -122,8 +123,8 @@ def test_choice_and_dispatch(monkeypatch):
     monkeypatch.setattr(dl, "FUSED_OPS", REF._replace(norm_linear=lambda *a: calls.append("fused")))
     ops = dl.dispatch(composed)
     w = torch.zeros(72, 48)
-    ops.norm_linear(torch.zeros(64, 48), None, 0.0, w)
-    ops.norm_linear(torch.zeros(65, 48), None, 0.0, w)
+    ops.norm_linear(torch.zeros(dl.FUSED_MAX_ROWS, 48), None, 0.0, w)
+    ops.norm_linear(torch.zeros(dl.FUSED_MAX_ROWS + 1, 48), None, 0.0, w)
     ops.norm_linear(torch.zeros(1, 48), None, 0.0, torch.zeros(73, 48))
     assert calls == ["fused", "composed", "composed"]
     assert dl.choose_fused([("norm_qkv_rope", 72, 48)], counts, cuda, False, False, qk_norm=True) == {

@@ -223,7 +223,7 @@ def _linear_backends(ex: Executor) -> dict:
 
 
 def _fused_ops(ex: Executor) -> dict:
-    """Each fused op and weight shape: the fused decode GEMV for steps of <= 64 rows, or the
+    """Each fused op and weight shape: the fused decode GEMV for steps of <= FUSED_MAX_ROWS rows, or the
     composition of single ops, as the executor chose it."""
     if ex.model.ops.name != "triton":
         return {}

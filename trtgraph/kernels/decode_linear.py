@@ -1,5 +1,5 @@
 """Fused decode GEMVs: the four fused ops of kernels/composed.py as single Triton kernels for
-steps of few rows (T <= FUSED_MAX_ROWS: decode and verification keys).
+steps of few rows (T <= FUSED_MAX_ROWS = 32: decode and verification keys).
 
 One kernel, four epilogues. Swap-AB: a program multiplies a weight tile [BLOCK_N, BLOCK_K]
 by BLOCK_T (16, 32 or 64) rows of x (padded, masked) transposed, acc[BLOCK_N, BLOCK_T], so the
@@ -41,7 +41,11 @@ from . import decode_tuned
 from .composed import FusedOps, QKVHeads
 from .triton_ops import arrival_counters
 
-FUSED_MAX_ROWS = 64  # the fused kernels run for steps of at most this many rows
+# The fused kernels run for steps of at most this many rows. They take any row count (64-row
+# tiles, then a grid of m-tiles), but in the replayed 1B step on the H200 the 64-row tiles lost:
+# decode bs 40-64 took 1.279-1.327 ms against 1.25-1.26 ms for the composition in earlier
+# benches, while bs 1-32 gained (docs/performance.md, branch h/k). So past 32 rows: the composition.
+FUSED_MAX_ROWS = 32
 FUSED, COMPOSED = "fused", "composed"
 _PLAIN, _RESIDUAL, _SILU, _ROPE = 0, 1, 2, 3
 
@@ -370,8 +374,8 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
     rows run the fused kernel: on CUDA, on one GPU, not for Qwen3's q/k-normed qkv, and where
     the H200 table does not say the composition is faster. With `deterministic`, a shape whose
     plan also runs steps of more rows keeps the composition for every step (one path for every
-    T: the fused kernel is invariant, but past 64 rows the composition would take over with
-    another reduction order). A pure function of its arguments (a fixed table, no timing), so
+    T: the fused kernel is invariant, but past FUSED_MAX_ROWS the composition would take over
+    with another reduction order). A pure function of its arguments (a fixed table, no timing), so
     the compiler and the runtime install the same choice; the compiler records it in the
     manifest. Returns {"op:NxK": "fused" | "composed"}."""
     _CHOICE.clear()

@@ -142,7 +142,7 @@ class Executor:
             counts = loaded.model.linear_row_counts([k.num_tokens for k in plan.keys],
                                                     [k.num_logit_rows for k in plan.keys])
             choose_backends(counts, DTYPES[config.dtype], device, config.deterministic)
-            # the fused decode GEMVs: which (op, weight shape) runs them for steps of <= 64 rows
+            # the fused decode GEMVs: which (op, weight shape) runs them for steps of few rows
             first = loaded.model.layers[0]
             shapes = [(op, *w.shape) for op, w in (
                 ("norm_qkv_rope", first.self_attn.qkv_proj.weight), ("linear_residual", first.self_attn.o_proj.weight),
