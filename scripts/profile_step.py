@@ -57,7 +57,8 @@ for key in (k for k in KEYS if k in ex.plan.keys):
         t = fam.setdefault(name, [0.0, 0.0])
         t[0] += e.device_time_total / steps / 1e3
         t[1] += e.count / steps
-    print("  by family: " + ", ".join(f"{f} {t[0]:.3f} ms x{t[1]:.0f}" for f, t in sorted(fam.items(), key=lambda i: -i[1][0])))
+    by_time = sorted(fam.items(), key=lambda i: -i[1][0])
+    print("  by family: " + ", ".join(f"{f} {t[0]:.3f} ms x{t[1]:.0f}" for f, t in by_time))
     if "matmul" in fam:
         gbps = WEIGHT_BYTES / (fam["matmul"][0] / 1e3) / 1e9
         print(f"  matmuls: {WEIGHT_BYTES / 1e6:.0f} MB of weights in {fam['matmul'][0]:.3f} ms = {gbps:.0f} GB/s, "

@@ -77,7 +77,8 @@ def make_call(op, n, k, m, ws, fused):
     x = torch.randn((m, k), generator=g).to(DEV, DT)
     nw = torch.ones(k, device=DEV, dtype=DT)
     if op == "norm_qkv_rope":
-        cos_sin = torch.randn((256, HEADS.head_dim), generator=torch.Generator().manual_seed(1)).to(DEV)  # same every call
+        gen = torch.Generator().manual_seed(1)  # the same rope table in every call
+        cos_sin = torch.randn((256, HEADS.head_dim), generator=gen).to(DEV)
         pos = torch.arange(m, device=DEV)
         cache = torch.zeros((2, 64, 16, HEADS.num_kv_heads, HEADS.head_dim), device=DEV, dtype=DT)
         slots = torch.arange(m, device=DEV) + 16
@@ -129,7 +130,8 @@ def tune_shape(name, op, n, k, bw, out, quick):
     err = {m: parity(op, n, k, m, ws[0]) for m in (1, 64)}
     print(f"  row 0 bitwise equal at T = 1, 8, 17, 64: {same}; |fused - composed| / |composed|: "
           + ", ".join(f"T={m} {e:.1e}" for m, e in err.items()))
-    out[name] = {"invariant": same, "rel_err": err, "op": op, "n": n, "k": k, "config": best, "fused_us": {m: v * 1e6 for m, v in tm.items()},
+    out[name] = {"invariant": same, "rel_err": err, "op": op, "n": n, "k": k, "config": best,
+                 "fused_us": {m: v * 1e6 for m, v in tm.items()},
                  "composed_us": {m: v * 1e6 for m, v in comp.items()},
                  "bw_frac": {m: nbytes / v / bw for m, v in tm.items()}, "faster": faster}
 
@@ -180,7 +182,8 @@ def main():
             write_table(out)
     tuned = {(v["n"], v["k"]): tuple(v["config"]) for v in out.values() if isinstance(v, dict)}
     print("\nTUNED = " + repr(tuned))
-    print("SLOWER = " + repr({(v["op"], v["n"], v["k"]) for v in out.values() if isinstance(v, dict) and not v["faster"]}))
+    slower = {(v["op"], v["n"], v["k"]) for v in out.values() if isinstance(v, dict) and not v["faster"]}
+    print("SLOWER = " + repr(slower))
 
 
 if __name__ == "__main__":
