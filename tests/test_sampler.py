@@ -146,6 +146,27 @@ def test_triton_sample_settles_rows_from_candidates_or_by_rejection(tri, cap):
         assert rejected[filtered].any() and (rejected[filtered] == 0).any()
 
 
+@pytest.mark.parametrize("chunk", [128, 4096])  # several chunks per row, one chunk per row
+def test_triton_argmax_equals_torch_argmax(tri, chunk):
+    """The first maximal index, ties across chunks, NaN above every number (the first NaN),
+    -0.0 == +0.0, rows of -inf, bf16 logits."""
+    gen = torch.Generator().manual_seed(chunk)
+    x = torch.randn(8, 1000, generator=gen)
+    x[1, ::3] = x[1].max()  # ties in many chunks: the first
+    x[2, 700], x[2, 900], x[2, 5] = float("nan"), float("nan"), float("inf")
+    x[3] = float("-inf")
+    x[4] = -1.0
+    x[4, 10], x[4, 500] = -0.0, 0.0
+    x[5, 999] = 1e30
+    x[6, 300], x[6, 301] = float("inf"), float("inf")
+    x[7, 640] = -float("nan")  # a NaN with the sign bit set
+    want = sampler.greedy(x)
+    assert torch.equal(tri.argmax(x, chunk), want)
+    assert want.tolist()[1:5] == [0, 700, 0, 10]
+    assert torch.equal(tri.argmax(x.bfloat16(), chunk), sampler.greedy(x.bfloat16()))
+    assert torch.equal(tri.argmax(x[:, ::2], chunk), sampler.greedy(x[:, ::2]))  # strided rows
+
+
 def test_triton_sample_reads_processed_rows(tri):
     gen = torch.Generator().manual_seed(9)
     logits, temp, top_k, top_p, min_p, seeds, pos = random_batch(gen, 8, 700)
@@ -187,17 +208,28 @@ def test_triton_process_equals_the_reference(tri_proc):
     assert (want == float("-inf")).any(), "no min_tokens mask applied: the test shows less"
 
 
-def test_triton_logprobs_equal_the_reference(tri_proc):
-    gen = torch.Generator().manual_seed(5)
+@pytest.mark.parametrize("chunk", [256, 4096])  # several chunks per row, one chunk per row
+@pytest.mark.parametrize("ties", [False, True])
+def test_triton_logprobs_equal_the_reference(tri_proc, chunk, ties):
+    gen = torch.Generator().manual_seed(5 + ties)
     R, V = 6, 2100
     logits = torch.randn(R, V, generator=gen) * 4
+    if ties:  # many exact ties, some across the top 20 and across chunks; a row of -inf mostly
+        logits = (logits * 2).round() / 2
+        logits[4, 10:] = float("-inf")
     tokens = torch.randint(0, V, (R,), generator=gen)
-    want = torch.tensor([1, 0, 1, 1, 0, 1])
-    vals, ids = tri_proc.top_logprobs(logits, tokens, want, 20)
+    want = torch.tensor([1, 0, 1, 1, 1, 1])
+    vals, ids = tri_proc.top_logprobs(logits, tokens, want, 20, chunk)
     ref_vals, ref_ids = sampler.top_logprobs(logits, tokens, want, 20)
     rows = want != 0
-    assert torch.equal(ids[rows], ref_ids[rows])
     torch.testing.assert_close(vals[rows], ref_vals[rows], rtol=0, atol=1e-5)
+    if not ties:
+        assert torch.equal(ids[rows], ref_ids[rows])
+    else:  # torch.topk leaves the order of equal values open: (value desc, id asc) here
+        order = torch.log_softmax(logits, -1).sort(dim=-1, descending=True, stable=True).indices[:, :20]
+        assert torch.equal(ids[rows], order[rows])
+        top = vals[rows][:, 1:]
+        assert (top[:, 1:] == top[:, :-1]).any(), "no tie in a top 20: the test shows less"
 
 
 def test_the_kernel_set_chooses_the_sampler_once():
@@ -215,7 +247,8 @@ def test_the_kernel_set_chooses_the_sampler_once():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_triton_sample_equals_the_reference_at_full_vocabulary():
     """Llama-3 vocabulary, 64 rows: every filter mix equals the torch reference on the GPU;
-    top-k 50 + top-p 0.9 rows settle from the candidates; a row's token is the same alone."""
+    top-k 50 + top-p 0.9 rows settle from the candidates; a row's token is the same alone;
+    the split argmax (fp32, bf16) and top logprobs equal torch's."""
     from trtgraph.kernels import sampling
 
     dev, V, R = torch.device("cuda"), 128256, 64
@@ -233,3 +266,13 @@ def test_gpu_triton_sample_equals_the_reference_at_full_vocabulary():
     for r in (0, 9, 63):
         one = sampling.sample(*(t[r:r + 1] for t in batch))
         assert int(one) == int(sampling.sample(*batch)[r])
+    assert torch.equal(sampling.argmax(logits), sampler.greedy(logits))
+    assert torch.equal(sampling.argmax(logits.bfloat16()), sampler.greedy(logits.bfloat16()))
+    from trtgraph.kernels import processors
+
+    want_lp = (torch.arange(R, device=dev) % 3 != 0).to(torch.int64)
+    vals, ids = processors.top_logprobs(logits, want, want_lp, 20)
+    ref_vals, ref_ids = sampler.top_logprobs(logits, want, want_lp, 20)
+    rows = want_lp != 0
+    assert torch.equal(ids[rows], ref_ids[rows])
+    torch.testing.assert_close(vals[rows], ref_vals[rows], rtol=0, atol=1e-5)

@@ -1,22 +1,22 @@
 """Triton twins of the sampler's torch reference (kernels/sampler_reference.py), same signatures.
 
-`sample`, in three launches. (1) Rows x chunks of CHUNK tokens: each chunk's max and first
+`sample`, in two launches. (1) Rows x chunks of CHUNK tokens: each chunk's max and first
 argmax of x = logits/T, the Gumbel-max of rows without filters, and for filtered rows the
 chunk's candidates: at most CAP of its largest keys (order-preserving integer keys of x),
-found by a bisection over the chunk in registers, and the largest key left out. (2) One
-program per row combines its chunks in chunk order and runs the reference's threshold
-searches (top-k count, top-p mass, min-p) over the candidates alone, then the Gumbel-max
-over the kept ones. Every key above the largest key left out (NC) is a candidate, so the
-result is the reference's token whenever the filters exclude NC; otherwise (3) the row is
-marked, and one program per marked row draws it by rejection over the whole row: the
-Gumbel-max candidate over all tokens is checked against the filters (one counting pass:
-tokens strictly above it, their mass, and the best candidate among them); a rejected
-candidate proves the threshold lies above it, so the next candidate is the best one
-strictly above; top-k together with top-p also needs the top-k set's mass (a bisection).
-With top-k <= CAP (no ties across the cut) or a peaked distribution the third launch
-returns at once for every row; a near-flat row under top-p alone keeps more tokens than
-the candidates and takes the rejection path. Chunks and candidates depend on V only, so a
-row's token never depends on the batch.
+found by a bisection over the chunk in registers, and the largest key left out. The chunk
+program of a row that arrives last (an arrival counter it puts back to 0) combines the row's
+chunks in chunk order and runs the reference's threshold searches (top-k count, top-p mass,
+min-p) over the candidates alone, then the Gumbel-max over the kept ones. Every key above the
+largest key left out (NC) is a candidate, so the result is the reference's token whenever
+the filters exclude NC; otherwise the row is marked, and (2) one program per marked row
+draws it exactly over the whole row (kernels/sampling_rejection.py); the other rows return
+at once. With top-k <= CAP (no ties across the cut) or a peaked distribution every row
+settles in (1); a near-flat row under top-p alone keeps more tokens than the candidates and
+takes (2). Chunks and candidates depend on V only, so a row's token never depends on the
+batch.
+
+`argmax`: torch.argmax's index (first maximal, NaN above every number) in one launch of rows
+x chunks, the last chunk of a row to arrive reducing the chunks' results.
 
 The logits processors and logprobs are in kernels/processors.py.
 """
@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling_common import _gumbel, _keys, _row_hash, _row_params
+from .sampling_common import _gumbel, _keys, _row_hash, _row_params, arrival_counters
+from .sampling_rejection import reject_row
 
 # Vocabulary elements per loop iteration and warps per row: one program streams a whole row,
 # so few, wide iterations (each ends in block reductions) keep a pass short.
@@ -38,135 +39,7 @@ CHUNK = 4096
 CAP = 64
 STEPS = 12  # bisection steps for a chunk's candidate cut: (max - min) / 2**12 apart
 CHUNK_WARPS = 4
-SELECT_WARPS = 4
-
-
-@triton.jit
-def _running_argmax(v, cols, V, best, arg):
-    """(best, arg) after one more block of values v at cols: the first index of a strictly
-    larger block maximum replaces the running one (ties keep the earlier, lower id)."""
-    b = tl.max(v, 0)
-    i = tl.min(tl.where(v == b, cols, V), 0)
-    take = b > best
-    return tl.where(take, b, best), tl.where(take, i, arg)
-
-
-@triton.jit
-def _first_pass(src, V, t, row_hash, BLOCK: tl.constexpr):
-    """(max of x = l/t, argmax of l, argmax of x + noise), first index on ties."""
-    m = -float("inf")
-    best_l = -float("inf")
-    arg_l = 0
-    best_y = -float("inf")
-    arg_y = 0
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < V
-        lg = tl.load(src + cols, mask=inside, other=-float("inf"))
-        x = lg / t
-        m = tl.maximum(m, tl.max(x, 0))
-        best_l, arg_l = _running_argmax(lg, cols, V, best_l, arg_l)
-        y = tl.where(inside, x + _gumbel(row_hash, cols), -float("inf"))
-        best_y, arg_y = _running_argmax(y, cols, V, best_y, arg_y)
-    return m, arg_l, arg_y
-
-
-@triton.jit
-def _block_above(src, start, V, t, m, above, BLOCK: tl.constexpr):
-    """One block of a row from `start`: (cols, x = logits / t, sel = key(x) > above, the count
-    of sel, the sum of exp(x - m) over sel)."""
-    cols = start + tl.arange(0, BLOCK)
-    inside = cols < V
-    x = tl.load(src + cols, mask=inside, other=-float("inf")) / t
-    sel = inside & (_keys(x) > above)
-    return cols, x, sel, tl.sum(sel.to(tl.int64), 0), tl.sum(tl.where(sel, tl.exp(x - m), 0.0), 0)
-
-
-@triton.jit
-def _round(src, V, t, m, row_hash, above, BLOCK: tl.constexpr):
-    """Over tokens with key > above: (count, sum of exp(x - m), argmax of x + noise)."""
-    cnt = tl.full((), 0, tl.int64)
-    mass = 0.0
-    best = -float("inf")
-    arg = 0
-    for start in range(0, V, BLOCK):
-        cols, x, sel, c, w = _block_above(src, start, V, t, m, above, BLOCK)
-        cnt += c
-        mass += w
-        y = tl.where(sel, x + _gumbel(row_hash, cols), -float("inf"))
-        best, arg = _running_argmax(y, cols, V, best, arg)
-    return cnt, mass, arg
-
-
-@triton.jit
-def _count_mass(src, V, t, m, above, BLOCK: tl.constexpr):
-    cnt = tl.full((), 0, tl.int64)
-    mass = 0.0
-    for start in range(0, V, BLOCK):
-        cols, x, sel, c, w = _block_above(src, start, V, t, m, above, BLOCK)
-        cnt += c
-        mass += w
-    return cnt, mass
-
-
-@triton.jit
-def _top_k_mass(src, V, t, m, k, lo, lo_cnt, lo_mass, hi, hi_cnt, BLOCK: tl.constexpr):
-    """The mass of the top-k set {key > lo} once (lo, hi] holds at most one token or one key
-    (P(v) = count(key > v) < k is false at lo and true at hi)."""
-    while (lo_cnt - hi_cnt > 1) & (hi - lo > 1):
-        mid = lo + (hi - lo) // 2
-        cnt, mass = _count_mass(src, V, t, m, mid, BLOCK)
-        if cnt < k:
-            hi = mid
-            hi_cnt = cnt
-        else:
-            lo = mid
-            lo_cnt = cnt
-            lo_mass = mass
-    return lo_mass
-
-
-@triton.jit
-def _sample_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
-                   pos_ptr, out_ptr, todo_ptr, V, stride, BLOCK: tl.constexpr):
-    """The exact draw by rejection rounds, one program per row, for the rows `todo` marks (those
-    whose kept set reaches below the candidates of `_chunk_kernel`)."""
-    r = tl.program_id(0).to(tl.int64)
-    if tl.load(todo_ptr + r) != 0:
-        src = logits_ptr + r * stride
-        if tl.load(active_ptr + r) != 0:
-            src = proc_ptr + r * stride
-        temp, k, top_p, min_p, k_on, p_on, filtered = _row_params(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, r, V)
-        greedy = temp <= 0
-        t = tl.where(greedy, 1.0, tl.maximum(temp, 1e-6))
-        row_hash = _row_hash(seeds_ptr, pos_ptr, r)
-        m, arg_l, c = _first_pass(src, V, t, row_hash, BLOCK)
-        if filtered:
-            z = 0.0
-            if p_on & (k_on == 0):
-                _n, z = _count_mass(src, V, t, m, tl.full((), -1, tl.int64), BLOCK)
-            need_z = p_on & k_on
-            lo = tl.full((), -1, tl.int64)
-            lo_cnt = tl.full((), 0, tl.int64) + V
-            lo_mass = z
-            go = temp > 0  # true here
-            while go:
-                xc = tl.load(src + c) / t
-                kc = _keys(xc)
-                cnt, mass, nxt = _round(src, V, t, m, row_hash, kc, BLOCK)
-                in_k = (cnt < k) | (k_on == 0)
-                if in_k & need_z:
-                    z = _top_k_mass(src, V, t, m, k, lo, lo_cnt, lo_mass, kc, cnt, BLOCK)
-                need_z = need_z & (in_k == 0)
-                ok = in_k & ((mass <= top_p * z) | (p_on == 0)) & (tl.exp(xc - m) >= min_p)
-                if ok == 0:
-                    if in_k == 0:
-                        lo = kc
-                        lo_cnt = cnt
-                        lo_mass = mass
-                    c = nxt
-                go = ok == 0
-        tl.store(out_ptr + r, tl.where(greedy, arg_l, c).to(tl.int64))
+ARGMAX_CHUNK = 4096  # argmax: tokens per program
 
 
 @triton.jit
@@ -189,8 +62,8 @@ def _candidate_cut(x, inside, mc, CAP: tl.constexpr, STEPS: tl.constexpr):
 
 @triton.jit
 def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
-                  cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, V, stride, C, CH: tl.constexpr, CAP: tl.constexpr,
-                  STEPS: tl.constexpr):
+                  cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, arrivals_ptr, out_ptr, todo_ptr, V, stride, C,
+                  CH: tl.constexpr, CAP: tl.constexpr, STEPS: tl.constexpr, C_PAD: tl.constexpr):
     """Program (row r, chunk c) over CH tokens of the row: the chunk's max of x = l/t and its
     first argmax; rows without filters: the Gumbel-max (value, id); filtered rows: the chunk's
     candidates, the tokens with x >= tau for a tau that keeps at most CAP of them (a bisection
@@ -242,6 +115,15 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
     tl.store(si_ptr + s + 1, ay.to(tl.int64))
     tl.store(si_ptr + s + 2, n)
     tl.store(si_ptr + s + 3, nc_key)
+    # The chunk that arrives last draws the row (from every chunk, in chunk order) and puts
+    # the counter back to 0 for the next launch: no second kernel.
+    tl.debug_barrier()
+    if tl.atomic_add(arrivals_ptr + r, 1, sem="acq_rel") == C - 1:
+        tok, todo = _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, cand_x_ptr, cand_id_ptr,
+                                sf_ptr, si_ptr, r, V, C, C_PAD, CAP)
+        tl.store(out_ptr + r, tok.to(tl.int64))
+        tl.store(todo_ptr + r, todo)
+        tl.atomic_xchg(arrivals_ptr + r, 0)
 
 
 @triton.jit
@@ -274,15 +156,14 @@ def _largest_where(skey, weight, bound, lo, hi, STRICT: tl.constexpr):
 
 
 @triton.jit
-def _select_kernel(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, cand_x_ptr, cand_id_ptr, sf_ptr,
-                   si_ptr, out_ptr, todo_ptr, V, C, C_PAD: tl.constexpr, CAP: tl.constexpr):
-    """Program r: the row's token from its chunks, combined in chunk order. Greedy rows: the
+def _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, cand_x_ptr, cand_id_ptr, sf_ptr,
+                si_ptr, r, V, C, C_PAD: tl.constexpr, CAP: tl.constexpr):
+    """(token, todo) of row r: the row's token from its chunks, combined in chunk order. Greedy rows: the
     first argmax; rows without filters: the first Gumbel-max; filtered rows: the reference's
     thresholds (kernels/sampler_reference.keep_mask) over the candidates, then the Gumbel-max over
     the kept ones. The candidates hold every key above the largest key left out (NC), so a
     threshold found above NC is exact; a row whose kept set could reach NC is marked in
-    `todo` for `_sample_kernel`."""
-    r = tl.program_id(0).to(tl.int64)
+    `todo` for `_reject_kernel`."""
     temp, k, top_p, min_p, k_on, p_on, filtered = _row_params(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, r, V)
     ci = tl.arange(0, C_PAD)
     cm = ci < C
@@ -329,8 +210,17 @@ def _select_kernel(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr
         z_exact = (k_on == 0) | (kth > nc)
         out = (nc < 0) | (k_on & (kth > nc)) | (p_on & z_exact & (over > nc)) | ((nc_e < min_p) & (z_exact | (p_on == 0)))
         todo = (out == 0).to(tl.int64)
-    tl.store(out_ptr + r, tok.to(tl.int64))
-    tl.store(todo_ptr + r, todo)
+    return tok, todo
+
+
+@triton.jit
+def _reject_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
+                   out_ptr, todo_ptr, V, stride, BLOCK: tl.constexpr):
+    """Program r: the exact draw over the whole row for a row `todo` marks."""
+    r = tl.program_id(0).to(tl.int64)
+    if tl.load(todo_ptr + r) != 0:
+        reject_row(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
+                   out_ptr, r, V, stride, BLOCK)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -366,10 +256,50 @@ def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, 
     out = torch.empty(R, dtype=torch.int64, device=dev)
     todo = torch.empty(R, dtype=torch.int64, device=dev)
     params = (temperature, top_k, top_p, min_p)
-    _chunk_kernel[(R, C)](logits, processed, active, *params, *hashes, cand_x, cand_id, sf, si, V, V, C,
-                          CH=block, CAP=cap, STEPS=STEPS, num_warps=CHUNK_WARPS)
-    _select_kernel[(R,)](*params, *hashes, cand_x, cand_id, sf, si, out, todo, V, C,
-                         C_PAD=triton.next_power_of_2(C), CAP=cap, num_warps=SELECT_WARPS)
-    _sample_kernel[(R,)](logits, processed, active, *params, *hashes, out, todo, V, V, BLOCK=2 * block,
+    _chunk_kernel[(R, C)](logits, processed, active, *params, *hashes, cand_x, cand_id, sf, si,
+                          arrival_counters("sample", R, dev), out, todo, V, V, C, CH=block, CAP=cap, STEPS=STEPS,
+                          C_PAD=triton.next_power_of_2(C), num_warps=CHUNK_WARPS)
+    _reject_kernel[(R,)](logits, processed, active, *params, *hashes, out, todo, V, V, BLOCK=2 * block,
                          num_warps=NUM_WARPS)
     return out, todo
+
+
+# ---- greedy argmax -----------------------------------------------------------------------------
+
+
+@triton.jit
+def _argmax_kernel(x_ptr, key_ptr, idx_ptr, arrivals_ptr, out_ptr, V, stride, C, CH: tl.constexpr,
+                   C_PAD: tl.constexpr):
+    """Program (row r, chunk c): the chunk's largest key and its first index (NaN above every
+    number, -0.0 == +0.0, as torch.argmax); the last chunk of the row to arrive reduces the
+    row's chunks (first chunk on ties) and puts the counter back to 0."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    cols = c * CH + tl.arange(0, CH)
+    inside = cols < V
+    x = tl.load(x_ptr + r * stride + cols, mask=inside, other=0.0).to(tl.float32)
+    key = tl.where(inside, tl.where(x != x, 4294967296, _keys(x)), -1)
+    best = tl.max(key, 0)
+    tl.store(key_ptr + r * C + c, best)
+    tl.store(idx_ptr + r * C + c, tl.min(tl.where(key == best, cols, V), 0))
+    tl.debug_barrier()
+    if tl.atomic_add(arrivals_ptr + r, 1, sem="acq_rel") == C - 1:
+        ci = tl.arange(0, C_PAD)
+        keys = tl.load(key_ptr + r * C + ci, mask=ci < C, other=-1)
+        idx = tl.load(idx_ptr + r * C + ci, mask=ci < C, other=V)
+        tl.store(out_ptr + r, tl.min(tl.where(keys == tl.max(keys, 0), idx, V), 0).to(tl.int64))
+        tl.atomic_xchg(arrivals_ptr + r, 0)
+
+
+def argmax(logits: torch.Tensor, chunk: int = ARGMAX_CHUNK) -> torch.Tensor:
+    """kernels/sampler_reference.greedy (torch.argmax over the last dim of [R, V]) -> int64 [R]."""
+    R, V = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    C = triton.cdiv(V, chunk)
+    key = torch.empty(R, C, dtype=torch.int64, device=logits.device)
+    idx = torch.empty(R, C, dtype=torch.int32, device=logits.device)
+    out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    _argmax_kernel[(R, C)](logits, key, idx, arrival_counters("argmax", R, logits.device), out, V, logits.stride(0),
+                           C, CH=chunk, C_PAD=triton.next_power_of_2(C), num_warps=4)
+    return out

@@ -1,9 +1,25 @@
-"""Triton helpers the sampler's kernels share (kernels/sampling.py): order-preserving integer
-keys, the counter-based hash and Gumbel noise (the reference's `_mix32`, `row_hash`,
-`gumbel_at` in kernels/sampler_reference.py, bit for bit), and a row's sampling parameters."""
+"""Triton helpers the sampler's kernels share (kernels/sampling.py, sampling_rejection.py,
+processors.py): order-preserving integer keys, the counter-based hash and Gumbel noise (the
+reference's `_mix32`, `row_hash`, `gumbel_at` in kernels/sampler_reference.py, bit for bit), a
+row's sampling parameters, and the arrival counters of the kernels whose last program for a
+row reduces the row's chunks."""
 
+import torch
 import triton
 import triton.language as tl
+
+# Arrival counters of the kernels whose last program per row reduces the row (int32, zero
+# between launches: that program resets its own), per (kernel, device). Allocated at the first
+# launch (warm-up, before any capture) and never freed, so every recorded graph keeps valid
+# addresses; a larger need adds a larger buffer.
+_ARRIVALS: dict = {}
+
+
+def arrival_counters(name: str, n: int, device: torch.device) -> torch.Tensor:
+    held = _ARRIVALS.setdefault((name, device), [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 1 << 10), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 @triton.jit
