@@ -1,19 +1,20 @@
 """Triton twins of the sampler's torch reference (kernels/sampler_reference.py), same signatures.
 
-`sample`, in two launches. (1) Rows x chunks of CHUNK tokens: each chunk's max and first
-argmax of x = logits/T, the Gumbel-max of rows without filters, and for filtered rows the
-chunk's candidates: at most CAP of its largest keys (order-preserving integer keys of x),
-found by a bisection over the chunk in registers, and the largest key left out. The chunk
-program of a row that arrives last (an arrival counter it puts back to 0) combines the row's
-chunks in chunk order and runs the reference's threshold searches (top-k count, top-p mass,
-min-p) over the candidates alone, then the Gumbel-max over the kept ones. Every key above the
-largest key left out (NC) is a candidate, so the result is the reference's token whenever
-the filters exclude NC; otherwise the row is marked, and (2) one program per marked row
-draws it exactly over the whole row (kernels/sampling_rejection.py); the other rows return
-at once. With top-k <= CAP (no ties across the cut) or a peaked distribution every row
-settles in (1); a near-flat row under top-p alone keeps more tokens than the candidates and
-takes (2). Chunks and candidates depend on V only, so a row's token never depends on the
-batch.
+`sample`. (1) Rows x chunks of CHUNK tokens: each chunk's max and first argmax of x =
+logits/T, the Gumbel-max of rows without filters, and for filtered rows the chunk's
+candidates: at most CAP of its largest keys (order-preserving integer keys of x), found by a
+bisection over the chunk in registers, and the largest key left out. The chunk program of a
+row that arrives last (an arrival counter it puts back to 0) combines the row's chunks in
+chunk order and runs the reference's threshold searches (top-k count, top-p mass, min-p) over
+the candidates alone, then the Gumbel-max over the kept ones. Every key above the largest key
+left out (NC) is a candidate, so the result is the reference's token whenever the filters
+exclude NC (path 0: top-k <= CAP without ties across the cut, or a peaked distribution).
+Otherwise a row under top-p without top-k (a near-flat row) finds the threshold by a search
+over bins split over rows x chunks (path 1, kernels/sampling_topp.py: ROUNDS launches and a
+last one that draws); any other row, or one whose last bin holds too many tokens, is drawn
+by rejection rounds over the whole row (path 2, kernels/sampling_rejection.py) in that last
+launch. 2 + ROUNDS launches whatever the rows ask; rows not on a path return at once.
+Chunks, candidates and bins depend on V only, so a row's token never depends on the batch.
 
 `argmax`: torch.argmax's index (first maximal, NaN above every number) in one launch of rows
 x chunks, the last chunk of a row to arrive reducing the chunks' results.
@@ -27,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling_common import _gumbel, _keys, _row_hash, _row_params, arrival_counters
-from .sampling_rejection import reject_row
+from .sampling_common import _gumbel, _keys, _largest_where, _row_hash, _row_params, arrival_counters
+from .sampling_topp import BINS, ROUNDS, band_kernel, bins_kernel, first_bins
 
 # Vocabulary elements per loop iteration and warps per row: one program streams a whole row,
 # so few, wide iterations (each ends in block reductions) keep a pass short.
@@ -39,15 +40,16 @@ CHUNK = 4096
 CAP = 64
 STEPS = 12  # bisection steps for a chunk's candidate cut: (max - min) / 2**12 apart
 CHUNK_WARPS = 4
+SEARCH_BITS = 1  # the selects' key bisections: bits decided per counting step
 ARGMAX_CHUNK = 4096  # argmax: tokens per program
 
 
 @triton.jit
-def _candidate_cut(x, inside, mc, CAP: tl.constexpr, STEPS: tl.constexpr):
+def _candidate_cut(x, inside, mc, xmin, CAP: tl.constexpr, STEPS: tl.constexpr):
     """tau keeping at most CAP of the chunk's x >= tau: a bisection between the chunk's max mc
-    and its smallest finite x (at most 64 below); count(x >= hi) <= CAP always, count(x >= lo)
-    > CAP while bisecting. Ties at the max beyond CAP: +inf (none); a chunk of <= CAP: -inf."""
-    lo = tl.maximum(tl.min(tl.where(inside & (x > -float("inf")), x, float("inf")), 0), mc - 64.0)
+    and its smallest finite x xmin (at most 64 below); count(x >= hi) <= CAP always, count(x >=
+    lo) > CAP while bisecting. Ties at the max beyond CAP: +inf (none); a chunk of <= CAP: -inf."""
+    lo = tl.maximum(xmin, mc - 64.0)
     few = tl.sum((inside & (x >= lo)).to(tl.int32), 0) <= CAP
     hi = mc
     for _ in tl.static_range(STEPS):
@@ -62,15 +64,17 @@ def _candidate_cut(x, inside, mc, CAP: tl.constexpr, STEPS: tl.constexpr):
 
 @triton.jit
 def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
-                  cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, arrivals_ptr, out_ptr, todo_ptr, V, stride, C,
-                  CH: tl.constexpr, CAP: tl.constexpr, STEPS: tl.constexpr, C_PAD: tl.constexpr):
+                  cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, arrivals_ptr, out_ptr, path_ptr, state_ptr, bounds_ptr, V,
+                  stride, C, CH: tl.constexpr, CAP: tl.constexpr, STEPS: tl.constexpr, C_PAD: tl.constexpr,
+                  NB: tl.constexpr, G: tl.constexpr, WAYS: tl.constexpr):
     """Program (row r, chunk c) over CH tokens of the row: the chunk's max of x = l/t and its
     first argmax; rows without filters: the Gumbel-max (value, id); filtered rows: the chunk's
     candidates, the tokens with x >= tau for a tau that keeps at most CAP of them (a bisection
     on values between the chunk's max and its smallest finite x, at most 64 below, over the
     chunk held in registers), written compacted, the largest key left out and, for top-p
-    without top-k, the chunk's mass sum(exp(x - chunk max)). Per chunk: sf [m, gumbel best,
-    mass, x left out], si [argmax, gumbel argmax, candidates, key left out]."""
+    without top-k, the chunk's mass sum(exp(x - chunk max)). Per chunk: sf [m, gumbel best
+    (filtered rows: the smallest finite x), mass, x left out], si [argmax, gumbel argmax,
+    candidates, key left out]."""
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64)
     src = logits_ptr + r * stride
@@ -94,7 +98,8 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
         by = tl.max(y, 0)
         ay = tl.min(tl.where(inside & (y == by), cols, V), 0)
     if filtered:
-        sel = inside & (x >= _candidate_cut(x, inside, mc, CAP, STEPS))
+        by = tl.min(tl.where(inside & (x > -float("inf")), x, float("inf")), 0)
+        sel = inside & (x >= _candidate_cut(x, inside, mc, by, CAP, STEPS))
         pos = tl.cumsum(sel.to(tl.int32), 0) - 1
         sel = sel & (pos < CAP)  # only +inf logits could pass CAP
         base = (r * C + c) * CAP
@@ -119,51 +124,24 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
     # the counter back to 0 for the next launch: no second kernel.
     tl.debug_barrier()
     if tl.atomic_add(arrivals_ptr + r, 1, sem="acq_rel") == C - 1:
-        tok, todo = _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, cand_x_ptr, cand_id_ptr,
-                                sf_ptr, si_ptr, r, V, C, C_PAD, CAP)
+        tok, path = _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, cand_x_ptr, cand_id_ptr,
+                                sf_ptr, si_ptr, state_ptr, bounds_ptr, r, V, C, C_PAD, CAP, NB, G, WAYS)
         tl.store(out_ptr + r, tok.to(tl.int64))
-        tl.store(todo_ptr + r, todo)
+        tl.store(path_ptr + r, path)
         tl.atomic_xchg(arrivals_ptr + r, 0)
 
 
 @triton.jit
-def _largest_where(skey, weight, bound, lo, hi, STRICT: tl.constexpr):
-    """The largest v in [0, 2**32) with sum(weight where key >= v (key > v if STRICT)) > bound
-    (>= when not STRICT), -1 where v = 0 fails: the reference's bisection, over values in
-    registers. The answer, when found, lies in [lo, hi], so the bits they share are taken
-    from hi without counting. skey: the key minus 2**31 as int32 (same order, half the
-    registers)."""
-    ans = tl.full((), 0, tl.int64)
-    lo = tl.maximum(lo, 0)
-    hi = tl.maximum(hi, lo)
-    for i in tl.static_range(32):
-        bit = tl.full((), 1, tl.int64) << (31 - i)
-        cand = ans | bit
-        if ((lo ^ hi) >> (31 - i)) == 0:  # a shared leading bit
-            ans = tl.where((hi & bit) != 0, cand, ans)
-        else:
-            v = (cand - 2147483648).to(tl.int32)
-            if STRICT:
-                ok = tl.sum(tl.where(skey > v, weight, 0.0), 0) > bound
-            else:
-                ok = tl.sum(tl.where(skey >= v, weight, 0), 0) >= bound
-            ans = tl.where(ok, cand, ans)
-    if STRICT:
-        found = tl.sum(tl.where(skey > -2147483648, weight, 0.0), 0) > bound
-    else:
-        found = tl.sum(weight, 0) >= bound
-    return tl.where(found, ans, -1)
-
-
-@triton.jit
 def _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, cand_x_ptr, cand_id_ptr, sf_ptr,
-                si_ptr, r, V, C, C_PAD: tl.constexpr, CAP: tl.constexpr):
-    """(token, todo) of row r: the row's token from its chunks, combined in chunk order. Greedy rows: the
+                si_ptr, state_ptr, bounds_ptr, r, V, C, C_PAD: tl.constexpr, CAP: tl.constexpr, NB: tl.constexpr,
+                G: tl.constexpr, WAYS: tl.constexpr):
+    """(token, path) of row r: the row's token from its chunks, combined in chunk order. Greedy rows: the
     first argmax; rows without filters: the first Gumbel-max; filtered rows: the reference's
     thresholds (kernels/sampler_reference.keep_mask) over the candidates, then the Gumbel-max over
     the kept ones. The candidates hold every key above the largest key left out (NC), so a
-    threshold found above NC is exact; a row whose kept set could reach NC is marked in
-    `todo` for `_reject_kernel`."""
+    threshold found above NC is exact. A row whose kept set could reach NC gets path 1 (top-p
+    without top-k: the split threshold search of kernels/sampling_topp.py, whose state and
+    first bins are written here) or 2 (the rejection rounds)."""
     temp, k, top_p, min_p, k_on, p_on, filtered = _row_params(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, r, V)
     ci = tl.arange(0, C_PAD)
     cm = ci < C
@@ -171,7 +149,7 @@ def _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, c
     m_c = tl.load(sf_ptr + s, mask=cm, other=-float("inf"))
     m = tl.max(m_c, 0)
     tok = tl.min(tl.where(cm & (m_c == m), tl.load(si_ptr + s, mask=cm, other=V), V), 0)
-    todo = tl.full((), 0, tl.int64)
+    path = tl.full((), 0, tl.int64)
     if (temp > 0) & (filtered == 0):
         by_c = tl.load(sf_ptr + s + 1, mask=cm, other=-float("inf"))
         by = tl.max(by_c, 0)
@@ -190,7 +168,7 @@ def _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, c
         kth = tl.full((), 0, tl.int64)
         if k_on:
             lo = tl.min(tl.where(valid, key, 1 << 32), 0)
-            kth = _largest_where(skey, valid.to(tl.int32), k, lo, tl.max(key, 0), False)
+            kth = _largest_where(skey, valid.to(tl.int32), k, lo, tl.max(key, 0), False, G, WAYS)
         in_k = valid & (key >= kth)
         over = tl.full((), 0, tl.int64)
         if p_on:
@@ -201,7 +179,7 @@ def _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, c
                 z = tl.sum(tl.where(m_c == -float("inf"), 0.0, mass_c * tl.exp(m_c - m)), 0)
             lo = tl.min(tl.where(in_k, key, 1 << 32), 0) - 1
             hi = tl.max(tl.where(in_k, key, -1), 0) - 1
-            over = _largest_where(skey, tl.where(in_k, e, 0.0), top_p * z, lo, hi, True) + 1
+            over = _largest_where(skey, tl.where(in_k, e, 0.0), top_p * z, lo, hi, True, G, WAYS) + 1
         keep = in_k & (key >= over) & (e >= min_p)
         y = tl.where(keep, xs + _gumbel(_row_hash(seeds_ptr, pos_ptr, r), ids), -float("inf"))
         best = tl.max(y, 0)
@@ -209,18 +187,14 @@ def _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, c
         # Is NC (and so every token left out) outside the kept set, by a threshold known exactly?
         z_exact = (k_on == 0) | (kth > nc)
         out = (nc < 0) | (k_on & (kth > nc)) | (p_on & z_exact & (over > nc)) | ((nc_e < min_p) & (z_exact | (p_on == 0)))
-        todo = (out == 0).to(tl.int64)
-    return tok, todo
-
-
-@triton.jit
-def _reject_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
-                   out_ptr, todo_ptr, V, stride, BLOCK: tl.constexpr):
-    """Program r: the exact draw over the whole row for a row `todo` marks."""
-    r = tl.program_id(0).to(tl.int64)
-    if tl.load(todo_ptr + r) != 0:
-        reject_row(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
-                   out_ptr, r, V, stride, BLOCK)
+        if out == 0:
+            path = tl.where(p_on & (k_on == 0), 1, 2).to(tl.int64)
+            if path == 1:  # the mass above NC fits top_p * z: search below NC
+                b = tl.max(tl.load(sf_ptr + s + 3, mask=cm, other=-float("inf")), 0)
+                a = tl.minimum(tl.maximum(tl.min(tl.load(sf_ptr + s + 1, mask=cm, other=float("inf")), 0), m - 88.0), b)
+                s_hi = tl.sum(tl.where(key > nc, e, 0.0), 0)  # candidates below NC are in the bins
+                first_bins(state_ptr, bounds_ptr, r, m, s_hi, top_p * z, a, b, NB)
+    return tok, path
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -229,15 +203,17 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            block: int = CHUNK, cap: int = CAP) -> torch.Tensor:
     """kernels/sampler_reference.sample's tokens. With `processed` [R, V] and `active` [R], rows whose
     active flag is set read `processed` instead of `logits`. `block`: tokens per chunk (and per
-    iteration of the rejection kernel); `cap`: candidates per chunk. Three launches whatever the
-    rows ask: chunks (rows x chunks programs), the per-row select, the rejection rounds for the
-    rows the select could not settle (the others return at once). The chunking depends on V
-    only, so a row's token never depends on the batch."""
+    iteration of the rejection rounds); `cap`: candidates per chunk (and bin tokens per chunk
+    on path 1). The launches are in the module docstring; the chunking depends on V only, so
+    a row's token never depends on the batch."""
     return draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, active, block, cap)[0]
 
 
-def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, active, block, cap):
-    """(tokens [R], rejected [R]: 1 where the row took the rejection rounds)."""
+def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, active, block, cap,
+         rounds: int = ROUNDS, bins: int = BINS, warps: int = CHUNK_WARPS, steps: int = STEPS,
+         search_bits: int = SEARCH_BITS):
+    """(tokens [R], path [R]: 0 settled from the candidates, 1 by the split threshold search,
+    2 by the rejection rounds)."""
     R, V = logits.shape
     dev = logits.device
     logits = logits.contiguous()
@@ -254,14 +230,23 @@ def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, 
     sf = torch.empty(R, C, 4, dtype=torch.float32, device=dev)
     si = torch.empty(R, C, 4, dtype=torch.int64, device=dev)
     out = torch.empty(R, dtype=torch.int64, device=dev)
-    todo = torch.empty(R, dtype=torch.int64, device=dev)
+    path = torch.empty(R, dtype=torch.int64, device=dev)
+    state = torch.empty(R, 3, dtype=torch.float32, device=dev)
+    bounds = torch.empty(R, bins + 1, dtype=torch.float32, device=dev)
+    part_m = torch.empty(R, C, bins, dtype=torch.float32, device=dev)
+    part_n = torch.empty(R, C, bins, dtype=torch.int32, device=dev)
     params = (temperature, top_k, top_p, min_p)
-    _chunk_kernel[(R, C)](logits, processed, active, *params, *hashes, cand_x, cand_id, sf, si,
-                          arrival_counters("sample", R, dev), out, todo, V, V, C, CH=block, CAP=cap, STEPS=STEPS,
-                          C_PAD=triton.next_power_of_2(C), num_warps=CHUNK_WARPS)
-    _reject_kernel[(R,)](logits, processed, active, *params, *hashes, out, todo, V, V, BLOCK=2 * block,
-                         num_warps=NUM_WARPS)
-    return out, todo
+    arrivals = arrival_counters("sample", R, dev)
+    pads = dict(C_PAD=triton.next_power_of_2(C), NB=bins, num_warps=warps)
+    search = dict(G=search_bits, WAYS=2**search_bits)
+    _chunk_kernel[(R, C)](logits, processed, active, *params, *hashes, cand_x, cand_id, sf, si, arrivals, out, path,
+                          state, bounds, V, V, C, CH=block, CAP=cap, STEPS=steps, **pads, **search)
+    for last in [False] * (rounds - 1) + [True]:
+        bins_kernel[(R, C)](logits, processed, active, temperature, path, state, bounds, part_m, part_n, arrivals,
+                            V, V, C, CH=block, CAP=cap, LAST=last, **pads)
+    band_kernel[(R, C)](logits, processed, active, *params, *hashes, cand_x, cand_id, sf, si, state, bounds, arrivals,
+                        out, path, V, V, C, CH=block, CAP=cap, **pads, **search)
+    return out, path
 
 
 # ---- greedy argmax -----------------------------------------------------------------------------
