@@ -3,6 +3,8 @@ and the sampler alone against the sort-based sampler it replaced.
 
 Usage: python scripts/sampler_bench.py [CONFIG]  (default examples/llama-3.2-1b-synthetic.yaml)
        python scripts/sampler_bench.py --alone  (the sampler's kernels alone, no model)
+       python scripts/sampler_bench.py --sweep  (the draw under other chunkings and search widths)
+       python scripts/sampler_bench.py --steps-only [CONFIG]  (the decode steps alone)
 Prints a markdown table: replayed step times (CUDA events, median) per batch size for greedy
 rows on the greedy key, and on the sampled key with temperature only, top-k + top-p, and
 every processor (min_p, penalties, 300 logit_bias entries, min_tokens, logprobs 20); then the
@@ -118,33 +120,30 @@ def sampler_alone(V: int, profile_bs: int = 64) -> list[str]:
         print(lines[-1], file=sys.stderr, flush=True)
         if bs == profile_bs:
             extra += profile(cases)
-            if split:
-                extra += sweep(V)
     return lines + extra
 
 
-VARIANTS = ((4096, 64, 4, 12, 1), (4096, 64, 4, 12, 2), (4096, 64, 4, 12, 3), (4096, 64, 4, 8, 2),
-            (4096, 32, 4, 12, 2), (2048, 32, 4, 12, 2), (4096, 64, 8, 12, 2), (8192, 64, 8, 12, 2))
+VARIANTS = ((4096, 64, 4, 1, 1), (4096, 64, 8, 1, 1), (4096, 64, 8, 2, 1), (4096, 64, 8, 2, 3), (2048, 32, 4, 2, 3))
 
 
 def sweep(V: int) -> list[str]:
-    """top-k 50 + top-p 0.9 (and top-p alone on flat rows) under other chunkings: tokens per
-    chunk, candidates per chunk, warps, bisection steps of the candidate cut, bits per step of
-    the selects' key searches."""
+    """top-k 50 + top-p 0.9 (and top-p alone on flat rows) under other settings: tokens per
+    chunk, candidates per chunk, warps, bits per counting step of the selects' key searches
+    and of the chunks' candidate cut."""
     from trtgraph.kernels import sampling
 
-    lines = ["", "| chunk, candidates, warps, cut steps, search bits | bs | top-k 50 + top-p 0.9 ms | rows off | "
+    lines = ["", "| chunk, candidates, warps, search bits, cut bits | bs | top-k 50 + top-p 0.9 ms | rows off | "
              "top-p alone, flat ms | == reference |", "|---|---|---|---|---|---|"]
     for bs in (1, 64):
         logits, _, (t, k, p, no_k, seeds, pos, flat) = _cases(bs, V)
-        for block, cap, warps, steps, bits in VARIANTS:
-            def run(x, kk, block=block, cap=cap, warps=warps, steps=steps, bits=bits):
-                return sampling.draw(x, t, kk, p, seeds, pos, None, None, None, block, cap, warps=warps, steps=steps,
-                                     search_bits=bits)
+        for block, cap, warps, bits, cut in VARIANTS:
+            def run(x, kk, block=block, cap=cap, warps=warps, bits=bits, cut=cut):
+                return sampling.draw(x, t, kk, p, seeds, pos, None, None, None, block, cap, warps=warps,
+                                     search_bits=bits, cut_bits=cut)
             got, path = run(logits, k)
             same = torch.equal(got, sampler.sample(logits, t, k, p, seeds, pos))
             same &= torch.equal(run(flat, no_k)[0], sampler.sample(flat, t, no_k, p, seeds, pos))
-            lines.append(f"| {block}, {cap}, {warps}, {steps}, {bits} | {bs} | {graph_time(lambda: run(logits, k)):.4f} | "
+            lines.append(f"| {block}, {cap}, {warps}, {bits}, {cut} | {bs} | {graph_time(lambda: run(logits, k)):.4f} | "
                          f"{int((path != 0).sum())} | {graph_time(lambda: run(flat, no_k)):.4f} | {same} |")
             print(lines[-1], file=sys.stderr, flush=True)
     return lines
@@ -178,10 +177,14 @@ def profile(cases) -> list[str]:
 
 
 def main():
+    if "--sweep" in sys.argv:  # the draw under other chunkings (this branch's kernels only)
+        print("\n".join(sweep(128256)))
+        return
     if "--alone" in sys.argv:  # the sampler's kernels alone, no model (Llama-3 vocabulary)
         print("\n".join(sampler_alone(128256)))
         return
-    cfg = Config.from_yaml(sys.argv[1] if len(sys.argv) > 1 else "examples/llama-3.2-1b-synthetic.yaml")
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    cfg = Config.from_yaml(paths[0] if paths else "examples/llama-3.2-1b-synthetic.yaml")
     keys = [GraphKey(b, 0, 0, s) for b in BATCHES for s in ("greedy", "sampled")]
     plan = BucketPlan.from_config(cfg).with_keys(keys)
     ex = Executor.build(cfg, plan)
@@ -212,7 +215,7 @@ def main():
             print(f"{key} {rows_kw}: {ms:.3f} ms", file=sys.stderr, flush=True)
         lines.append(f"| {b} | {cells[0]:.3f} | " + " | ".join(f"{c:.3f} ({c / cells[0]:.2f}x)" for c in cells[1:])
                      + " |")
-    if ex.device.type == "cuda":
+    if ex.device.type == "cuda" and "--steps-only" not in sys.argv:
         lines += sampler_alone(ex.loaded.config.vocab_size)
     print("\n".join(lines))
 

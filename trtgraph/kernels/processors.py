@@ -114,13 +114,13 @@ def _logprobs_kernel(logits_ptr, tokens_ptr, want_ptr, cand_v_ptr, cand_i_ptr, s
             n = tl.arange(0, KC_PAD)
             v = tl.load(cand_v_ptr + r * C * K + n, mask=n < C * K, other=-float("inf"))
             ids = tl.load(cand_i_ptr + r * C * K + n, mask=n < C * K, other=V)
-            avail = ids < V
+            left = ids < V
             for j in range(K):
-                b = tl.max(tl.where(avail, v, -float("inf")), 0)
-                a = tl.min(tl.where(avail & (v == b), ids, V), 0)
+                b = tl.max(tl.where(left, v, -float("inf")), 0)
+                a = tl.min(tl.where(left & (v == b), ids, V), 0)
                 tl.store(vals_ptr + r * (K + 1) + 1 + j, (b - m) - log_z)
                 tl.store(ids_ptr + r * K + j, a.to(tl.int64))
-                avail = avail & (ids != a)
+                left = left & (ids != a)
             tl.atomic_xchg(arrivals_ptr + r, 0)
 
 

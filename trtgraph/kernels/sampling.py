@@ -39,7 +39,7 @@ NUM_WARPS = 16
 CHUNK = 4096
 CAP = 64
 STEPS = 12  # bisection steps for a chunk's candidate cut: (max - min) / 2**12 apart
-CHUNK_WARPS = 4
+CHUNK_WARPS = 8  # 4096 tokens over 256 threads: 128 registers (4 warps: 212, as many programs per SM)
 SEARCH_BITS = 1  # the selects' key bisections: bits decided per counting step
 ARGMAX_CHUNK = 4096  # argmax: tokens per program
 
@@ -76,7 +76,7 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
     (filtered rows: the smallest finite x), mass, x left out], si [argmax, gumbel argmax,
     candidates, key left out]."""
     r = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1).to(tl.int64)
+    c = tl.program_id(1)  # int32 columns: half the registers of int64 ones
     src = logits_ptr + r * stride
     if tl.load(active_ptr + r) != 0:
         src = proc_ptr + r * stride
@@ -106,9 +106,9 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
         tl.store(cand_x_ptr + base + pos, x, mask=sel)
         tl.store(cand_id_ptr + base + pos, cols.to(tl.int32), mask=sel)
         n = tl.sum(sel.to(tl.int64), 0)
-        left = inside & (sel == 0)
-        nc_key = tl.max(tl.where(left, _keys(x), -1), 0)
-        nc_x = tl.max(tl.where(left, x, -float("inf")), 0)
+        nc_x = tl.max(tl.where(inside & (sel == 0), x, -float("inf")), 0)
+        # the largest key left out is the key of the largest x left out (keys keep the order)
+        nc_key = tl.where(tl.minimum(V - c * CH, CH) > n, _keys(nc_x), -1)
         if p_on & (k_on == 0):
             mass = tl.sum(tl.where(x == -float("inf"), 0.0, tl.exp(x - mc)), 0)
     s = (r * C + c) * 4
@@ -171,6 +171,7 @@ def _select_row(temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr, c
             kth = _largest_where(skey, valid.to(tl.int32), k, lo, tl.max(key, 0), False, G, WAYS)
         in_k = valid & (key >= kth)
         over = tl.full((), 0, tl.int64)
+        z = 0.0
         if p_on:
             if k_on:
                 z = tl.sum(tl.where(in_k, e, 0.0), 0)
