@@ -128,6 +128,8 @@ class Scheduler:
     def _handed_out(self, step: ScheduledStep | None, ahead: int = 0) -> ScheduledStep | None:
         """Mark `step` as repeating when it has the last step's key and rows, and remember it.
         ahead: tokens each row is beyond what postprocess has appended (a step launched ahead)."""
+        if self.speculation is not None:
+            self.speculation.handed_out(step.key if step is not None and not step.is_prefill else None)
         if step is None:
             self._last = None
             return None
@@ -213,12 +215,16 @@ class Scheduler:
     def _proposals(self, rows: list[Sequence]) -> dict | None:
         """Drafts by sequence (None where no n-gram matched), or None for a plain step: no
         drafter, a row too close to max_seq_len for K more positions, or the speculation
-        policy finds drafting does not pay (no match in any row, or low expected acceptance)."""
+        policy finds drafting does not pay (no match in any row, or low expected acceptance)
+        or makes no proposals this step (a batch that does not draft probes only now and then)."""
         if self.drafter is None or not rows:
             return None
         if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
             return None
-        out = {id(s): self.drafter.propose(s.all_ids, s.ngram) for s in rows}
+        if not self.speculation.proposes():
+            return None
+        window = self.speculation.probe_window
+        out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in rows}
         return out if self.speculation.decide(rows, out) else None
 
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
@@ -265,11 +271,11 @@ class Scheduler:
         if not self.fast_path or step.is_prefill or step.drafts is not None or admissible \
                 or step.seqs != self.running:
             return None
-        if self.drafter is not None and not self.speculation.may_run_ahead(step.seqs):
-            return None  # drafting may pay next step: plan it afresh from this step's tokens
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
             return None
+        if self.drafter is not None and not self.speculation.may_run_ahead():
+            return None  # drafting, or a probe is due: plan the next step afresh from this one's tokens
         for seq, n in zip(step.seqs, need):
             if n > 0:
                 seq.block_table += self.allocator.allocate(n)
