@@ -302,3 +302,21 @@ def test_probes_index_a_window_and_backfill_what_they_skipped():
     assert probed.skipped == [(0, len(ids) - 5)]
     assert d.propose(ids, probed) == d.propose(ids, full) == [5, 6, 7, 8]  # backfilled: the latest one
     assert probed.following == full.following and probed.skipped == []
+
+
+def test_a_large_batch_that_does_not_draft_probes_a_turning_sample_of_rows():
+    from trtgraph.runtime.serving.speculation import PROBE_ROWS, SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    pol = SpeculationPolicy(plan, K, {GraphKey(1, 0, 0, "greedy"): 1.0})
+    rows = list(range(3 * PROBE_ROWS - 2))
+    first = pol.probe_rows(rows)
+    assert len(first) <= PROBE_ROWS and first == rows[0::3]
+    pol.probes += 1
+    assert pol.probe_rows(rows) == rows[1::3]  # the next probe samples other rows
+    assert pol.probe_rows(rows[:PROBE_ROWS]) == rows[:PROBE_ROWS]  # a small batch: every row
+    pol.full_probe = True  # a sample that would pay calls every row to the next probe
+    assert pol.probe_rows(rows) == rows
+    pol.full_probe, pol.drafting = False, True
+    assert pol.probe_rows(rows) == rows
+    assert SpeculationPolicy(plan, K).probe_rows(rows) == rows  # no replay times: every row, every step

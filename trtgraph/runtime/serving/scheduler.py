@@ -223,9 +223,9 @@ class Scheduler:
             return None
         if not self.speculation.proposes():
             return None
-        window = self.speculation.probe_window
-        out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in rows}
-        return out if self.speculation.decide(rows, out) else None
+        window, probed = self.speculation.probe_window, self.speculation.probe_rows(rows)
+        out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in probed}
+        return out if self.speculation.decide(rows, out, probed) else None
 
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
         sampled = any(not s.request.is_greedy for s in seqs)

@@ -20,7 +20,9 @@ measured (one measured key prices the other by the replay times' ratio).
 
 Proposals cost host time on every row, so a batch that does not draft makes none: it runs
 plain steps on the fast path, launched ahead of the last one's tokens, and probes (makes
-proposals, scores the earlier ones, decides) only every `interval` generation steps; the
+proposals, scores the earlier ones, decides) only every `interval` generation steps, for
+a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a full probe at
+the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
 interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
 the proposals awaiting their outcome would make drafting pay were they accepted, and it
 returns to 1 while drafting and after a prefill step (new rows). Without replay times (a scheduler built without them) every
@@ -41,7 +43,8 @@ PRIOR = (0.5, 1.5)  # (accepted, rejected) pseudo-counts of a new sequence: a = 
 ENTER_MARGIN = 1.05  # a batch that does not draft starts when drafting pays 5% over break-even
 MAX_INTERVAL = 64  # generation steps between probes of a batch that does not draft, at most
 WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
-PROBE_WINDOW = 32  # a probe indexes at most this many of a row's not yet indexed tokens
+PROBE_WINDOW = 16  # a probe indexes at most this many of a row's not yet indexed tokens
+PROBE_ROWS = 8  # a probe of a larger batch that does not draft samples about this many rows
 
 
 @dataclass
@@ -109,6 +112,7 @@ class SpeculationPolicy:
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
         self.since = 0  # generation steps handed out since the last decision
+        self.full_probe = False  # the next probe makes proposals for every row (a sample was hopeful)
         self._last: tuple[GraphKey, float] | None = None  # the last generation step's key, when handed out
 
     @property
@@ -135,13 +139,15 @@ class SpeculationPolicy:
         old = self.wall_ms.get(key)
         self.wall_ms[key] = ms if old is None else old + WALL_WEIGHT * (ms - old)
 
-    def costs(self, rows: list) -> tuple[float, float] | None:
-        """(plain, verify) cost in ms of a step over `rows`: measured wall times, a measured
-        one scaling the other by the replay times' ratio, else the replay times."""
+    def costs(self, rows: list, n: int | None = None) -> tuple[float, float] | None:
+        """(plain, verify) cost in ms of a step over `rows` (or over n rows like them):
+        measured wall times, a measured one scaling the other by the replay times' ratio,
+        else the replay times."""
         s = SAMPLED if any(not q.request.is_greedy for q in rows) else GREEDY
+        n = len(rows) if n is None else n
         try:
-            plain = select(self.plan, BatchShape(len(rows), 0, 0, s))
-            verify = select(self.plan, BatchShape(len(rows), self.k, 0, s))
+            plain = select(self.plan, BatchShape(n, 0, 0, s))
+            verify = select(self.plan, BatchShape(n, self.k, 0, s))
         except BucketMissError:
             return None
         rp, rv = self.replay_ms.get(plain), self.replay_ms.get(verify)
@@ -157,19 +163,21 @@ class SpeculationPolicy:
         return rp, rv
 
     # ---- decisions -----------------------------------------------------------------------
-    def pays(self, rows: list, matched: list[bool], hope: bool = False) -> bool:
+    def pays(self, rows: list, matched: list[bool], hope: bool = False, n: int | None = None) -> bool:
         """Whether a verify step over `rows` (Sequences; matched: which have a proposal) is
         expected to emit more tokens per millisecond than a plain step over them (a batch
-        not drafting now: by ENTER_MARGIN more). hope: were the pending proposals accepted."""
+        not drafting now: by ENTER_MARGIN more). hope: were the pending proposals accepted.
+        n: the rows are a sample of a batch of n rows like them."""
         if not any(matched):
             return False
-        costs = self.costs(rows)
+        n = len(rows) if n is None else n
+        costs = self.costs(rows, n)
         if costs is None:
             return True  # no replay times: draft whenever a row matches
         t_plain, t_verify = costs
         tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
         margin = 1.0 if self.drafting else ENTER_MARGIN
-        return tokens * t_plain > len(rows) * t_verify * margin
+        return tokens * n / len(rows) * t_plain > n * t_verify * margin
 
     def proposes(self) -> bool:
         """Count a generation step formed afresh; whether it makes proposals: always without
@@ -179,25 +187,40 @@ class SpeculationPolicy:
         self.since += 1
         return self.drafting or self.since >= self.interval
 
-    def decide(self, rows: list, proposals: dict) -> bool:
-        """Score every row's earlier proposal, offer its new one; whether this step drafts."""
+    def probe_rows(self, rows: list) -> list:
+        """The rows that make proposals at this step: all of them while drafting, at a full
+        probe, or in a batch of at most PROBE_ROWS; else a sample (every stride-th row, from
+        an offset that turns with each probe)."""
+        if not self.adaptive or self.drafting or self.full_probe or len(rows) <= PROBE_ROWS:
+            return rows
+        stride = -(-len(rows) // PROBE_ROWS)
+        return rows[self.probes % stride::stride]
+
+    def decide(self, rows: list, proposals: dict, probed: list | None = None) -> bool:
+        """Score each probed row's earlier proposal, offer its new one (probed: the rows that
+        proposed, `probe_rows`; default all); whether this step drafts. A sample never drafts:
+        it calls a full probe at the next step when the batch it stands for would pay."""
+        probed = rows if probed is None else probed
         matched = []
-        for s in rows:
+        for s in probed:
             s.accept.observe(s.all_ids)
             d = proposals.get(id(s))
             s.accept.offer(len(s.all_ids), d)
             matched.append(d is not None)
-        draft = self.pays(rows, matched)
+        full = len(probed) == len(rows)
+        draft = full and self.pays(rows, matched)
         if draft:
             self.drafted_steps += 1
         elif any(matched):
             self.plain_steps += 1
         self.probes += 1
         self.since = 0
-        # Probe again at the next step while drafting, or while the proposals awaiting their
-        # outcome would make drafting pay if accepted; else back off.
-        hopeful = draft or self.pays(rows, [s.accept.pending is not None for s in rows], hope=True)
+        # Probe again (all rows) at the next step while drafting, or while the proposals
+        # awaiting their outcome would make drafting pay if accepted; else back off.
+        hopeful = draft or self.pays(probed, [s.accept.pending is not None for s in probed], hope=True,
+                                     n=len(rows))
         self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
+        self.full_probe = hopeful and not draft
         self.drafting = draft
         return draft
 
