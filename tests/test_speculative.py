@@ -320,3 +320,29 @@ def test_a_large_batch_that_does_not_draft_probes_a_turning_sample_of_rows():
     pol.full_probe, pol.drafting = False, True
     assert pol.probe_rows(rows) == rows
     assert SpeculationPolicy(plan, K).probe_rows(rows) == rows  # no replay times: every row, every step
+
+
+def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
+    """A probe due at a step launched ahead is made from the tokens known so far: when drafting
+    cannot pay, the speculative engine launches exactly as many steps ahead as the plain one."""
+    from trtgraph.runtime.serving.scheduler import Scheduler
+
+    spec, plain = engines
+    _priced(spec, monkeypatch, 1.0 + K)  # no estimate below certainty makes a verify step pay
+    ahead = {}
+    extend = Scheduler.extend_decode
+
+    def counted(self, step):
+        out = extend(self, step)
+        ahead[id(self)] = ahead.get(id(self), 0) + (out is not None)
+        return out
+
+    monkeypatch.setattr(Scheduler, "extend_decode", counted)
+    reqs = [{"id": f"r{i}", "prompt": "one two three four " * (i + 1), "max_tokens": 50} for i in range(3)]
+    probes = spec.scheduler.speculation.probes
+    got, _ = _run(spec, reqs)
+    want, _ = _run(plain, reqs)
+    assert spec.scheduler.speculation.probes - probes >= 5  # it did probe, on steps launched ahead too
+    assert ahead[id(spec.scheduler)] == ahead[id(plain.scheduler)] > 30, ahead
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]

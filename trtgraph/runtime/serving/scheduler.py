@@ -223,6 +223,11 @@ class Scheduler:
             return None
         if not self.speculation.proposes():
             return None
+        return self._propose(rows)
+
+    def _propose(self, rows: list[Sequence]) -> dict | None:
+        """The proposals of the rows the policy probes (all of them while drafting), scored
+        and decided on; they, or None when the step does not draft."""
         window, probed = self.speculation.probe_window, self.speculation.probe_rows(rows)
         out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in probed}
         return out if self.speculation.decide(rows, out, probed) else None
@@ -274,14 +279,23 @@ class Scheduler:
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
             return None
-        if self.drafter is not None and not self.speculation.may_run_ahead():
-            return None  # drafting, or a probe is due: plan the next step afresh from this one's tokens
+        if self.drafter is not None and not self._plain_next(step.seqs):
+            return None  # drafting: plan the next step afresh from this one's tokens
         for seq, n in zip(step.seqs, need):
             if n > 0:
                 seq.block_table += self.allocator.allocate(n)
         ahead = self._handed_out(ScheduledStep(step.key, list(step.seqs), list(step.num_new)), ahead=1)
         assert ahead.repeats, "a step launched ahead repeats the one before it"
         return ahead
+
+    def _plain_next(self, rows: list[Sequence]) -> bool:
+        """Whether the step after one over `rows` is a plain step, to launch ahead: the batch
+        does not draft, and a probe due at that step (made from the tokens known now, one
+        step behind) finds that drafting still does not pay."""
+        pol = self.speculation
+        if not pol.may_run_ahead():
+            return False
+        return not pol.proposes() or self._propose(rows) is None
 
     def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
         """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the

@@ -20,7 +20,8 @@ measured (one measured key prices the other by the replay times' ratio).
 
 Proposals cost host time on every row, so a batch that does not draft makes none: it runs
 plain steps on the fast path, launched ahead of the last one's tokens, and probes (makes
-proposals, scores the earlier ones, decides) only every `interval` generation steps, for
+proposals, scores the earlier ones, decides; on a step launched ahead, from the tokens known
+so far, without waiting for the last one's) only every `interval` generation steps, for
 a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a full probe at
 the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
 interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
@@ -231,9 +232,7 @@ class SpeculationPolicy:
         return None if not self.adaptive or self.drafting else PROBE_WINDOW
 
     def may_run_ahead(self) -> bool:
-        """Whether the next plain step may be launched before the last one's tokens are known
-        (and counts it): a batch that does not draft, with no probe due at that step."""
-        if not self.adaptive or self.drafting or self.since + 1 >= self.interval:
-            return False
-        self.since += 1
-        return True
+        """Whether the next step may be launched before the last one's tokens are known: a
+        batch that does not draft (a probe due then is made from the tokens known so far,
+        without waiting: the scheduler's extend_decode)."""
+        return self.adaptive and not self.drafting
