@@ -3,9 +3,10 @@ the policy in runtime/serving/speculation.py deciding per step) against `--no-sp
 on the shipped model trained on the standard library's source (trtgraph/assets/stdlib-llama;
 random weights would make acceptance meaningless), for random token ids, code-like prompts
 (standard-library source) and repetitive prompts, at batch 1, 8 and 64. Outputs are checked
-equal token for token. Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke]
-(writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to test
-this script on the CPU)."""
+equal token for token. Each cell (16 requests at batch 1, 32 at 8, 128 at 64, 128 tokens each)
+runs 5 times, speculative and plain alternating; the table gives medians and the spread.
+Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] (writes spec_bench.json, prints a
+table; --cpu-smoke: a small plan and few tokens, to test this script on the CPU)."""
 
 import inspect
 import json
@@ -25,7 +26,7 @@ from trtgraph.runtime.serving.engine import Engine
 out_dir = Path(sys.argv[1])
 SMOKE = len(sys.argv) > 2 and sys.argv[2] == "--cpu-smoke"
 BATCHES = (1, 8) if SMOKE else (1, 8, 64)
-MAX_TOKENS = 8 if SMOKE else 128
+MAX_TOKENS = 4 if SMOKE else 128
 raw = yaml.safe_load(Path("examples/stdlib-llama.yaml").read_text())
 raw["model"]["path"] = str(Path("trtgraph/assets/stdlib-llama").resolve())
 raw["device"] = "cpu" if SMOKE else "cuda"
@@ -67,40 +68,67 @@ sets = {
     "repetitive": lambda i: {"prompt": repetitive_prompt(i)},
 }
 engines = {"speculative": Engine(raw["output"]), "plain": Engine(raw["output"], speculative=False)}
+REPEATS = 2 if SMOKE else 5  # each cell runs this often, speculative and plain alternating
+PROMPTS = {1: 2, 8: 8} if SMOKE else {1: 16, 8: 32, 64: 128}  # requests per cell (groups of `batch`)
+
+
+def timed(engine, groups):
+    """One pass over the cell's groups: (tokens, seconds, token ids by request, per-group speculative stats)."""
+    start, tokens, sp, ids = time.perf_counter(), 0, [], []
+    for group in groups:
+        results = list(engine.generate(group))
+        tokens += sum(len(r.token_ids) for r in results)
+        ids += [r.token_ids for r in sorted(results, key=lambda r: r.id)]
+        sp.append(engine.stats.to_json().get("speculative"))
+    return tokens, time.perf_counter() - start, ids, sp
+
+
+def median(xs):
+    xs = sorted(xs)
+    return (xs[len(xs) // 2] + xs[(len(xs) - 1) // 2]) / 2
+
+
 rows = []
 for set_name, make in sets.items():
     for batch in BATCHES:
         prompts = [{"id": f"{set_name}-{i}", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, **make(i)}
-                   for i in range(max(batch, 4))]
+                   for i in range(PROMPTS[batch])]
         groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
-        outputs = {}
-        for mode, engine in engines.items():
-            list(engine.generate(prompts[:1]))  # warm the host path
-            start, tokens, sp, ids = time.perf_counter(), 0, [], []
-            for group in groups:
-                results = list(engine.generate(group))
-                tokens += sum(len(r.token_ids) for r in results)
-                ids += [r.token_ids for r in sorted(results, key=lambda r: r.id)]
-                sp.append(engine.stats.to_json().get("speculative"))
-            seconds = time.perf_counter() - start
-            outputs[mode] = ids
-            row = {"prompts": set_name, "batch": batch, "mode": mode, "tokens": tokens, "seconds": seconds,
-                   "tokens_per_second": tokens / seconds}
-            if mode == "speculative":
-                row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows")})
-                fed = [s for s in sp if s["verify_steps"]]
-                row["acceptance_rate"] = sum(s["acceptance_rate"] for s in fed) / len(fed) if fed else None
-            rows.append(row)
-            print(row, flush=True)
-        assert outputs["speculative"] == outputs["plain"], f"{set_name} batch {batch}: outputs differ"
+        for engine in engines.values():
+            list(engine.generate(prompts[:batch]))  # warm the host path (and the policy's step times)
+        runs = {mode: [] for mode in engines}
+        for rep in range(REPEATS):
+            for mode in (("speculative", "plain") if rep % 2 == 0 else ("plain", "speculative")):
+                runs[mode].append(timed(engines[mode], groups))
+        for run in runs["speculative"] + runs["plain"]:
+            assert run[2] == runs["plain"][0][2], f"{set_name} batch {batch}: outputs differ"
+        row = {"prompts": set_name, "batch": batch, "requests": len(prompts), "tokens": runs["plain"][0][0]}
+        for mode, rs in runs.items():
+            tps = [t / s for t, s, _, _ in rs]
+            row[mode] = {"tokens_per_second": median(tps), "min": min(tps), "max": max(tps)}
+        ratios = [(ts / ss) / (tp / sp_) for (ts, ss, _, _), (tp, sp_, _, _) in zip(runs["speculative"], runs["plain"])]
+        row.update(ratio_median=median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+        sp = runs["speculative"][-1][3]
+        row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows")})
+        fed = [s for s in sp if s["verify_steps"]]
+        row["acceptance_rate"] = sum(s["acceptance_rate"] for s in fed) / len(fed) if fed else None
+        rows.append(row)
+        print(row, flush=True)
+pol = engines["speculative"].scheduler.speculation
+policy = {"probes": pol.probes, "drafted_steps": pol.drafted_steps, "plain_steps_with_a_match": pol.plain_steps,
+          "wall_ms": {str(k): round(v, 4) for k, v in sorted(pol.wall_ms.items(), key=lambda kv: str(kv[0]))},
+          "replay_ms": {str(k): v for k, v in sorted(pol.replay_ms.items(), key=lambda kv: str(kv[0]))}}
+print("policy, whole run:", json.dumps(policy))
 out_dir.mkdir(parents=True, exist_ok=True)
-(out_dir / "spec_bench.json").write_text(json.dumps(rows, indent=2))
-print("\n| prompts | batch | speculative tok/s | plain tok/s | speculative / plain | verify steps | plain decode steps "
-      "| draft acceptance |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
-for i in range(0, len(rows), 2):
-    s, p = rows[i], rows[i + 1]
-    acc = f"{100 * s['acceptance_rate']:.1f}%" if s["acceptance_rate"] is not None else "no drafts"
-    print(f"| {s['prompts']} | {s['batch']} | {s['tokens_per_second']:.1f} | {p['tokens_per_second']:.1f} | "
-          f"{s['tokens_per_second'] / p['tokens_per_second']:.3f} | {s['verify_steps']} | {s['plain_decode_steps']} "
-          f"| {acc} |")
+(out_dir / "spec_bench.json").write_text(json.dumps({"cells": rows, "policy": policy}, indent=2))
+print(f"\n{REPEATS} runs per cell, speculative and plain alternating; tok/s: median (min-max); ratio: median of "
+      f"the paired runs' speculative / plain (min-max); steps and acceptance: the last speculative run")
+print("| prompts | batch | tokens | speculative tok/s | plain tok/s | speculative / plain | verify steps "
+      "| plain decode steps | draft acceptance |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    s, p = r["speculative"], r["plain"]
+    acc = f"{100 * r['acceptance_rate']:.1f}%" if r["acceptance_rate"] is not None else "no drafts"
+    print(f"| {r['prompts']} | {r['batch']} | {r['tokens']} | {s['tokens_per_second']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
+          f"| {p['tokens_per_second']:,.0f} ({p['min']:,.0f}-{p['max']:,.0f}) | {r['ratio_median']:.3f} "
+          f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['verify_steps']} | {r['plain_decode_steps']} | {acc} |")

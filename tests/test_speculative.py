@@ -226,13 +226,14 @@ def test_acceptance_estimate_scores_proposals_against_the_tokens_that_followed()
     from trtgraph.runtime.serving.speculation import Acceptance
 
     a = Acceptance()
-    assert a.rate == 0.5 and math.isclose(a.expected_tokens(3), 1 + 0.5 + 0.25 + 0.125)
+    assert a.rate == 0.25 and math.isclose(a.expected_tokens(3), 1 + 0.25 + 0.25 ** 2 + 0.25 ** 3)  # pessimistic
     ids = [1, 2, 3]
     a.offer(len(ids), [4, 5, 6])
     a.offer(len(ids), [9, 9, 9])  # one proposal pending at a time
     ids += [4, 5]
     a.observe(ids)
     assert a.pending is not None and a.proposals == 0  # agrees so far: not decided yet
+    assert a.agreeing == 2 and a.rate > 0.25  # but its agreeing drafts count already
     ids += [7]
     a.observe(ids)
     assert a.pending is None and (a.proposals, a.drafts_matched) == (1, 2)
@@ -247,3 +248,101 @@ def test_acceptance_estimate_scores_proposals_against_the_tokens_that_followed()
         ids += [1, 1, 1]
         a.observe(ids)
     assert a.rate > 0.7
+
+
+def test_a_batch_that_does_not_draft_probes_only_now_and_then_and_runs_ahead(engines, monkeypatch):
+    """Proposals cost host time on every row: a batch whose drafts do not pay makes them only
+    on probes (intervals doubling), and its plain steps are launched ahead on the fast path."""
+    spec, plain = engines
+    _priced(spec, monkeypatch, 1.5)
+    calls = []
+    propose = spec.drafter.propose
+    monkeypatch.setattr(spec.drafter, "propose", lambda *a, **kw: calls.append(a[0]) or propose(*a, **kw))
+    reqs = [{"id": f"r{i}", "prompt_token_ids": [(37 * i + 11 * j) % 200 + 3 for j in range(12)], "max_tokens": 60,
+             "temperature": 0.8, "seed": i} for i in range(4)]  # sampled: drafts (almost) never match
+    got, _ = _run(spec, reqs)
+    st = spec.stats.to_json()
+    want, _ = _run(plain, reqs)
+    assert st["speculative"]["verify_steps"] == 0
+    assert len(calls) <= 4 * 12, len(calls)  # 4 rows x (1, 2, 4, ... 64: at most 7 probes) + slack, not 4 x 60
+    assert st["fast_path_steps"] >= 50, st  # launched ahead, repeating the last step's rows
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_policy_prices_steps_by_measured_wall_times():
+    """The costs are the keys' measured wall times once there are some: a verify step that the
+    replay times call cheap, but that measures slow (its host work), stops paying."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    plain_key, verify_key = GraphKey(2, 0, 0, "greedy"), GraphKey(2, K, 0, "greedy")
+    pol = SpeculationPolicy(plan, K, {plain_key: 1.0, verify_key: 1.2})
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
+    for s in rows:
+        s.accept.accepted, s.accept.rejected = 1.0, 1.0  # a = 0.5: 1.875 tokens per row
+    assert pol.costs(rows) == (1.0, 1.2) and pol.pays(rows, [True, True])
+    pol.record(plain_key, 0.5)  # measured plain; verify priced by the replay ratio
+    assert pol.costs(rows) == (0.5, 0.6) and pol.pays(rows, [True, True])
+    pol.record(verify_key, 1.0)  # verify measured at twice the plain step: 1.875 tokens do not pay
+    assert pol.costs(rows) == (0.5, 1.0) and not pol.pays(rows, [True, True])
+    pol.record(verify_key, 0.0)  # a running mean: one fast step moves it a quarter of the way
+    assert pol.costs(rows) == (0.5, 0.75)
+    pol.drafting = False
+    assert not pol.pays(rows, [True, False])  # one row's drafts do not pay for the other's
+
+
+def test_probes_index_a_window_and_backfill_what_they_skipped():
+    d = NgramDrafter(4, 1, 3)
+    ids = [5, 6, 7, 8, 9, 1, 2, 3, 4, 0] * 3
+    probed, full = NgramIndex(), NgramIndex()
+    assert d.propose(ids, probed, window=4) is None  # "... 3 4 0": its earlier occurrences were skipped
+    assert probed.skipped == [(0, len(ids) - 5)]
+    assert d.propose(ids, probed) == d.propose(ids, full) == [5, 6, 7, 8]  # backfilled: the latest one
+    assert probed.following == full.following and probed.skipped == []
+
+
+def test_a_large_batch_that_does_not_draft_probes_a_turning_sample_of_rows():
+    from trtgraph.runtime.serving.speculation import PROBE_ROWS, SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    pol = SpeculationPolicy(plan, K, {GraphKey(1, 0, 0, "greedy"): 1.0})
+    rows = list(range(3 * PROBE_ROWS - 2))
+    first = pol.probe_rows(rows)
+    assert len(first) <= PROBE_ROWS and first == rows[0::3]
+    pol.probes += 1
+    assert pol.probe_rows(rows) == rows[1::3]  # the next probe samples other rows
+    assert pol.probe_rows(rows[:PROBE_ROWS]) == rows[:PROBE_ROWS]  # a small batch: every row
+    pol.full_probe = True  # a sample that would pay calls every row to the next probe
+    assert pol.probe_rows(rows) == rows
+    pol.full_probe, pol.drafting = False, True
+    assert pol.probe_rows(rows) == rows
+    assert SpeculationPolicy(plan, K).probe_rows(rows) == rows  # no replay times: every row, every step
+
+
+def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
+    """A probe due at a step launched ahead is made from the tokens known so far: when drafting
+    cannot pay, the speculative engine launches exactly as many steps ahead as the plain one."""
+    from trtgraph.runtime.serving.scheduler import Scheduler
+
+    spec, plain = engines
+    _priced(spec, monkeypatch, 1.0 + K)  # no estimate below certainty makes a verify step pay
+    ahead = {}
+    extend = Scheduler.extend_decode
+
+    def counted(self, step):
+        out = extend(self, step)
+        ahead[id(self)] = ahead.get(id(self), 0) + (out is not None)
+        return out
+
+    monkeypatch.setattr(Scheduler, "extend_decode", counted)
+    reqs = [{"id": f"r{i}", "prompt": "one two three four " * (i + 1), "max_tokens": 50} for i in range(3)]
+    probes = spec.scheduler.speculation.probes
+    got, _ = _run(spec, reqs)
+    want, _ = _run(plain, reqs)
+    assert spec.scheduler.speculation.probes - probes >= 5  # it did probe, on steps launched ahead too
+    assert ahead[id(spec.scheduler)] == ahead[id(plain.scheduler)] > 30, ahead
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]

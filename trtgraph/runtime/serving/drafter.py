@@ -20,27 +20,59 @@ class NgramIndex:
     """Per sequence: n-gram -> index of the token that followed its latest occurrence."""
     following: dict = field(default_factory=dict)
     indexed: int = 0  # n-grams ending before this position are in `following`
+    skipped: list = field(default_factory=list)  # (start, stop) of positions a probe left out
 
 
 class NgramDrafter:
     def __init__(self, draft_len: int, ngram_min: int, ngram_max: int):
         self.k, self.n_min, self.n_max = draft_len, ngram_min, ngram_max
 
-    def propose(self, ids: list[int], index: NgramIndex) -> list[int] | None:
-        """K draft tokens to follow `ids`, or None when its suffix occurs nowhere earlier."""
+    def propose(self, ids: list[int], index: NgramIndex, window: int | None = None) -> list[int] | None:
+        """K draft tokens to follow `ids`, or None when its suffix occurs nowhere earlier.
+        window: index at most this many of the n-grams not indexed yet (the newest) and note
+        the older ones as skipped: a cheap probe (any draft is safe; a skipped one is just not
+        found). A proposal without a window indexes what the probes skipped first."""
         L = len(ids)
-        # Index every n-gram whose following token exists, excluding the suffix itself.
-        for end in range(index.indexed, L - 1):
-            for n in range(self.n_min, self.n_max + 1):
-                if end - n + 1 >= 0:
-                    index.following[tuple(ids[end - n + 1:end + 1])] = end + 1
-        index.indexed = max(index.indexed, L - 1)
+        if window is not None and L - 1 - window > index.indexed:
+            index.skipped.append((index.indexed, L - 1 - window))
+            index.indexed = L - 1 - window
+        elif window is None and index.skipped:
+            self._backfill(ids, index)
+        self._index(ids, index, L - 1)
         for n in range(min(self.n_max, L), self.n_min - 1, -1):
             start = index.following.get(tuple(ids[L - n:]))
             if start is not None:
                 drafts = ids[start:start + self.k]
                 return drafts + [drafts[-1]] * (self.k - len(drafts))
         return None
+
+    def _index(self, ids: list[int], index: NgramIndex, stop: int) -> None:
+        """Index every n-gram ending at positions index.indexed .. stop - 1 (its following
+        token exists; the suffix itself is left out), the latest occurrence winning."""
+        a, f = index.indexed, index.following
+        if stop - a > 8:  # many at once (a prompt): built by zip, C-speed per n-gram
+            for n in range(self.n_min, self.n_max + 1):
+                lo = max(a, n - 1)
+                if lo < stop:
+                    f.update(zip(zip(*[ids[lo - n + 1 + j:stop - n + 1 + j] for j in range(n)]),
+                                 range(lo + 1, stop + 1)))
+        else:
+            for end in range(a, stop):
+                for n in range(self.n_min, self.n_max + 1):
+                    if end - n + 1 >= 0:
+                        f[tuple(ids[end - n + 1:end + 1])] = end + 1
+        index.indexed = max(a, stop)
+
+    def _backfill(self, ids: list[int], index: NgramIndex) -> None:
+        """Index the skipped positions; an n-gram already indexed keeps its later occurrence."""
+        f = index.following
+        for start, stop in index.skipped:
+            part = NgramIndex(indexed=start)
+            self._index(ids, part, stop)
+            for key, pos in part.following.items():
+                if f.get(key, -1) < pos:
+                    f[key] = pos
+        index.skipped.clear()
 
     def filler(self, ids: list[int]) -> list[int]:
         return [ids[-1]] * self.k

@@ -78,6 +78,8 @@ class Engine:
                                    replay_ms={r.key: r.replay_ms for r in self.manifest.keys}  # CPU times: noise
                                    if ex.device.type == "cuda" else None)
         self.scheduler.fast_path = self.broadcast is None  # the other ranks get every step's full inputs
+        if self.drafter is not None:  # the policy prices steps by their measured wall times (not the CPU's)
+            self.scheduler.speculation.measure = ex.device.type == "cuda"
         self.admission = Admission(self.tokenizer, self.chat_template, ex.loaded.config, self.generation,
                                    ex.loaded.checkpoint_dir, config.limits.max_seq_len,
                                    has_sampled="sampled" in {k.sampling for k in self.manifest.graph_keys},

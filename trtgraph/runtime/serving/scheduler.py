@@ -128,6 +128,8 @@ class Scheduler:
     def _handed_out(self, step: ScheduledStep | None, ahead: int = 0) -> ScheduledStep | None:
         """Mark `step` as repeating when it has the last step's key and rows, and remember it.
         ahead: tokens each row is beyond what postprocess has appended (a step launched ahead)."""
+        if self.speculation is not None:
+            self.speculation.handed_out(step.key if step is not None and not step.is_prefill else None)
         if step is None:
             self._last = None
             return None
@@ -213,13 +215,22 @@ class Scheduler:
     def _proposals(self, rows: list[Sequence]) -> dict | None:
         """Drafts by sequence (None where no n-gram matched), or None for a plain step: no
         drafter, a row too close to max_seq_len for K more positions, or the speculation
-        policy finds drafting does not pay (no match in any row, or low expected acceptance)."""
+        policy finds drafting does not pay (no match in any row, or low expected acceptance)
+        or makes no proposals this step (a batch that does not draft probes only now and then)."""
         if self.drafter is None or not rows:
             return None
         if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
             return None
-        out = {id(s): self.drafter.propose(s.all_ids, s.ngram) for s in rows}
-        return out if self.speculation.decide(rows, out) else None
+        if not self.speculation.proposes():
+            return None
+        return self._propose(rows)
+
+    def _propose(self, rows: list[Sequence]) -> dict | None:
+        """The proposals of the rows the policy probes (all of them while drafting), scored
+        and decided on; they, or None when the step does not draft."""
+        window, probed = self.speculation.probe_window, self.speculation.probe_rows(rows)
+        out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in probed}
+        return out if self.speculation.decide(rows, out, probed) else None
 
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
         sampled = any(not s.request.is_greedy for s in seqs)
@@ -265,17 +276,26 @@ class Scheduler:
         if not self.fast_path or step.is_prefill or step.drafts is not None or admissible \
                 or step.seqs != self.running:
             return None
-        if self.drafter is not None and not self.speculation.may_run_ahead(step.seqs):
-            return None  # drafting may pay next step: plan it afresh from this step's tokens
         need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
             return None
+        if self.drafter is not None and not self._plain_next(step.seqs):
+            return None  # drafting: plan the next step afresh from this one's tokens
         for seq, n in zip(step.seqs, need):
             if n > 0:
                 seq.block_table += self.allocator.allocate(n)
         ahead = self._handed_out(ScheduledStep(step.key, list(step.seqs), list(step.num_new)), ahead=1)
         assert ahead.repeats, "a step launched ahead repeats the one before it"
         return ahead
+
+    def _plain_next(self, rows: list[Sequence]) -> bool:
+        """Whether the step after one over `rows` is a plain step, to launch ahead: the batch
+        does not draft, and a probe due at that step (made from the tokens known now, one
+        step behind) finds that drafting still does not pay."""
+        pol = self.speculation
+        if not pol.may_run_ahead():
+            return False
+        return not pol.proposes() or self._propose(rows) is None
 
     def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
         """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the

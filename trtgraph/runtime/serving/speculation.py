@@ -1,30 +1,51 @@
 """Adaptive speculation: which generation steps draft, and which run the plain decode key.
 
 Each sequence keeps a running estimate of how many of its n-gram drafts would be accepted.
-Every proposal is scored, drafted or not: the output is plain decoding's token for token, so
-a proposal's accepted length is simply how far its drafts agree with the tokens that then
-followed (a verify step's accepted count is the same number). The estimate is a per-draft
-acceptance probability a (geometric model: the i-th draft survives with probability a**i),
-exponentially weighted over the sequence's last proposals, so a sequence that stops matching
-falls back to plain steps within a few proposals and one that starts matching drafts again.
+Every proposal made is scored, drafted or not: the output is plain decoding's token for
+token, so a proposal's accepted length is simply how far its drafts agree with the tokens that
+then followed (a verify step's accepted count is the same number). The estimate is a
+per-draft acceptance probability a (geometric model: the i-th draft survives with probability
+a**i), exponentially weighted over the sequence's last proposals, from a pessimistic prior
+(a = 0.25: a sequence shows that its drafts match before the batch drafts for it); the drafts
+of a proposal still awaiting its outcome that agree so far count as accepted already.
 
-A step over n rows drafts when the expected tokens per row times the plain key's replay time
-exceeds the verify key's replay time (both from the manifest, for the keys these n rows
-select): a row with a proposal is expected to emit 1 + a + a**2 + ... + a**K tokens, a row
-without one (filled with copies of its last token) 1. A step where no row has a match never
-drafts. Without replay times (a scheduler built without them) every step with a match
-drafts. Only token ids and the manifest enter the decision, so steps are reproducible.
+A step over n rows drafts when its expected tokens per row times the plain step's cost
+exceed the verify step's cost: a row with a proposal is expected to emit 1 + a + ... + a**K
+tokens, a row without one (filled with copies of its last token) 1. A step where no row has
+a match never drafts; a batch that does not draft needs 5% more than break-even to start.
+The costs are, per key, the measured wall time between consecutive generation steps (an
+EWMA, `measure` on; it holds the host's work too: proposals, the full-path packing of a
+verify step, the lost overlap), and the manifest's replay times until a key has been
+measured (one measured key prices the other by the replay times' ratio).
+
+Proposals cost host time on every row, so a batch that does not draft makes none: it runs
+plain steps on the fast path, launched ahead of the last one's tokens, and probes (makes
+proposals, scores the earlier ones, decides; on a step launched ahead, from the tokens known
+so far, without waiting for the last one's) only every `interval` generation steps, for
+a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a full probe at
+the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
+interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
+the proposals awaiting their outcome would make drafting pay were they accepted, and it
+returns to 1 while drafting and after a prefill step (new rows). Without replay times (a scheduler built without them) every
+step proposes, and every step with a match drafts. Which steps draft depends on measured
+times; what every row emits does not (verification).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from ...errors import BucketMissError
 
 DECAY = 0.75  # weight of a sequence's earlier proposals against its newest one
-PRIOR = (1.0, 1.0)  # (accepted, rejected) pseudo-counts of a new sequence: a = 0.5
+PRIOR = (0.5, 1.5)  # (accepted, rejected) pseudo-counts of a new sequence: a = 0.25
+ENTER_MARGIN = 1.05  # a batch that does not draft starts when drafting pays 5% over break-even
+MAX_INTERVAL = 64  # generation steps between probes of a batch that does not draft, at most
+WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
+PROBE_WINDOW = 16  # a probe indexes at most this many of a row's not yet indexed tokens
+PROBE_ROWS = 8  # a probe of a larger batch that does not draft samples about this many rows
 
 
 @dataclass
@@ -36,15 +57,21 @@ class Acceptance:
     pending: tuple[int, list[int]] | None = None  # (position of the first draft, drafts)
     proposals: int = 0  # proposals scored so far
     drafts_matched: int = 0  # their drafts that the following tokens agreed with
+    agreeing: int = 0  # drafts of the pending proposal that agree so far (counted as accepted)
 
     @property
     def rate(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+        accepted = self.accepted + self.agreeing
+        return accepted / (accepted + self.rejected)
 
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a verify row of this sequence is expected to emit: 1 + a + ... + a**k."""
+    def expected_tokens(self, k: int, hope: bool = False) -> float:
+        """Tokens a verify row of this sequence is expected to emit: 1 + a + ... + a**k
+        (hope: as if its pending proposal were accepted in full)."""
         a = self.rate
-        return sum(a ** i for i in range(k + 1))
+        if hope and self.pending is not None:
+            accepted = self.accepted + len(self.pending[1])
+            a = accepted / (accepted + self.rejected)
+        return (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
 
     def observe(self, ids: list[int]) -> None:
         """Score the pending proposal against `ids` (prompt + output so far) once its outcome
@@ -56,7 +83,9 @@ class Acceptance:
         while n < len(drafts) and start + n < len(ids) and ids[start + n] == drafts[n]:
             n += 1
         if n < len(drafts) and start + n >= len(ids):
-            return  # agrees so far; the tokens that decide it are not drawn yet
+            self.agreeing = n  # agrees so far; the tokens that decide it are not drawn yet
+            return
+        self.agreeing = 0
         self.accepted = DECAY * self.accepted + n
         self.rejected = DECAY * self.rejected + (n < len(drafts))
         self.proposals += 1
@@ -70,55 +99,140 @@ class Acceptance:
 
 
 class SpeculationPolicy:
-    """Decides, per generation step, whether it drafts, from the rows' estimates and the
-    replay times of the plain and verify keys they would select (milliseconds by key)."""
+    """Decides, per generation step, whether it makes proposals and whether it drafts, from
+    the rows' estimates and the costs of the plain and verify keys they would select."""
 
     def __init__(self, plan: BucketPlan, draft_len: int, replay_ms: dict[GraphKey, float] | None = None):
         self.plan, self.k = plan, draft_len
         self.replay_ms = dict(replay_ms or {})
+        self.measure = False  # time generation steps (the engine turns it on for CUDA)
+        self.wall_ms: dict[GraphKey, float] = {}  # running mean of each key's measured step time
         self.drafted_steps = 0  # decisions to draft
         self.plain_steps = 0  # steps with a match that ran the plain key (drafting did not pay)
+        self.probes = 0  # decisions made (steps that computed proposals)
+        self.drafting = False  # the last decision drafted
+        self.interval = 1  # generation steps from one decision to the next
+        self.since = 0  # generation steps handed out since the last decision
+        self.full_probe = False  # the next probe makes proposals for every row (a sample was hopeful)
+        self._last: tuple[GraphKey, float] | None = None  # the last generation step's key, when handed out
 
-    def _times(self, rows: list, sampled: bool) -> tuple[float, float] | None:
-        s = SAMPLED if sampled else GREEDY
+    @property
+    def adaptive(self) -> bool:
+        """With replay times the policy prices steps (and probes); without, it drafts on any match."""
+        return bool(self.replay_ms)
+
+    # ---- costs ---------------------------------------------------------------------------
+    def handed_out(self, key: GraphKey | None) -> None:
+        """A step was handed out (key None: a prefill step, or none). After a prefill the
+        probes start again from an interval of 1 (its new rows have no estimate yet). With `measure`, the time
+        since the generation step before this one is that step's wall time, when both generate."""
+        if key is None:  # new rows (a prefill): probe at the next generation step, backing off afresh
+            self.interval, self.since = 1, 0
+        if not self.measure:
+            return
+        now = time.perf_counter()
+        if self._last is not None and key is not None:
+            last, t = self._last
+            self.record(last, 1e3 * (now - t))
+        self._last = (key, now) if key is not None else None
+
+    def record(self, key: GraphKey, ms: float) -> None:
+        old = self.wall_ms.get(key)
+        self.wall_ms[key] = ms if old is None else old + WALL_WEIGHT * (ms - old)
+
+    def costs(self, rows: list, n: int | None = None) -> tuple[float, float] | None:
+        """(plain, verify) cost in ms of a step over `rows` (or over n rows like them):
+        measured wall times, a measured one scaling the other by the replay times' ratio,
+        else the replay times."""
+        s = SAMPLED if any(not q.request.is_greedy for q in rows) else GREEDY
+        n = len(rows) if n is None else n
         try:
-            plain = select(self.plan, BatchShape(len(rows), 0, 0, s))
-            verify = select(self.plan, BatchShape(len(rows), self.k, 0, s))
+            plain = select(self.plan, BatchShape(n, 0, 0, s))
+            verify = select(self.plan, BatchShape(n, self.k, 0, s))
         except BucketMissError:
             return None
-        tp, tv = self.replay_ms.get(plain), self.replay_ms.get(verify)
-        return (tp, tv) if tp and tv else None
+        rp, rv = self.replay_ms.get(plain), self.replay_ms.get(verify)
+        if not (rp and rv):
+            return None
+        wp, wv = self.wall_ms.get(plain), self.wall_ms.get(verify)
+        if wp and wv:
+            return wp, wv
+        if wp:
+            return wp, wp * rv / rp
+        if wv:
+            return wv * rp / rv, wv
+        return rp, rv
 
-    def pays(self, rows: list, matched: list[bool]) -> bool:
+    # ---- decisions -----------------------------------------------------------------------
+    def pays(self, rows: list, matched: list[bool], hope: bool = False, n: int | None = None) -> bool:
         """Whether a verify step over `rows` (Sequences; matched: which have a proposal) is
-        expected to emit more tokens per millisecond than a plain step over them."""
+        expected to emit more tokens per millisecond than a plain step over them (a batch
+        not drafting now: by ENTER_MARGIN more). hope: were the pending proposals accepted.
+        n: the rows are a sample of a batch of n rows like them."""
         if not any(matched):
             return False
-        times = self._times(rows, any(not s.request.is_greedy for s in rows))
-        if times is None:
+        n = len(rows) if n is None else n
+        costs = self.costs(rows, n)
+        if costs is None:
             return True  # no replay times: draft whenever a row matches
-        t_plain, t_verify = times
-        tokens = sum(s.accept.expected_tokens(self.k) if m else 1.0 for s, m in zip(rows, matched))
-        return tokens * t_plain > len(rows) * t_verify
+        t_plain, t_verify = costs
+        tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
+        margin = 1.0 if self.drafting else ENTER_MARGIN
+        return tokens * n / len(rows) * t_plain > n * t_verify * margin
 
-    def decide(self, rows: list, proposals: dict) -> bool:
-        """Score every row's earlier proposal, offer its new one; whether this step drafts."""
+    def proposes(self) -> bool:
+        """Count a generation step formed afresh; whether it makes proposals: always without
+        replay times, else while drafting or when a probe is due."""
+        if not self.adaptive:
+            return True
+        self.since += 1
+        return self.drafting or self.since >= self.interval
+
+    def probe_rows(self, rows: list) -> list:
+        """The rows that make proposals at this step: all of them while drafting, at a full
+        probe, or in a batch of at most PROBE_ROWS; else a sample (every stride-th row, from
+        an offset that turns with each probe)."""
+        if not self.adaptive or self.drafting or self.full_probe or len(rows) <= PROBE_ROWS:
+            return rows
+        stride = -(-len(rows) // PROBE_ROWS)
+        return rows[self.probes % stride::stride]
+
+    def decide(self, rows: list, proposals: dict, probed: list | None = None) -> bool:
+        """Score each probed row's earlier proposal, offer its new one (probed: the rows that
+        proposed, `probe_rows`; default all); whether this step drafts. A sample never drafts:
+        it calls a full probe at the next step when the batch it stands for would pay."""
+        probed = rows if probed is None else probed
         matched = []
-        for s in rows:
+        for s in probed:
             s.accept.observe(s.all_ids)
             d = proposals.get(id(s))
             s.accept.offer(len(s.all_ids), d)
             matched.append(d is not None)
-        draft = self.pays(rows, matched)
+        full = len(probed) == len(rows)
+        draft = full and self.pays(rows, matched)
         if draft:
             self.drafted_steps += 1
         elif any(matched):
             self.plain_steps += 1
+        self.probes += 1
+        self.since = 0
+        # Probe again (all rows) at the next step while drafting, or while the proposals
+        # awaiting their outcome would make drafting pay if accepted; else back off.
+        hopeful = draft or self.pays(probed, [s.accept.pending is not None for s in probed], hope=True,
+                                     n=len(rows))
+        self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
+        self.full_probe = hopeful and not draft
+        self.drafting = draft
         return draft
 
-    def may_run_ahead(self, rows: list) -> bool:
-        """Whether a plain step over `rows` may be launched before the last one's tokens are
-        known: only when drafting would not pay even if every row had a proposal."""
-        if not self.replay_ms:
-            return False
-        return not self.pays(rows, [True] * len(rows))
+    @property
+    def probe_window(self) -> int | None:
+        """How many not yet indexed tokens a proposal indexes (None: all): a probe of a batch
+        that does not draft indexes only the newest ones, so probing stays cheap."""
+        return None if not self.adaptive or self.drafting else PROBE_WINDOW
+
+    def may_run_ahead(self) -> bool:
+        """Whether the next step may be launched before the last one's tokens are known: a
+        batch that does not draft (a probe due then is made from the tokens known so far,
+        without waiting: the scheduler's extend_decode)."""
+        return self.adaptive and not self.drafting
