@@ -126,14 +126,22 @@ class StepLauncher:
 
     @staticmethod
     def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
-        r, s = seq.request, seq.request.sampling
+        """The sequence's row of this step. Its sampling fields do not change while it runs, so
+        the row is built once per sequence (and again when its slot changes) and then only its
+        tokens, position, block table and `counted` are set: the host packs rows of a full
+        step without re-reading every request's sampling parameters."""
         fed = seq.all_ids[seq.num_computed:seq.num_computed + n] if drafts is None else [seq.all_ids[-1]] + drafts
-        prompt_len = len(seq.prompt_ids)
-        return StepRow(token_ids=fed, start_pos=seq.num_computed,
-                       block_table=seq.block_table, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                       seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
-                       slot=seq.slot if s.uses_processors else None,
-                       counted=seq.num_computed + len(fed) >= len(seq.all_ids), prompt_len=prompt_len,
-                       eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
-                       repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-                       frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
+        row = seq.step_row
+        if row is None or row.slot != (seq.slot if seq.request.sampling.uses_processors else None):
+            r, s = seq.request, seq.request.sampling
+            prompt_len = len(seq.prompt_ids)
+            row = seq.step_row = StepRow(
+                token_ids=fed, start_pos=0, block_table=[], temperature=r.temperature, top_k=r.top_k,
+                top_p=r.top_p, seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
+                slot=seq.slot if s.uses_processors else None, prompt_len=prompt_len,
+                eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
+                repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
+        row.token_ids, row.start_pos, row.block_table = fed, seq.num_computed, seq.block_table
+        row.counted = seq.num_computed + len(fed) >= len(seq.all_ids)
+        return row

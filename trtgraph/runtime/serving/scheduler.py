@@ -52,6 +52,7 @@ class Sequence:
     last_token_time: float | None = None
     slot: int | None = None  # the device state slot while running (runtime/step/buffers.py)
     logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
+    step_row: object = field(default=None, repr=False)  # its StepRow, reused step to step (launcher.py)
 
     def __post_init__(self):
         self.all_ids = list(self.prompt_ids)
