@@ -3,7 +3,9 @@
 A step the scheduler marks `repeats` (the same generation rows as the step launched before
 it) takes the fast path: the executor advances positions, input tokens and slots on the
 device, touching block tables only for the rows the step says entered a new block.
-Any other step is packed on the host and copied once. Either way the tokens (and, for
+Any other step is packed on the host and copied once; a decode step launched right after a
+prefill (`gather`) then takes those rows' input tokens from the prefill's drawn tokens on
+the device. Either way the tokens (and, for
 verify steps, the accepted counts; for rows that asked, the log-probabilities) are copied
 without blocking into pinned host buffers used in turn, so a step launched ahead never
 overwrites what the host is still reading. `wait` is the one place the host waits for the
@@ -118,7 +120,13 @@ class StepLauncher:
             if step.is_prefill and seq.num_computed == 0 and seq.request.sampling.uses_processors:
                 ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq))
         drafts = step.drafts or [None] * len(step.seqs)
-        ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])
+        rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
+        for r, _ in step.gather:  # its token is the prefill's, not appended yet: gathered on the device
+            row, seq = rows[r], step.seqs[r]
+            row.token_ids, row.start_pos, row.counted = [0], len(seq.all_ids), True
+        ex.prepare(step.key, rows)
+        if step.gather:
+            ex.gather_inputs(step.gather)
 
     def _masked_ids(self, seq: Sequence) -> list[int]:
         """What min_tokens masks: the model's EOS ids and the request's stop ids."""

@@ -387,18 +387,38 @@ class Executor:
         slots = b.dev.slot_mapping
         slots[:num_real] += 1
         if len(entries):  # one small copy and two scatters, however many rows entered a new block
-            n = len(entries)
-            # A ring of pinned staging slots: a slot is rewritten only two launches later,
-            # after the engine has waited for the step that copied from it.
-            self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
-            staged = self._new_blocks_host[self._new_blocks_turn][:n]
-            staged.numpy()[:, :3] = entries
-            staged.numpy()[:, 3] = entries[:, 2] * bs
-            dev = self._new_blocks_dev[:n]
-            dev.copy_(staged, non_blocking=True)
+            dev = self._staged(np.concatenate([entries, entries[:, 2:] * bs], axis=1))
             tables = b.dev.block_tables
             tables.view(-1).index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
             slots.index_copy_(0, dev[:, 0], dev[:, 3])
+
+    def gather_inputs(self, pairs: list[tuple[int, int]]) -> None:
+        """After `prepare` of a decode step launched before the prefill step ahead of it was
+        read: input token of row r = that prefill's drawn token of row j, for each (r, j), on
+        the device (`next_tokens` holds it once the prefill has run; the device runs in order)."""
+        idx = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        R = self.buffers.next_tokens.shape[0]
+        if len(idx) and (idx.min() < 0 or idx[:, 0].max() >= self.buffers.max_seqs or idx[:, 1].max() >= R):
+            raise ReplayMismatchError(f"decode step after a prefill: gather pair {pairs} outside the step buffers")
+        ids, drawn = self.buffers.dev.input_ids, self.buffers.next_tokens
+        n = len(idx)
+        if n and (idx == np.arange(n)[:, None]).all():  # rows 0..n-1 from rows 0..n-1: one copy
+            ids[:n].copy_(drawn[:n])
+        elif n:
+            dev = self._staged(idx)
+            ids.index_copy_(0, dev[:, 0], drawn.index_select(0, dev[:, 1]))
+
+    def _staged(self, entries: np.ndarray) -> torch.Tensor:
+        """Small int64 rows ([n, <= 4]) on the device without a host sync: written to the next
+        of a ring of pinned staging slots and copied without blocking. A slot is rewritten only
+        two launches later, after the engine has waited for the step that copied from it."""
+        n, k = entries.shape
+        self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
+        staged = self._new_blocks_host[self._new_blocks_turn].view(-1)[:n * k].view(n, k)  # contiguous
+        staged.numpy()[:] = entries
+        dev = self._new_blocks_dev.view(-1)[:n * k].view(n, k)
+        dev.copy_(staged, non_blocking=True)
+        return dev
 
     def _check_new_blocks(self, num_real: int, entries: np.ndarray) -> None:
         """The fast path's new (row, column, block) entries, checked at once on the host."""
