@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..step.executor import Executor, StepRow
@@ -116,8 +117,8 @@ class StepLauncher:
             ex.advance_decode(len(step.seqs), step.new_blocks)
             stats.fast_path_steps += 1
             return
-        for seq in step.seqs:  # a sequence entering its slot: its tables replace the last occupant's
-            if step.is_prefill and seq.num_computed == 0 and seq.request.sampling.uses_processors:
+        for seq in step.seqs if step.is_prefill else ():  # entering its slot: its tables replace the last occupant's
+            if seq.num_computed == 0 and seq.request.sampling.uses_processors:
                 ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq))
         drafts = step.drafts or [None] * len(step.seqs)
         rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
@@ -138,7 +139,15 @@ class StepLauncher:
         the row is built once per sequence (and again when its slot changes) and then only its
         tokens, position, block table and `counted` are set: the host packs rows of a full
         step without re-reading every request's sampling parameters."""
-        fed = seq.all_ids[seq.num_computed:seq.num_computed + n] if drafts is None else [seq.all_ids[-1]] + drafts
+        start, end = seq.num_computed, seq.num_computed + n
+        if drafts is not None:
+            fed = [seq.all_ids[-1]] + drafts
+        elif n > 1 and end <= len(seq.prompt_ids):  # a prompt chunk: a slice of the prompt's array, no copy
+            if seq.prompt_array is None:
+                seq.prompt_array = np.asarray(seq.prompt_ids, dtype=np.int64)
+            fed = seq.prompt_array[start:end]
+        else:
+            fed = seq.all_ids[start:end]
         row = seq.step_row
         if row is None or row.slot != (seq.slot if seq.request.sampling.uses_processors else None):
             r, s = seq.request, seq.request.sampling

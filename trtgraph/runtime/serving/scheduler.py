@@ -54,6 +54,7 @@ class Sequence:
     slot: int | None = None  # the device state slot while running (runtime/step/buffers.py)
     logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
     step_row: object = field(default=None, repr=False)  # its StepRow, reused step to step (launcher.py)
+    prompt_array: object = field(default=None, repr=False)  # prompt_ids as int64 numpy, for prefill chunks (launcher.py)
     retired: bool = False  # its blocks and slot were freed before its last token was read (retire_ahead)
 
     def __post_init__(self):

@@ -33,7 +33,7 @@ from .metadata import AttentionMetadata
 @dataclass
 class StepRow:
     """One sequence's part of a step."""
-    token_ids: list[int]  # the real query tokens: q of them, or fewer in a prefill chunk's tail
+    token_ids: list[int] | np.ndarray  # the real query tokens: q of them, or fewer in a prefill chunk's tail
     start_pos: int  # position of token_ids[0] in its sequence
     block_table: list[int]  # blocks covering positions 0 .. start_pos + len(token_ids) - 1
     temperature: float = 0.0
@@ -299,7 +299,10 @@ class Executor:
         pos[n * q:T] = 0
         real = col[None, :] < lens[:, None]  # [n, q]
         flat = np.flatnonzero(real)  # where real tokens go, row-major: i * q + j
-        ids[flat] = np.fromiter(chain.from_iterable(r.token_ids for r in rows), np.int64, len(flat))
+        if q == 1:  # one token a row
+            ids[flat] = np.fromiter((r.token_ids[0] for r in rows), np.int64, n)
+        elif n:  # prefill chunks (the launcher hands numpy slices of the prompts) and verify rows
+            ids[flat] = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])
         p, row_of = pos[flat], flat // q
         slots[flat] = tables[row_of, p // bs] * bs + p % bs
         last[:n] = np.arange(n) * q + lens - 1
