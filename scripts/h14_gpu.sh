@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 14 on the GPU, one device call: this tree ("after") against BEFORE (another tree's root,
 # the first argument). Results under $OUT. Each step is skipped once LIMIT seconds have passed.
-# Usage (from this tree's root): bash scripts/h14_gpu.sh ../before_tree
-BEFORE=$(cd "$1" && pwd); AFTER=$PWD; LIMIT=${LIMIT:-215}; OUT=${OUT:-/tmp/h14}; mkdir -p "$OUT"
+# Usage (from this tree's root): bash scripts/h14_gpu.sh ../before_tree   ("-": this tree only, and the
+# warm capture under cProfile)
+BEFORE=$([ "$1" = - ] || cd "$1" && pwd); AFTER=$PWD; LIMIT=${LIMIT:-215}; OUT=${OUT:-/tmp/h14}; mkdir -p "$OUT"
 CFG=examples/llama-3.2-1b-synthetic.yaml; ART=/tmp/art; START=$SECONDS
 left() { [ $((SECONDS - START)) -lt "$LIMIT" ] || { echo "SKIPPED (time): $*"; return 1; }; }
 wall() { local t0; t0=$(date +%s%N); "$@"; echo "wall $(( ($(date +%s%N) - t0) / 1000000 )) ms: $*"; }
@@ -15,6 +16,7 @@ head -1 /tmp/p.jsonl > /tmp/one.jsonl
 wall python3 -m trtgraph capture --config $CFG --out $ART --json > "$OUT/capture_cold.json" 2> "$OUT/capture_cold.log"
 tail -2 "$OUT/capture_cold.log"; head -6 "$OUT/capture_cold.json"
 host() {  # tree name prompts
+  [ "$2" = after ] || [ "$BEFORE" != "$AFTER" ] || return
   left "host_step $2 $3" || return
   echo "== host_step $2 $3"; in_tree "$1" timeout 60 python3 scripts/host_step.py --manifest $ART --prompts "$3" \
     --repeats 2 --dump "$OUT/tokens_$2_$(basename "$3" .jsonl).json" 2>&1 | grep -v Warning
@@ -24,11 +26,14 @@ host "$BEFORE" before /tmp/p.jsonl
 left mixed && { echo "== mixed after"; wall timeout 60 python3 -m trtgraph run --prompts /tmp/mixed.jsonl --manifest $ART \
   --output /tmp/mixed_after.jsonl --summary-json "$OUT/mixed_after.json" 2>&1 | tail -3; }
 host "$AFTER" after /tmp/pt.jsonl
-for i in 1 2; do left "run one $i" && { echo "== run --verbose, 1 prompt ($i)"; wall timeout 60 python3 -m trtgraph run \
+for i in 1 $([ "$BEFORE" != "$AFTER" ] && echo 2); do left "run one $i" && { echo "== run --verbose, 1 prompt ($i)"; wall timeout 60 python3 -m trtgraph run \
   --prompts /tmp/one.jsonl --manifest $ART --output /tmp/one_out.jsonl --verbose --summary-json "$OUT/one_$i.json" 2>&1 | tail -14; }; done
-left "capture warm" && { echo "== capture, warm Triton cache"; wall python3 -m trtgraph capture --config $CFG --out $ART --json \
-  > "$OUT/capture_warm.json" 2> "$OUT/capture_warm.log"; head -6 "$OUT/capture_warm.json"; }
-left "mixed before" && { echo "== mixed before"; wall in_tree "$BEFORE" timeout 60 python3 -m trtgraph run --prompts /tmp/mixed.jsonl \
+left "capture warm" && { echo "== capture, warm Triton cache"; PROF=(); [ "$BEFORE" = "$AFTER" ] && PROF=(-m cProfile -o /tmp/cap.prof)
+  wall python3 "${PROF[@]}" -m trtgraph capture --config $CFG --out $ART --json > "$OUT/capture_warm.json" 2> "$OUT/capture_warm.log"
+  tail -1 "$OUT/capture_warm.json"; head -6 "$OUT/capture_warm.json"
+  [ -f /tmp/cap.prof ] && python3 -c "import pstats; pstats.Stats('/tmp/cap.prof').sort_stats('cumtime').print_stats(25)" \
+    | grep -E "cumtime|trtgraph|torch/cuda|triton" | head -30; }
+[ "$BEFORE" != "$AFTER" ] && left "mixed before" && { echo "== mixed before"; wall in_tree "$BEFORE" timeout 60 python3 -m trtgraph run --prompts /tmp/mixed.jsonl \
   --manifest $ART --output /tmp/mixed_before.jsonl --summary-json "$OUT/mixed_before.json" 2>&1 | tail -3; }
 host "$BEFORE" before /tmp/pt.jsonl
 python3 - "$OUT" <<'PY'
