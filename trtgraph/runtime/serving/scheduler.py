@@ -345,7 +345,7 @@ class Scheduler:
         """`step` is launched and its tokens not read yet. When no row draws in it (prefill
         chunks that are not their prompt's last), account it now (the KV now holds the fed
         tokens), so the next step can be formed before its tokens are read. True when it did."""
-        if not step.is_prefill or step.settled:
+        if not step.is_prefill or step.settled or not self.fast_path:
             return False
         if any(not s.finished and s.num_computed + n >= len(s.all_ids) for s, n in zip(step.seqs, step.num_new)):
             return False
@@ -399,17 +399,19 @@ class Scheduler:
         read: nothing the next step feeds depends on them, and the device runs the steps in
         order, so the next step's writes to those blocks and slots come after `step`'s. The
         rows' tokens are appended by `postprocess` as usual. True when it retired them."""
-        if step.drafts is not None:
+        if step.drafts is not None or not self.fast_path:  # (tensor parallelism: no step launched ahead)
             return False
         for seq, n in zip(step.seqs, step.num_new):
-            if seq.finished:
+            if seq.finished or seq.retired:
                 continue
             draws = seq.num_computed + n >= len(seq.all_ids)
             if (not draws or seq.request.n > 1  # (n > 1: the first token forks from the parent's blocks)
                     or len(seq.all_ids) - len(seq.prompt_ids) + 1 < seq.request.max_tokens):
                 return False
+        if all(seq.finished or seq.retired for seq in step.seqs):
+            return False  # nothing left to retire (called twice)
         for seq in step.seqs:
-            if not seq.finished:
+            if not seq.finished and not seq.retired:
                 self._release(seq)
                 seq.retired = True
                 self._retired.add(seq)
