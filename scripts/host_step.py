@@ -5,7 +5,7 @@ Captures the embedded default widened to ROWS rows (a synthetic tiny model, the 
 ROWS requests of PROMPT prompt tokens and OUT generated tokens through Engine.generate (the
 offline `trtgraph run` path), and times each host phase with time.perf_counter_ns:
 schedule (forming a step), ahead (extend_decode: the step launched before the last one's
-tokens are read), prepare (launcher._prepare: host packing or the fast path's device
+tokens are read; retire_ahead / settle_ahead where they exist), prepare (launcher._prepare: host packing or the fast path's device
 updates), launch (the rest of launcher.launch: copies, events, stats; the model call not
 counted), model (Executor.execute: the tiny model's CPU compute, which a GPU replay
 replaces; reported, not counted as host work), wait (launcher.wait: reading tokens back),
@@ -61,6 +61,7 @@ def instrument(on: bool) -> None:
     places = ((Executor, "execute", "model", ()), (StepLauncher, "_prepare", "prepare", ()),
               (StepLauncher, "launch", "launch", ("prepare", "model")), (StepLauncher, "wait", "wait", ()),
               (Scheduler, "schedule", "schedule", ()), (Scheduler, "extend_decode", "ahead", ()),
+              *((Scheduler, name, "ahead", ()) for name in ("retire_ahead", "settle_ahead") if hasattr(Scheduler, name)),
               (Scheduler, "postprocess", "postprocess", ()),
               (Engine, "_news", "news", ()),
               (Engine, "_drawn" if hasattr(Engine, "_drawn") else "_complete", "stops", ("wait", "postprocess", "news")),
@@ -117,6 +118,7 @@ def gaps(engine: Engine, prompts: list[dict]) -> None:
 
     def recorded(self, f, stats):
         kind = "fast" if f.step.repeats else ("prefill" if f.step.is_prefill else "full decode")
+        kind += " (gathered)" if getattr(f.step, "gather", None) else ""
         kinds.append((kind, f.events))
         return wait(self, f, stats)
 

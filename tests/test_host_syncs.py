@@ -11,10 +11,14 @@ different steps and cross KV block boundaries:
   non-blocking: exactly one synchronisation per step;
 - every step that repeats the one before it (the steady state) was launched before the host
   waited for that one: the wait is one step behind;
-- a full-path step rewrites the host staging only once every launched step has been waited
-  for, so its wait for the last upload cannot block on running work.
-Not pipelined yet, so not claimed: a step that admits a request, and the step after the
-rows changed because one finished, are formed after the host has read the step before them.
+- a full-path step rewrites the host staging only once every step launched before the last
+  upload has been waited for, so its wait for that upload (an event recorded after the copy,
+  which the device runs after those steps) cannot block on running work. Full-path steps may
+  be packed while one step runs: the step after one whose rows all end, the next prefill
+  chunk while one runs, and the decode step launched while its rows' prefill runs.
+Not pipelined yet, so not claimed: a step that admits a request while some rows still decode,
+and the step after the rows changed because some (not all) finished, are formed after the
+host has read the step before them.
 """
 
 from __future__ import annotations
@@ -44,9 +48,10 @@ class SyncWatch:
                        for t in (*ex.persistent_tensors().values(), *ex.weight_tensors().values())}
         self.log: list[tuple[str, object]] = []  # ("launch" | "wait", step)
         self.stray: list[str] = []  # device reads outside the one wait, blocking D2H copies
-        self.staging_with_steps_in_flight = 0
+        self.staging_behind_running_work = 0  # staging rewrites whose upload wait could block on a running step
         self.in_wait = False
-        self.in_flight = 0
+        self.in_flight: set[int] = set()  # launched steps not waited for yet
+        self.before_last_upload: set[int] = set()  # the steps in flight when the last full-path step was launched
         self.finishing: list = []  # steps in which a row stopped (stop id, EOS or max_tokens)
         self._patch(mp)
 
@@ -66,19 +71,22 @@ class SyncWatch:
         def launched(launcher, step, stats):
             f = launch(launcher, step, stats)
             watch.log.append(("launch", step))
-            watch.in_flight += 1
+            if not step.repeats:  # the full path uploaded: its event follows every step in flight
+                watch.before_last_upload = set(watch.in_flight)
+            watch.in_flight.add(id(step))
             return f
 
         def waited(launcher, f, stats):
             watch.log.append(("wait", f.step))
-            watch.in_wait, watch.in_flight = True, watch.in_flight - 1
+            watch.in_wait = True
+            watch.in_flight.discard(id(f.step))
             try:
                 return wait(launcher, f, stats)
             finally:
                 watch.in_wait = False
 
         def staging_ready(buffers):
-            watch.staging_with_steps_in_flight += watch.in_flight > 0
+            watch.staging_behind_running_work += bool(watch.before_last_upload & watch.in_flight)
             return ready(buffers)
 
         mp.setattr(Scheduler, "postprocess", postprocessed)
@@ -130,7 +138,7 @@ def test_one_host_wait_per_step_one_step_behind(engine):
     waits = [s for what, s in watch.log if what == "wait"]
     assert len(launches) == len(waits) == engine.stats.steps
     assert sorted(map(id, launches)) == sorted(map(id, waits)), "every step is waited for exactly once"
-    assert watch.staging_with_steps_in_flight == 0
+    assert watch.staging_behind_running_work == 0
 
     where = {(what, id(s)): i for i, (what, s) in enumerate(watch.log)}
     repeats = [(before, step) for before, step in zip(launches, launches[1:]) if step.repeats]

@@ -51,6 +51,9 @@ class Driver:
         self.finished: list[Sequence] = []
         self.steps = []
         self.num_extended = 0  # decode steps launched ahead (pipelined)
+        self.num_retired_ahead = 0  # steps whose rows all ended, the next formed before reading them (pipelined)
+        self.num_settled_ahead = 0  # prefill steps where no row draws, accounted at launch (pipelined)
+        self.num_after_prefill = 0  # decode steps launched ahead of a prefill's tokens (pipelined)
         self.preemptions = []  # (victim, arrivals of the running sequences just before)
         orig = self.sched.preempt
 
@@ -80,13 +83,30 @@ class Driver:
                 self.check_step(inflight)
                 self.steps.append((inflight.key, len(inflight.seqs), list(inflight.num_new)))
             following = None
-            if pipelined and self.sched.extend_decode(inflight):
-                assert not inflight.is_prefill
-                for s in inflight.seqs:  # blocks for the token the step launched ahead writes
-                    assert len(s.block_table) >= blocks_for_tokens(s.num_computed + 2, BLOCK)
-                following = inflight
+            retired = pipelined and self.sched.retire_ahead(inflight)
+            if retired or (pipelined and self.sched.settle_ahead(inflight)):
+                # every row ends with this step, or none draws in it: the next is formed before
+                # its tokens are read
+                self.num_retired_ahead += retired
+                self.num_settled_ahead += not retired
+                if self.sched.has_work:
+                    following = self.sched.schedule()
+                    if following is not None:
+                        self.check_step(following)
+                        self.steps.append((following.key, len(following.seqs), list(following.num_new)))
+            elif pipelined and (following := self.sched.extend_decode(inflight)) is not None:
+                assert not following.is_prefill and following.seqs == self.sched.running
+                drew_in = {id(inflight.seqs[j]) for _, j in following.gather}
+                assert len(drew_in) == len(following.gather) == (len(inflight.seqs) if inflight.is_prefill else 0)
+                for s in following.seqs:  # blocks for the token the step launched ahead writes
+                    # a prefill row: its first drawn token; a row of the decode step in flight: the
+                    # token after the one it feeds; a decoding row outside the prefill: its own
+                    pos = len(s.all_ids) if id(s) in drew_in else s.num_computed + (not inflight.is_prefill)
+                    assert id(s) in drew_in or s.num_pending == 1
+                    assert len(s.block_table) >= blocks_for_tokens(pos + 1, BLOCK)
                 self.num_extended += 1
-                self.steps.append((inflight.key, len(inflight.seqs), list(inflight.num_new)))
+                self.num_after_prefill += inflight.is_prefill
+                self.steps.append((following.key, len(following.seqs), list(following.num_new)))
             self.complete(inflight, n)
             inflight = following
             n += 1
@@ -231,6 +251,72 @@ def test_pipelined_decoding_reserves_ahead_and_wastes_only_finished_rows(plan):
     d.run(step_bound(specs), pipelined=True)
     d.check_done()
     assert d.num_extended > 0
+
+
+def test_a_step_whose_rows_all_end_lets_the_next_be_formed_before_its_tokens_are_read(plan):
+    """A wave of rows that reach max_tokens in the same step: their blocks and slots are freed
+    when that step is launched (retire_ahead), the waiting requests' step is formed then, and
+    the retired rows still get their last token; nothing leaks, every output is exact."""
+    rows = plan.max_batch_size
+    specs = [(5, 4, False)] * rows + [(9, 3, i % 2 == 1) for i in range(rows)]
+    d = Driver(plan, 4 * rows * MIN_BLOCKS, specs)
+    d.run(step_bound(specs), pipelined=True)
+    d.check_done()
+    assert d.num_retired_ahead >= 2  # each wave's last step
+    assert d.num_after_prefill >= 2  # each wave's first decode step
+    # A step that some row outlives is not retired, and a retired row that is aborted draws nothing.
+    sched = Scheduler(plan, MIN_BLOCKS * 2, BLOCK)
+    long, short = (Sequence(request=Request(id=f"x{m}", prompt_token_ids=(1, 2, 3), max_tokens=m), arrival=i,
+                            prompt_ids=[1, 2, 3], seed=0) for i, m in enumerate((5, 1)))
+    sched.add(long)
+    sched.add(short)
+    step = sched.schedule()
+    assert step.is_prefill and not sched.retire_ahead(step)  # `long` draws on
+    sched.postprocess(step, [7, 8])
+    assert short.finished and not long.finished
+    for _ in range(3):
+        step = sched.schedule()
+        assert not sched.retire_ahead(step)
+        sched.postprocess(step, [7])
+    step = sched.schedule()
+    assert sched.retire_ahead(step) and long.retired and not long.finished
+    assert sched.allocator.num_free == MIN_BLOCKS * 2 - 1 and not sched.running
+    sched.abort(long.request)
+    assert long.finished and sched.postprocess(step, [9]) == [] and long.output_ids == [7, 7, 7, 7]
+
+
+def test_mixed_prompts_pad_little_and_decode_rows_wait_at_most_one_step(plan):
+    """Prompts of 3 to 200 tokens, outputs of 2 to 40, a third sampled, more requests than
+    rows: at most 10% of the step tokens are padding, and a row ready to decode is left out of
+    at most one step in a row (a prefill step) however long the prompts behind it."""
+    import random
+
+    rng = random.Random(0)
+    specs = [(rng.randint(3, 200), rng.randint(2, 40), i % 3 == 0) for i in range(40)]
+    d = Driver(plan, 200 * MIN_BLOCKS, specs)
+    waited: dict[int, int] = {}
+    longest = 0
+
+    def watched(form):
+        def formed(*args):
+            nonlocal longest
+            ready = [s for s in d.sched.running if s.output_ids and s.num_pending == 1]
+            step = form(*args)
+            if step is not None:  # every step formed (also those launched ahead) counts
+                for s in ready:
+                    waited[id(s)] = 0 if s in step.seqs else waited.get(id(s), 0) + 1
+                    longest = max(longest, waited[id(s)])
+            return step
+        return formed
+
+    d.sched.schedule = watched(d.sched.schedule)
+    d.sched.extend_decode = watched(d.sched.extend_decode)
+    d.run(step_bound(specs), pipelined=True)
+    d.check_done()
+    real = sum(sum(n) for _, _, n in d.steps)
+    padded = sum(k.num_tokens for k, _, _ in d.steps)
+    assert 1 - real / padded <= 0.10, f"{100 * (1 - real / padded):.1f}% of step tokens are padding"
+    assert longest == 1
 
 
 def test_finish_returns_every_block(plan):

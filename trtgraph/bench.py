@@ -3,7 +3,10 @@
 For each generation batch size: the step replayed and eager, with `context_len` cached
 tokens per sequence; the floor = (weight bytes + KV bytes read) / measured HBM bandwidth;
 the ratio. Plus capture cost per key, paged attention alone, the Hugging Face transformers
-eager baseline (when installed), and end-to-end `run` tokens/s with the GPU's idle time.
+eager baseline (when installed), end-to-end `run` tokens/s with the GPU's idle time and
+against the step-time bound (batch / replay time of the run's largest decode key), a mixed
+workload (prompt and output lengths drawn per request, a third sampled: padding, tokens/s)
+and the engine's start-up phases.
 Writes bench.md, bench.json and (with matplotlib) bench.png.
 """
 
@@ -23,6 +26,7 @@ import torch
 from .buckets import GREEDY
 from .errors import ConfigError
 from .models import DTYPES
+from . import startup
 from .artifacts import Manifest, load_manifest
 from .bench_report import markdown, plot
 from .runtime.serving.engine import Engine
@@ -43,6 +47,7 @@ class BenchOptions:
     hf: bool = True
     repeats: int = 50
     prefill_lens: tuple[int, ...] = (128, 1024, 1900)
+    mixed_prompts: int = 512  # the mixed workload's requests (0 skips it)
 
 
 def check_options(opts: BenchOptions, limits) -> None:
@@ -147,6 +152,46 @@ def make_prompts(n: int, prompt_len: int, max_tokens: int, vocab: int, seed: int
     return [{"id": f"p{i}", "prompt_token_ids": [rng.randrange(hi) for _ in range(prompt_len)],
              "max_tokens": max_tokens, **(SAMPLED_PARAMS | {"seed": i} if sampled and i < CROWD_PROBES and i % 2 else {})}
             for i in range(n)]
+
+
+def mixed_prompts(n: int, vocab: int, max_seq_len: int, sampled: bool, seed: int = 0) -> list[dict]:
+    """Issue 14's mixed workload: prompts of 8 to 1,500 tokens, outputs of 16 to 256 (both cut
+    to fit max_seq_len), a third of the requests seeded sampled at temperature 0.8 (when the
+    manifest has sampled keys)."""
+    rng = random.Random(seed)
+    hi, out_hi = min(vocab, 32000), min(256, max_seq_len // 4)
+    prompts = []
+    for i in range(n):
+        out = rng.randint(min(16, out_hi), out_hi)
+        length = rng.randint(min(8, max_seq_len - out), min(1500, max_seq_len - out))
+        extra = SAMPLED_PARAMS | {"seed": i} if sampled and rng.random() < 1 / 3 else {}
+        prompts.append({"id": f"m{i}", "prompt_token_ids": [rng.randrange(hi) for _ in range(length)],
+                        "max_tokens": out, **extra})
+    return prompts
+
+
+def step_bound(run: dict, decode: list[dict]) -> dict | None:
+    """The run's tokens/s against the step-time bound: the largest batch it decoded at, over
+    that decode key's replay time (bench's own measurement at `context_len`)."""
+    batches = [int(k.split("bs=")[1].split(",")[0]) for k in run.get("steps_per_key", {}) if "decode" in k]
+    rows = [d for d in decode if batches and d["batch_size"] == max(batches)]
+    if not rows:
+        return None
+    bound = rows[0]["batch_size"] / (rows[0]["replay_ms"] / 1e3)
+    return {"batch_size": rows[0]["batch_size"], "replay_ms": rows[0]["replay_ms"], "bound_tokens_per_second": bound,
+            "fraction": run["tokens_per_second"] / bound}
+
+
+def mixed_run(engine: Engine, n: int, log: Log) -> dict:
+    """The mixed workload through the engine: the run's stats (padding, tokens/s, GPU idle)."""
+    ex = engine.executor
+    prompts = mixed_prompts(n, ex.loaded.config.vocab_size, ex.config.limits.max_seq_len,
+                            sampled=any(k.sampling != GREEDY for k in ex.plan.keys))
+    list(engine.generate(prompts, gpu_timing=True))
+    run = engine.stats.to_json()
+    log(f"mixed: {n} requests (prompts 8-1500, outputs 16-256, a third sampled): {run['tokens_per_second']:.1f} "
+        f"tokens/s, padding {run['padding_waste_pct']}%, {run['steps']} steps")
+    return run
 
 
 CROWD_PROBES = 16  # requests run alone and then inside the run's crowd
@@ -257,11 +302,12 @@ def run_bench(artifacts: Path | Manifest, out_dir: Path, opts: BenchOptions, log
     _check_context_fits(artifacts, opts.context_len)
     engine = Engine(artifacts)
     ex, manifest, device = engine.executor, engine.manifest, engine.executor.device
+    started = startup.CLOCK.to_json()  # this engine's start-up phases (imports: since trtgraph was imported)
     log("measuring memory bandwidth")
     bw = measure_bandwidth(device)
     result = {"device": manifest.environment.get("device_name"), "environment": manifest.environment,
               "model": manifest.model, "context_len": opts.context_len, "hbm_bytes_per_second": bw,
-              "kernels": ex.loaded.model.ops.name}
+              "kernels": ex.loaded.model.ops.name, "startup": started}
     rows = decode_times(ex, opts, log)
     for r in rows:
         r["floor_ms"] = (r["weight_bytes"] + r["kv_bytes"]) / bw * 1e3
@@ -284,6 +330,7 @@ def run_bench(artifacts: Path | Manifest, out_dir: Path, opts: BenchOptions, log
         log(f"run: {len(prompts)} prompts, {opts.run_prompt_len} in, {opts.run_max_tokens} out")
         replay_out = {r.id: r.token_ids for r in engine.generate(prompts, gpu_timing=True)}
         result["run"] = engine.stats.to_json()
+        result["run_bound"] = step_bound(result["run"], rows)
         log(f"run: {result['run']['tokens_per_second']:.1f} tokens/s")
         result["alone_vs_crowd"] = alone_vs_crowd(engine, prompts, replay_out, log)
         subset = prompts[:32]  # replay vs eager on the same requests, the same crowd
@@ -291,6 +338,8 @@ def run_bench(artifacts: Path | Manifest, out_dir: Path, opts: BenchOptions, log
         peak = measure_peak_flops(device, DTYPES[ex.config.dtype])
         result["peak_flops"] = peak
         result["prefill"] = prefill_throughput(engine, opts.prefill_lens, peak, log)
+        if opts.mixed_prompts:
+            result["mixed"] = mixed_run(engine, opts.mixed_prompts, log)
         if engine.drafter is not None:  # the same run without speculation, on the same capture
             plain = Engine(artifacts, speculative=False)
             list(plain.generate(prompts))

@@ -29,6 +29,20 @@ def markdown(r: dict) -> str:
         lines += ["", f"run: {run['requests']} prompts, {run['completion_tokens']} tokens in {run['seconds']:.2f} s = "
                       f"{run['tokens_per_second']:.1f} tokens/s; padding waste {run['padding_waste_pct']}%; "
                       f"GPU idle between steps {run.get('gpu_idle_per_step_us', 'n/a')} us per step"]
+        if r.get("run_bound"):
+            b = r["run_bound"]
+            lines += [f"step-time bound: batch {b['batch_size']} / {b['replay_ms']:.3f} ms replay = "
+                      f"{b['bound_tokens_per_second']:,.0f} tokens/s; the run reached {100 * b['fraction']:.1f}% of it"]
+    if "mixed" in r:
+        m = r["mixed"]
+        lines += [f"mixed workload: {m['requests']} requests (prompts 8-1500 tokens, outputs 16-256, a third sampled), "
+                  f"{m['completion_tokens']} tokens in {m['seconds']:.2f} s = {m['tokens_per_second']:.1f} tokens/s; "
+                  f"padding {m['padding_waste_pct']}% of step tokens; {m['steps']} steps; GPU idle "
+                  f"{m.get('gpu_idle_per_step_us', 'n/a')} us per step"]
+    if "startup" in r:
+        ph = r["startup"]["phases_seconds"]
+        lines += [f"start-up ({r['startup']['total_seconds']:.2f} s): "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items())]
     if "run_without_speculation" in r:
         sp, plain = r["run"].get("speculative", {}), r["run_without_speculation"]
         lines += [f"speculation: {r['run']['tokens_per_second']:.1f} tokens/s with, "

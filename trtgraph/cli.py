@@ -326,12 +326,15 @@ def serve(manifest, host, port, max_waiting, api_key, model):
 @click.option("--attention-batch", default=64, show_default=True, type=click.IntRange(min=0),
               help="Batch of the attention-alone timing (0 skips it).")
 @click.option("--attention-context", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--mixed", "mixed_prompts", default=512, show_default=True, type=click.IntRange(min=0),
+              help="Requests of the mixed workload (prompts 8-1500, outputs 16-256, a third sampled; 0 skips it).")
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face transformers baseline.")
 def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, max_tokens, attention_batch,
-          attention_context, no_hf):
+          attention_context, mixed_prompts, no_hf):
     """Decode step time (replay and eager) per batch size against the memory-bandwidth
-    floor, capture cost per key, paged attention alone, the transformers eager baseline and
-    end-to-end tokens/s. Writes OUT/bench.md, OUT/bench.json and OUT/bench.png.
+    floor, capture cost per key, paged attention alone, the transformers eager baseline,
+    end-to-end tokens/s (GPU idle per step, against the step-time bound), a mixed workload
+    and the start-up phases. Writes OUT/bench.md, OUT/bench.json and OUT/bench.png.
 
     \b
     Examples:
@@ -344,7 +347,7 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
         raise click.UsageError("give --config or --manifest, not both")
     opts = BenchOptions(context_len=context_len, run_prompts=num_prompts, run_prompt_len=prompt_len,
                         run_max_tokens=max_tokens, attention_batch=attention_batch,
-                        attention_context=attention_context, hf=not no_hf)
+                        attention_context=attention_context, hf=not no_hf, mixed_prompts=mixed_prompts)
     out = Path(out_dir)
     config, loaded = _bench_paths(config_path, manifest, out)
     check_options(opts, config.limits)

@@ -188,10 +188,16 @@ class Engine:
                 self._inflight = self._launch_next()
             if self._inflight is not None:
                 f = self._inflight
-                # Overlap: while the device runs this decode step, launch the next one (same
-                # rows, inputs advanced on the device) before reading this one's tokens back.
-                ahead = self.scheduler.extend_decode(f.step)
-                self._inflight = self.launcher.launch(ahead, self.stats) if ahead is not None else None
+                if self.scheduler.retire_ahead(f.step) or self.scheduler.settle_ahead(f.step):
+                    # Every row ends with this step, or none draws in it: form and launch the
+                    # next step now (it needs none of this one's tokens), while the device runs it.
+                    self._inflight = self._launch_next()
+                else:
+                    # Overlap: while the device runs this step, launch the next one before reading
+                    # this one's tokens back: the same decode rows (inputs advanced on the device),
+                    # or after a prefill the decode step its rows join (their tokens gathered there).
+                    ahead = self.scheduler.extend_decode(f.step)
+                    self._inflight = self.launcher.launch(ahead, self.stats) if ahead is not None else None
                 drew = self._drawn(f)
                 if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
                     self._drawn(self._inflight)  # ran ahead for rows that all finished: drain it
@@ -249,10 +255,18 @@ class Engine:
                 raise PromptError(f"request {i}: duplicate id {r.id!r}: a request with that id is still being "
                                   f"served; ids must be unique, results are keyed by them.")
             first[r.id] = i
-        if not self.has_unfinished():
+        idle = not self.has_unfinished()
+        if idle:
             self.start_run(gpu_timing)
+        first_step = self.scheduler.plan.max_batch_size  # what the first step can take at most
         for i, req in enumerate(reqs):
             self.add_request(req, f"request {i}", stream)
+            if idle and i + 1 == first_step and i + 1 < len(reqs):
+                # Launch the first step now, and admit the rest while the device runs it (the
+                # step is the one it would be with every request admitted: it takes at most
+                # max_batch_size rows, in arrival order).
+                with torch.inference_mode():
+                    self._inflight = self._launch_next()
         return list(first)
 
     def start_run(self, gpu_timing: bool = False) -> None:

@@ -3,7 +3,9 @@
 A step the scheduler marks `repeats` (the same generation rows as the step launched before
 it) takes the fast path: the executor advances positions, input tokens and slots on the
 device, touching block tables only for the rows the step says entered a new block.
-Any other step is packed on the host and copied once. Either way the tokens (and, for
+Any other step is packed on the host and copied once; a decode step launched right after a
+prefill (`gather`) then takes those rows' input tokens from the prefill's drawn tokens on
+the device. Either way the tokens (and, for
 verify steps, the accepted counts; for rows that asked, the log-probabilities) are copied
 without blocking into pinned host buffers used in turn, so a step launched ahead never
 overwrites what the host is still reading. `wait` is the one place the host waits for the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..step.executor import Executor, StepRow
@@ -114,11 +117,17 @@ class StepLauncher:
             ex.advance_decode(len(step.seqs), step.new_blocks)
             stats.fast_path_steps += 1
             return
-        for seq in step.seqs:  # a sequence entering its slot: its tables replace the last occupant's
-            if step.is_prefill and seq.num_computed == 0 and seq.request.sampling.uses_processors:
+        for seq in step.seqs if step.is_prefill else ():  # entering its slot: its tables replace the last occupant's
+            if seq.num_computed == 0 and seq.request.sampling.uses_processors:
                 ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq))
         drafts = step.drafts or [None] * len(step.seqs)
-        ex.prepare(step.key, [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)])
+        rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
+        for r, _ in step.gather:  # its token is the prefill's, not appended yet: gathered on the device
+            row, seq = rows[r], step.seqs[r]
+            row.token_ids, row.start_pos, row.counted = [0], len(seq.all_ids), True
+        ex.prepare(step.key, rows)
+        if step.gather:
+            ex.gather_inputs(step.gather)
 
     def _masked_ids(self, seq: Sequence) -> list[int]:
         """What min_tokens masks: the model's EOS ids and the request's stop ids."""
@@ -126,14 +135,30 @@ class StepLauncher:
 
     @staticmethod
     def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
-        r, s = seq.request, seq.request.sampling
-        fed = seq.all_ids[seq.num_computed:seq.num_computed + n] if drafts is None else [seq.all_ids[-1]] + drafts
-        prompt_len = len(seq.prompt_ids)
-        return StepRow(token_ids=fed, start_pos=seq.num_computed,
-                       block_table=seq.block_table, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                       seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
-                       slot=seq.slot if s.uses_processors else None,
-                       counted=seq.num_computed + len(fed) >= len(seq.all_ids), prompt_len=prompt_len,
-                       eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
-                       repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-                       frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
+        """The sequence's row of this step. Its sampling fields do not change while it runs, so
+        the row is built once per sequence (and again when its slot changes) and then only its
+        tokens, position, block table and `counted` are set: the host packs rows of a full
+        step without re-reading every request's sampling parameters."""
+        start, end = seq.num_computed, seq.num_computed + n
+        if drafts is not None:
+            fed = [seq.all_ids[-1]] + drafts
+        elif n > 1 and end <= len(seq.prompt_ids):  # a prompt chunk: a slice of the prompt's array, no copy
+            if seq.prompt_array is None:
+                seq.prompt_array = np.asarray(seq.prompt_ids, dtype=np.int64)
+            fed = seq.prompt_array[start:end]
+        else:
+            fed = seq.all_ids[start:end]
+        row = seq.step_row
+        if row is None or row.slot != (seq.slot if seq.request.sampling.uses_processors else None):
+            r, s = seq.request, seq.request.sampling
+            prompt_len = len(seq.prompt_ids)
+            row = seq.step_row = StepRow(
+                token_ids=fed, start_pos=0, block_table=[], temperature=r.temperature, top_k=r.top_k,
+                top_p=r.top_p, seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
+                slot=seq.slot if s.uses_processors else None, prompt_len=prompt_len,
+                eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
+                repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
+        row.token_ids, row.start_pos, row.block_table = fed, seq.num_computed, seq.block_table
+        row.counted = seq.num_computed + len(fed) >= len(seq.all_ids)
+        return row

@@ -22,6 +22,7 @@ copied on the device, and preempting one frees only its own holds.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -52,6 +53,9 @@ class Sequence:
     last_token_time: float | None = None
     slot: int | None = None  # the device state slot while running (runtime/step/buffers.py)
     logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
+    step_row: object = field(default=None, repr=False)  # its StepRow, reused step to step (launcher.py)
+    prompt_array: object = field(default=None, repr=False)  # prompt_ids as int64 numpy, for prefill chunks (launcher.py)
+    retired: bool = False  # its blocks and slot were freed before its last token was read (retire_ahead)
 
     def __post_init__(self):
         self.all_ids = list(self.prompt_ids)
@@ -79,6 +83,11 @@ class ScheduledStep:
     # ... and writes only these block-table entries: (row, column, block id) of each row whose
     # fed token is the first of a block.
     new_blocks: list[tuple[int, int, int]] = field(default_factory=list)
+    # A decode step launched right after a prefill step, before its tokens are read: (row here,
+    # row of that prefill's drawn tokens) for each row whose input is that token, gathered on the
+    # device; such a row's position is len(all_ids) (the token is not appended yet).
+    gather: list[tuple[int, int]] = field(default_factory=list)
+    settled: bool = False  # accounted when launched (no row draws in it): postprocess applies nothing
 
     @property
     def is_prefill(self) -> bool:
@@ -103,6 +112,9 @@ class Scheduler:
         self.running: list[Sequence] = []  # in arrival order
         self.max_decode_batch = min(plan.max_batch_size, plan.max_key_batch(0, 0))
         self.chunk_sizes = sorted({k.chunk_size for k in plan.keys if k.is_prefill})
+        # per chunk size, the batch sizes of its prefill keys (greedy; sampled keys have the same)
+        self._prefill_sizes = {c: sorted({k.batch_size for k in plan.keys if k.chunk_size == c})
+                               for c in self.chunk_sizes}
         self.has_sampled = SAMPLED in {k.sampling for k in plan.keys}
         self.num_preemptions = 0
         self.free_slots = list(range(plan.max_batch_size - 1, -1, -1))  # popped from the end: 0 first
@@ -110,6 +122,8 @@ class Scheduler:
         # step launched ahead)? Off under tensor parallelism: the other ranks get full inputs.
         self.fast_path = True
         self._last: tuple | None = None  # (key, rows) of the last plain generation step handed out
+        self._after_prefill = False  # the last step handed out was a prefill step
+        self._retired: set[Sequence] = set()  # rows freed before their last token was read (retire_ahead)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -123,7 +137,13 @@ class Scheduler:
         """The next step to launch (the one before it has been postprocessed), or None."""
         if not self.has_work:
             return None
-        return self._handed_out(self._prefill_step() or self._decode_step())
+        if self._after_prefill and any(s.num_pending == 1 for s in self.running):
+            # Rows that decode never wait behind prefill chunks for more than one step.
+            step = self._decode_step(ready_only=True) or self._prefill_step() or self._decode_step()
+        else:
+            step = self._prefill_step() or self._decode_step()
+        self._after_prefill = step is not None and step.is_prefill
+        return self._handed_out(step)
 
     def _handed_out(self, step: ScheduledStep | None, ahead: int = 0) -> ScheduledStep | None:
         """Mark `step` as repeating when it has the last step's key and rows, and remember it.
@@ -146,11 +166,11 @@ class Scheduler:
         return step
 
     def _prefill_step(self) -> ScheduledStep | None:
-        candidates = [s for s in self.running if s.num_pending > 1] + list(self.waiting)
+        room = max(self.plan.max_batch_size - len(self.running), 0)  # sequences that can be admitted now
+        candidates = [s for s in self.running if s.num_pending > 1] + list(self.waiting)[:room]
         if not candidates:
             return None
-        chunk = self._chunk_for([s.num_pending for s in candidates])
-        max_rows = self.plan.max_key_batch(chunk_size=chunk)
+        chunk, max_rows = self._prefill_shape([s.num_pending for s in candidates])
         chosen, num_new = [], []
         for seq in candidates:
             if len(chosen) == max_rows:
@@ -178,23 +198,35 @@ class Scheduler:
         return ScheduledStep(self._select(len(chosen), chunk, chosen), chosen, num_new)
 
     def _chunk_for(self, pending: list[int]) -> int:
-        """The recorded chunk size for a prefill step over rows with `pending` tokens (in
-        order): the one that feeds the most prompt tokens with at most 10% of the step's
+        return self._prefill_shape(pending)[0]
+
+    def _prefill_shape(self, pending: list[int]) -> tuple[int, int]:
+        """(chunk size, rows) for a prefill step over the first rows of `pending` (tokens each
+        candidate has to feed, in order): among every recorded chunk size and every number of
+        leading rows, the one that feeds the most prompt tokens with at most 10% of the step's
         tokens padding (rows padded up to the key's batch size included); when none is that
-        tight, the least padded (ties: the larger chunk, fewer steps)."""
-        def score(c: int):
-            rows = pending[:self.plan.max_key_batch(chunk_size=c)]
-            useful = sum(min(p, c) for p in rows)
-            waste = 1 - useful / (select(self.plan, BatchShape(len(rows), 0, c, GREEDY)).batch_size * c)
-            return (0, -useful, -c) if waste <= MAX_PADDING else (1, waste, -c)
+        tight, the least padded (ties: more tokens, the larger chunk). Rows left out go in a
+        later step."""
+        best = None
+        for c in self.chunk_sizes:
+            sizes = self._prefill_sizes[c]
+            useful = 0
+            for m, p in enumerate(pending[:sizes[-1]], start=1):
+                useful += min(p, c)
+                waste = 1 - useful / (sizes[bisect_left(sizes, m)] * c)
+                score = (0, -useful, -c, 0) if waste <= MAX_PADDING else (1, waste, -useful, -c)
+                if best is None or score < best[0]:
+                    best = (score, c, m)
+        return best[1], best[2]
 
-        return min(self.chunk_sizes, key=score)
-
-    def _decode_step(self) -> ScheduledStep | None:
-        proposals = self._proposals(self.running[:self.max_decode_batch])
+    def _decode_step(self, ready_only: bool = False) -> ScheduledStep | None:
+        """A generation step over the running rows (ready_only: only those with one token to
+        feed, while others are still in their prompt's chunks)."""
+        rows = [s for s in self.running if s.num_pending == 1] if ready_only else list(self.running)
+        proposals = self._proposals(rows[:self.max_decode_batch])
         q = 1 + self.drafter.k if proposals is not None else 1
         chosen = []
-        for seq in list(self.running):
+        for seq in rows:
             if seq not in self.running:  # preempted while reserving for an earlier row
                 continue
             if len(chosen) == self.max_decode_batch:
@@ -273,6 +305,8 @@ class Scheduler:
         path). A row that finishes in `step` wastes its slot in the next one; its blocks are
         freed when it finishes. None when it cannot be."""
         admissible = self.waiting and len(self.running) < self.plan.max_batch_size
+        if step.is_prefill and self.fast_path and not admissible:
+            return self._decode_after_prefill(step)
         if not self.fast_path or step.is_prefill or step.drafts is not None or admissible \
                 or step.seqs != self.running:
             return None
@@ -296,6 +330,50 @@ class Scheduler:
         if not pol.may_run_ahead():
             return False
         return not pol.proposes() or self._propose(rows) is None
+
+    def _decode_after_prefill(self, step: ScheduledStep) -> ScheduledStep | None:
+        """The decode step over every running sequence, formed while `step` (a prefill) runs:
+        where every row of `step` draws its first token there and every other running row is
+        decoding. The rows of `step` take their input from its drawn tokens on the device
+        (`gather`). None when it cannot be (a row still in its prompt, n > 1, a drafter,
+        too many rows or too few blocks)."""
+        if self.drafter is not None or step.settled or len(self.running) > self.max_decode_batch:
+            return None
+        of = {id(s): i for i, s in enumerate(step.seqs)}
+        positions = []  # the position each running row feeds next
+        for seq in self.running:
+            i = of.get(id(seq))
+            if i is None and seq.num_pending != 1:
+                return None
+            if i is not None and (seq.num_computed + step.num_new[i] != len(seq.all_ids) or seq.request.n > 1
+                                  or seq.request.max_tokens <= 1):
+                return None
+            positions.append(len(seq.all_ids) if i is not None else seq.num_computed)
+        need = [blocks_for_tokens(p + 1, self.block_size) - len(s.block_table) for s, p in zip(self.running, positions)]
+        if not self.running or sum(n for n in need if n > 0) > self.allocator.num_free:
+            return None
+        for seq, n in zip(self.running, need):
+            if n > 0:
+                seq.block_table += self.allocator.allocate(n)
+        rows = list(self.running)
+        nxt = ScheduledStep(self._select(len(rows), 0, rows), rows, [1] * len(rows),
+                            gather=[(r, of[id(s)]) for r, s in enumerate(rows) if id(s) in of])
+        self._after_prefill = False
+        return self._handed_out(nxt)
+
+    def settle_ahead(self, step: ScheduledStep) -> bool:
+        """`step` is launched and its tokens not read yet. When no row draws in it (prefill
+        chunks that are not their prompt's last), account it now (the KV now holds the fed
+        tokens), so the next step can be formed before its tokens are read. True when it did."""
+        if not step.is_prefill or step.settled or not self.fast_path:
+            return False
+        if any(not s.finished and s.num_computed + n >= len(s.all_ids) for s, n in zip(step.seqs, step.num_new)):
+            return False
+        for seq, n in zip(step.seqs, step.num_new):
+            if not seq.finished:
+                seq.num_computed += n
+        step.settled = True
+        return True
 
     def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
         """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the
@@ -321,18 +399,49 @@ class Scheduler:
         return children
 
     def finish(self, seq: Sequence) -> None:
-        """A running sequence is done: its blocks and slot are freed."""
+        """A running sequence is done: its blocks and slot are freed (already, if it was retired)."""
         seq.finished = True
+        if seq.retired:
+            self._retired.discard(seq)
+            return
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
         self.free_slots.append(seq.slot)
         seq.block_table, seq.slot = [], None
 
+    def retire_ahead(self, step: ScheduledStep) -> bool:
+        """`step` is launched and its tokens not read yet. When every row of it ends with it for
+        sure (its token is the row's max_tokens-th, or the row has finished), free their blocks
+        and slots now, so the next step can be formed and launched before `step`'s tokens are
+        read: nothing the next step feeds depends on them, and the device runs the steps in
+        order, so the next step's writes to those blocks and slots come after `step`'s. The
+        rows' tokens are appended by `postprocess` as usual. True when it retired them."""
+        if step.drafts is not None or not self.fast_path:  # (tensor parallelism: no step launched ahead)
+            return False
+        for seq, n in zip(step.seqs, step.num_new):
+            if seq.finished or seq.retired:
+                continue
+            draws = seq.num_computed + n >= len(seq.all_ids)
+            if (not draws or seq.request.n > 1  # (n > 1: the first token forks from the parent's blocks)
+                    or len(seq.all_ids) - len(seq.prompt_ids) + 1 < seq.request.max_tokens):
+                return False
+        if all(seq.finished or seq.retired for seq in step.seqs):
+            return False  # nothing left to retire (called twice)
+        for seq in step.seqs:
+            if not seq.finished and not seq.retired:
+                self._release(seq)
+                seq.retired = True
+                self._retired.add(seq)
+        return True
+
     def abort(self, request: Request) -> None:
         """Stop every unfinished sequence of `request` (with n > 1, each completion): running
         ones free their blocks, waiting ones (which hold none) leave the queue."""
-        for seq in [s for s in (*self.running, *self.waiting) if s.request is request]:
-            if seq in self.running:
+        for seq in [s for s in (*self.running, *self.waiting, *self._retired) if s.request is request]:
+            if seq in self.running or seq.retired:
                 self.finish(seq)
             else:
                 self.waiting.remove(seq)
@@ -347,6 +456,8 @@ class Scheduler:
         now = time.perf_counter() if now is None else now
         q = step.key.q_len
         drew = []
+        if step.settled:  # accounted when launched: no row draws
+            return drew
         for i, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
             if seq.finished:  # finished in the step before; this row ran ahead for nothing
                 continue

@@ -10,6 +10,8 @@ is what serves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -31,7 +33,7 @@ from .metadata import AttentionMetadata
 @dataclass
 class StepRow:
     """One sequence's part of a step."""
-    token_ids: list[int]  # the real query tokens: q of them, or fewer in a prefill chunk's tail
+    token_ids: list[int] | np.ndarray  # the real query tokens: q of them, or fewer in a prefill chunk's tail
     start_pos: int  # position of token_ids[0] in its sequence
     block_table: list[int]  # blocks covering positions 0 .. start_pos + len(token_ids) - 1
     temperature: float = 0.0
@@ -51,11 +53,16 @@ class StepRow:
     logprobs: bool = False
 
 
-# StepRow attribute -> per-row buffer field
-ROW_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seeds", "min_p": "min_p",
-              "processors": "processors", "prompt_len": "prompt_lens", "eos_until": "eos_until",
+# StepRow attribute -> per-row buffer field, integer fields then float fields
+ROW_FIELDS = {"top_k": "top_k", "seed": "seeds", "processors": "processors", "prompt_len": "prompt_lens",
+              "eos_until": "eos_until", "logprobs": "logprobs",
+              "temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
               "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-              "frequency_penalty": "frequency_penalty", "logprobs": "logprobs"}
+              "frequency_penalty": "frequency_penalty"}
+_INT_FIELDS = tuple(ROW_FIELDS.values())[:6]
+_FLOAT_FIELDS = tuple(ROW_FIELDS.values())[6:]
+_int_values = attrgetter(*tuple(ROW_FIELDS)[:6])  # one row's integer fields as a tuple
+_float_values = attrgetter(*tuple(ROW_FIELDS)[6:])
 
 
 @dataclass
@@ -271,58 +278,83 @@ class Executor:
     def prepare(self, key: GraphKey, rows: list[StepRow]) -> None:
         """Pack `rows` into host staging, write every padding row explicitly, check what the
         rows put there (a graph that reads an out-of-range block id corrupts memory
-        silently), copy once."""
-        q, B, bs = key.q_len, key.batch_size, self.block_size
+        silently), copy once. Vectorised over rows: each field is one numpy write."""
+        q, B, bs, T = key.q_len, key.batch_size, self.block_size, key.num_tokens
         if len(rows) > B:
             raise ReplayMismatchError(f"{len(rows)} rows do not fit {key}")
+        n = len(rows)
+        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n)  # [n] query tokens per row
+        starts = np.fromiter((r.start_pos for r in rows), np.int64, n)
+        have = np.fromiter((len(r.block_table) for r in rows), np.int64, n)  # [n] blocks per table
+        self._check_row_shapes(key, rows, lens, starts, have)
         b = self.buffers
         b.staging_ready()
         ids, pos, slots = b.host.input_ids, b.host.positions, b.host.slot_mapping
         last, tables = b.host.logits_indices, b.host.block_tables
-        T = key.num_tokens
         # Padding first (every row of the key), then the real rows on top.
         ids[:T] = 0
-        pos[:T] = 0
         slots[:T] = np.arange(T) % bs + NULL_BLOCK * bs
         last[:B] = np.arange(B) * q
         tables[:B] = NULL_BLOCK
-        in_table = np.zeros((len(rows), tables.shape[1]), dtype=bool)  # entries the rows gave
-        for i, row in enumerate(rows):
-            n = len(row.token_ids)
-            self._check_row_shape(key, i, row, n)
-            s = i * q
-            table = np.asarray(row.block_table, dtype=np.int64)
-            tables[i, :len(table)] = table
-            in_table[i, :len(table)] = True
-            p = row.start_pos + np.arange(n)
-            ids[s:s + n] = row.token_ids
-            pos[s:s + n] = p
-            slots[s:s + n] = table[p // bs] * bs + p % bs
-            if n < q:  # a prefill chunk's tail: repeat the last position, write to the null block
-                pos[s + n:s + q] = p[-1]
-            last[i] = s + n - 1
+        table_row = np.repeat(np.arange(n), have)  # [sum(have)] the row of each table entry
+        table_col = np.arange(len(table_row)) - np.repeat(np.cumsum(have) - have, have)
+        tables[table_row, table_col] = np.fromiter(chain.from_iterable(r.block_table for r in rows), np.int64,
+                                                   len(table_row))
+        # Real tokens: row i's j-th at i * q + j. A prefill chunk's tail (j >= its length)
+        # repeats the last position and writes to the null block.
+        col = np.arange(q)
+        pos2 = starts[:, None] + np.minimum(col[None, :], lens[:, None] - 1)  # [n, q]
+        pos[:n * q] = pos2.ravel()
+        pos[n * q:T] = 0
+        real = col[None, :] < lens[:, None]  # [n, q]
+        flat = np.flatnonzero(real)  # where real tokens go, row-major: i * q + j
+        if q == 1:  # one token a row
+            ids[flat] = np.fromiter((r.token_ids[0] for r in rows), np.int64, n)
+        elif n:  # prefill chunks (the launcher hands numpy slices of the prompts) and verify rows
+            ids[flat] = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])
+        p, row_of = pos[flat], flat // q
+        slots[flat] = tables[row_of, p // bs] * bs + p % bs
+        last[:n] = np.arange(n) * q + lens - 1
         self._pack_sampling(key, rows)
-        self._check_values(key, "token_ids", ids[:len(rows) * q], 0, self.loaded.config.vocab_size, q)
-        self._check_values(key, "block_table", tables[:len(rows)][in_table], 1, self.num_blocks,
-                           None, np.nonzero(in_table)[0])
+        self._check_values(key, "token_ids", ids[:n * q], 0, self.loaded.config.vocab_size, q)
+        self._check_values(key, "block_table", tables[table_row, table_col], 1, self.num_blocks, None, table_row)
         b.upload()
 
     def _pack_sampling(self, key: GraphKey, rows: list[StepRow]) -> None:
         """The per-row sampling fields: neutral values on every logit row of the key, then each
-        real row's values (one vector write per field; a decode row covers its q logit rows)."""
+        real row's values (one matrix per dtype built in one pass over the rows, one vector
+        write per field; a decode row covers its q logit rows)."""
         b, R = self.buffers, key.num_logit_rows
         per = 1 if key.is_prefill else key.q_len
         n = len(rows) * per
-        for attr, name in ROW_FIELDS.items():
-            arr = getattr(b.host, name)
-            arr[:R] = ROW_DEFAULTS[name]
-            arr[:n] = np.repeat([getattr(row, attr) for row in rows], per)
         scratch = b.scratch_slot
-        slots = [scratch if r.slot is None else r.slot for r in rows]
+        for fields, getter, dtype in ((_INT_FIELDS, _int_values, np.int64), (_FLOAT_FIELDS, _float_values, np.float64)):
+            values = np.array([getter(r) for r in rows], dtype=dtype).reshape(len(rows), len(fields))
+            if per > 1:
+                values = np.repeat(values, per, axis=0)
+            for j, name in enumerate(fields):
+                arr = getattr(b.host, name)
+                arr[:R] = ROW_DEFAULTS[name]
+                arr[:n] = values[:, j]
+        slot = np.fromiter((scratch if r.slot is None else r.slot for r in rows), np.int64, len(rows))
+        counted = np.fromiter((r.counted for r in rows), bool, len(rows))
         b.host.slots[:R] = scratch
-        b.host.slots[:n] = np.repeat(slots, per)
+        b.host.slots[:n] = np.repeat(slot, per)
         b.host.count_slots[:R] = scratch
-        b.host.count_slots[:n] = np.repeat([s if r.counted else scratch for s, r in zip(slots, rows)], per)
+        b.host.count_slots[:n] = np.repeat(np.where(counted, slot, scratch), per)
+
+    def _check_row_shapes(self, key: GraphKey, rows: list[StepRow], lens: np.ndarray, starts: np.ndarray,
+                          have: np.ndarray) -> None:
+        """What must hold before rows can be packed at all, checked at once; the first row
+        that fails is named by `_check_row_shape`."""
+        q, max_len = key.q_len, self.config.limits.max_seq_len
+        ends = starts + lens
+        need = (ends + self.block_size - 1) // self.block_size
+        bad = ((lens < 1) | (lens > q) | (starts < 0) | (ends > max_len) | (need > have)
+               | (have > self.max_blocks_per_seq))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            self._check_row_shape(key, i, rows[i], int(lens[i]))
 
     def _check_row_shape(self, key: GraphKey, i: int, row: StepRow, n: int) -> None:
         """What must hold before a row can be packed at all (scalar checks, one row)."""
@@ -367,18 +399,38 @@ class Executor:
         slots = b.dev.slot_mapping
         slots[:num_real] += 1
         if len(entries):  # one small copy and two scatters, however many rows entered a new block
-            n = len(entries)
-            # A ring of pinned staging slots: a slot is rewritten only two launches later,
-            # after the engine has waited for the step that copied from it.
-            self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
-            staged = self._new_blocks_host[self._new_blocks_turn][:n]
-            staged.numpy()[:, :3] = entries
-            staged.numpy()[:, 3] = entries[:, 2] * bs
-            dev = self._new_blocks_dev[:n]
-            dev.copy_(staged, non_blocking=True)
+            dev = self._staged(np.concatenate([entries, entries[:, 2:] * bs], axis=1))
             tables = b.dev.block_tables
             tables.view(-1).index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
             slots.index_copy_(0, dev[:, 0], dev[:, 3])
+
+    def gather_inputs(self, pairs: list[tuple[int, int]]) -> None:
+        """After `prepare` of a decode step launched before the prefill step ahead of it was
+        read: input token of row r = that prefill's drawn token of row j, for each (r, j), on
+        the device (`next_tokens` holds it once the prefill has run; the device runs in order)."""
+        idx = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        R = self.buffers.next_tokens.shape[0]
+        if len(idx) and (idx.min() < 0 or idx[:, 0].max() >= self.buffers.max_seqs or idx[:, 1].max() >= R):
+            raise ReplayMismatchError(f"decode step after a prefill: gather pair {pairs} outside the step buffers")
+        ids, drawn = self.buffers.dev.input_ids, self.buffers.next_tokens
+        n = len(idx)
+        if n and (idx == np.arange(n)[:, None]).all():  # rows 0..n-1 from rows 0..n-1: one copy
+            ids[:n].copy_(drawn[:n])
+        elif n:
+            dev = self._staged(idx)
+            ids.index_copy_(0, dev[:, 0], drawn.index_select(0, dev[:, 1]))
+
+    def _staged(self, entries: np.ndarray) -> torch.Tensor:
+        """Small int64 rows ([n, <= 4]) on the device without a host sync: written to the next
+        of a ring of pinned staging slots and copied without blocking. A slot is rewritten only
+        two launches later, after the engine has waited for the step that copied from it."""
+        n, k = entries.shape
+        self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
+        staged = self._new_blocks_host[self._new_blocks_turn].view(-1)[:n * k].view(n, k)  # contiguous
+        staged.numpy()[:] = entries
+        dev = self._new_blocks_dev.view(-1)[:n * k].view(n, k)
+        dev.copy_(staged, non_blocking=True)
+        return dev
 
     def _check_new_blocks(self, num_real: int, entries: np.ndarray) -> None:
         """The fast path's new (row, column, block) entries, checked at once on the host."""
