@@ -20,7 +20,6 @@ from .composed import compose
 class KernelSet:
     name: str
     rms_norm: Callable
-    add_rms_norm: Callable
     silu_and_mul: Callable
     rope_write_kv: Callable
     paged_attention: Callable
@@ -44,7 +43,6 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
     "torch": lambda: KernelSet(
         name="torch",
         rms_norm=reference.rms_norm,
-        add_rms_norm=reference.add_rms_norm,
         silu_and_mul=reference.silu_and_mul,
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
@@ -68,11 +66,11 @@ def _triton_set() -> KernelSet:
     from . import processors as pr
     from . import sampling as s
 
-    return KernelSet(name="triton", rms_norm=t.rms_norm, add_rms_norm=t.add_rms_norm, silu_and_mul=t.silu_and_mul,
+    return KernelSet(name="triton", rms_norm=t.rms_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
                      **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv))._asdict(),
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
-                     gumbel_noise=t.gumbel_noise, argmax=sampler_reference.greedy)
+                     gumbel_noise=t.gumbel_noise, argmax=s.argmax)
 
 
 def resolve(name: str, device_type: str) -> str:

@@ -15,12 +15,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    """residual += x; return (rms_norm(residual), residual). Matches HF's order of rounding."""
-    residual = residual + x
-    return rms_norm(residual, weight, eps), residual
-
-
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
     gate, up = gate_up.chunk(2, dim=-1)

@@ -21,17 +21,11 @@ from .sampling_common import _mix32_i64
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, x_stride, res_stride, out_stride,
-                     eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_stride, out_stride, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        # round the sum to the activation dtype first, as the reference does
-        x = (x.to(tl.float32) + tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32))
-        x = x.to(res_out_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * out_stride + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     normed = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -48,19 +42,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x2 = _rows(x)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[-1]
-    _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, out, out, n, x2.stride(0), x2.stride(0), out.stride(0), eps,
-                                     HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(n))
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, n, x2.stride(0), out.stride(0), eps,
+                                     BLOCK=triton.next_power_of_2(n))
     return out.view(x.shape)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    x2, r2 = _rows(x), _rows(residual)
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    res_out = torch.empty(x2.shape, dtype=residual.dtype, device=x.device)
-    n = x2.shape[-1]
-    _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, n, x2.stride(0), r2.stride(0), out.stride(0), eps,
-                                     HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(n))
-    return out.view(x.shape), res_out.view(residual.shape)
 
 
 # ---------------------------------------------------------------------------------------
