@@ -39,9 +39,9 @@ NUM_WARPS = 16
 CHUNK = 4096
 CAP = 64
 STEPS = 12  # bits of a chunk's candidate cut: (max - min) / 2**12 apart
-CUT_BITS = 3  # of them decided per counting step (8 thresholds in one reduction)
-CHUNK_WARPS = 8  # 4096 tokens over 256 threads: 128 registers (4 warps: 212, as many programs per SM)
-SEARCH_BITS = 2  # the selects' key bisections: bits decided per counting step
+CUT_BITS = 1  # of them decided per counting step (the H200 figures of 3 are in docs/performance.md)
+CHUNK_WARPS = 4  # 8 halves the registers (128, not 212) but ran slower at bs 64 (docs/performance.md)
+SEARCH_BITS = 1  # the selects' key bisections: bits decided per counting step
 ARGMAX_CHUNK = 4096  # argmax: tokens per program
 
 
