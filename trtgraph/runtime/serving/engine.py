@@ -262,9 +262,9 @@ class Engine:
         for i, req in enumerate(reqs):
             self.add_request(req, f"request {i}", stream)
             if idle and i + 1 == first_step and i + 1 < len(reqs):
-                # Launch the first step now, and admit the rest while the device runs it (the
-                # step is the one it would be with every request admitted: it takes at most
-                # max_batch_size rows, in arrival order).
+                # Launch the first step now, and admit the rest while the device runs it (it takes
+                # at most max_batch_size rows, in arrival order: unless one of these requests was
+                # refused, it is the step it would be with every request admitted).
                 with torch.inference_mode():
                     self._inflight = self._launch_next()
         return list(first)
