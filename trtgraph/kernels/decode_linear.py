@@ -31,6 +31,8 @@ Qwen3's q/k norms).
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -86,6 +88,9 @@ def decode_config(n: int, k: int, device: torch.device) -> DecodeConfig:
 # computes each column alone); tests/test_decode_linear.py checks row 0 bitwise on the GPU for
 # T = 1 .. 64. None: always 16 (a grid of m-tiles past 16 rows).
 _ROW_TILES: tuple[int, ...] | None = (16, 32, 64)
+
+
+_ROW_TILES_MAX = 64  # the widest row tile (what the shared-memory fit assumes, whatever the step's rows)
 
 
 def row_tile(rows: int) -> int:
@@ -317,8 +322,29 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
         EVEN=K % k_per_split == 0 and n_cols % cfg.block_n == 0,
         STACK=cfg.stack and mode >= _SILU, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device))
     return out
+
+
+def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.device) -> int:
+    """The config's pipeline depth, cut until the staged weight and x tiles fit the device's
+    shared memory (fp32 weights need twice bf16's; the table was tuned in bf16). A function
+    of the shape, dtype and device only; the depth never changes what a row sums, or in what
+    order."""
+    if device.type != "cuda":
+        return cfg.num_stages
+    per_stage = (nacc * cfg.block_n + _ROW_TILES_MAX) * cfg.block_k * elem_bytes
+    budget = int(0.85 * _shared_memory_bytes(device.index if device.index is not None else torch.cuda.current_device()))
+    stages = cfg.num_stages
+    while stages > 1 and stages * per_stage > budget:
+        stages -= 1
+    return stages
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_bytes(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    return getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
