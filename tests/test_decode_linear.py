@@ -103,6 +103,9 @@ def test_default_config_splits_and_is_row_count_free():
     assert dl.decode_config(128256, 4096, cuda).split_k == 1
 
 
+BF16 = torch.bfloat16
+
+
 def test_choice_and_dispatch(monkeypatch):
     """choose_fused: CUDA only, never with tensor parallelism, and with `deterministic` only for
     shapes whose plan never runs more than FUSED_MAX_ROWS rows; dispatch runs the chosen path
@@ -110,13 +113,13 @@ def test_choice_and_dispatch(monkeypatch):
     shapes = [("norm_linear", 72, 48), ("linear_residual", 48, 40)]
     counts = {(72, 48): [1, 8, dl.FUSED_MAX_ROWS], (48, 40): [1, 8, dl.FUSED_MAX_ROWS + 1]}
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert dl.choose_fused(shapes, counts, cpu, False, False) == {"linear_residual:48x40": "composed",
+    assert dl.choose_fused(shapes, counts, cpu, False, False, dtype=BF16) == {"linear_residual:48x40": "composed",
                                                                   "norm_linear:72x48": "composed"}
-    assert dl.choose_fused(shapes, counts, cuda, False, True) == {"linear_residual:48x40": "composed",
+    assert dl.choose_fused(shapes, counts, cuda, False, True, dtype=BF16) == {"linear_residual:48x40": "composed",
                                                                   "norm_linear:72x48": "composed"}
-    assert dl.choose_fused(shapes, counts, cuda, True, False) == {"linear_residual:48x40": "composed",
+    assert dl.choose_fused(shapes, counts, cuda, True, False, dtype=BF16) == {"linear_residual:48x40": "composed",
                                                                   "norm_linear:72x48": "fused"}
-    assert dl.choose_fused(shapes, counts, cuda, False, False) == {"linear_residual:48x40": "fused",
+    assert dl.choose_fused(shapes, counts, cuda, False, False, dtype=BF16) == {"linear_residual:48x40": "fused",
                                                                    "norm_linear:72x48": "fused"}
     calls = []
     composed = REF._replace(norm_linear=lambda *a: calls.append("composed"))
@@ -127,9 +130,11 @@ def test_choice_and_dispatch(monkeypatch):
     ops.norm_linear(torch.zeros(dl.FUSED_MAX_ROWS + 1, 48), None, 0.0, w)
     ops.norm_linear(torch.zeros(1, 48), None, 0.0, torch.zeros(73, 48))
     assert calls == ["fused", "composed", "composed"]
-    assert dl.choose_fused([("norm_qkv_rope", 72, 48)], counts, cuda, False, False, qk_norm=True) == {
+    assert dl.choose_fused([("norm_qkv_rope", 72, 48)], counts, cuda, False, False, qk_norm=True, dtype=BF16) == {
         "norm_qkv_rope:72x48": "composed"}
-    dl.choose_fused([], {}, cpu, False, False)
+    assert dl.choose_fused(shapes, counts, cuda, False, False, dtype=torch.float32) == {  # fp32: untuned
+        "linear_residual:48x40": "composed", "norm_linear:72x48": "composed"}
+    dl.choose_fused([], {}, cpu, False, False, dtype=BF16)
     assert dl.installed_choice() == {}
 
 
@@ -172,3 +177,19 @@ def test_fused_ops_batch_invariant_gpu():
     for T in range(2, 65):
         for a, b in zip(first, row0(T)):
             assert torch.equal(a, b), f"row 0 differs at T={T}"
+
+
+def test_pipeline_depth_fits_shared_memory(monkeypatch):
+    """fp32 weights stage twice bf16's bytes: the depth is cut until the tiles fit (the H200 ran
+    out of shared memory at 4 stages of 64 x 128 fp32 tiles), and every tuned bf16 config keeps
+    its measured depth."""
+    monkeypatch.setattr(dl, "_shared_memory_bytes", lambda index: 232448)  # the H200's opt-in limit
+    cuda = torch.device("cuda", 0)
+    cfg = dl.DecodeConfig(64, 128, 2, 4, 4)
+    assert dl._fit_stages(cfg, 1, 2, cuda) == 4
+    assert dl._fit_stages(cfg, 1, 4, cuda) == 3
+    assert dl._fit_stages(dl.DecodeConfig(64, 256, 4, 4, 3), 1, 4, cuda) == 1
+    for tuned in dl._TUNED.values():
+        c = dl.DecodeConfig(*tuned)
+        assert dl._fit_stages(c, 2 if c.stack else 1, 2, cuda) == c.num_stages
+    assert dl._fit_stages(cfg, 1, 4, torch.device("cpu")) == 4

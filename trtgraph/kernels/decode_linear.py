@@ -395,10 +395,11 @@ _SLOWER: set[tuple[str, int, int]] = set(decode_tuned.SLOWER)
 
 def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int, int], list[int]],
                  device: torch.device, deterministic: bool, tensor_parallel: bool,
-                 qk_norm: bool = False) -> dict[str, str]:
+                 qk_norm: bool = False, *, dtype: torch.dtype) -> dict[str, str]:
     """Install, per fused op and weight shape (op, N, K), whether steps of <= FUSED_MAX_ROWS
-    rows run the fused kernel: on CUDA, on one GPU, not for Qwen3's q/k-normed qkv, and where
-    the H200 table does not say the composition is faster. With `deterministic`, a shape whose
+    rows run the fused kernel: on CUDA, on one GPU, for 16-bit weights (the table was tuned and
+    proven on the H200 in bf16; fp32 models keep the composition), not for Qwen3's q/k-normed
+    qkv, and where the H200 table does not say the composition is faster. With `deterministic`, a shape whose
     plan also runs steps of more rows keeps the composition for every step (one path for every
     T: the fused kernel is invariant, but past FUSED_MAX_ROWS the composition would take over
     with another reduction order). A pure function of its arguments (a fixed table, no timing), so
@@ -406,7 +407,7 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
     manifest. Returns {"op:NxK": "fused" | "composed"}."""
     _CHOICE.clear()
     for op, n, k in shapes:
-        ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER
+        ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER and dtype.itemsize == 2
               and not (qk_norm and op == "norm_qkv_rope"))
         if ok and deterministic:
             ok = max(row_counts.get((n, k), [0]), default=0) <= FUSED_MAX_ROWS

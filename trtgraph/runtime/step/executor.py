@@ -156,7 +156,7 @@ class Executor:
                 ("norm_gate_up_silu", first.mlp.gate_up_proj.weight), ("linear_residual", first.mlp.down_proj.weight),
                 ("norm_linear", loaded.model.lm_head_weight))]
             choose_fused(shapes, counts, device, config.deterministic, loaded.model.tp.active,
-                         qk_norm=loaded.model.local.qk_norm)
+                         qk_norm=loaded.model.local.qk_norm, dtype=DTYPES[config.dtype])
         lim = config.limits
         num_blocks = config.kv_cache.num_blocks
         if num_blocks == AUTO:
