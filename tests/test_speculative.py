@@ -324,17 +324,21 @@ def test_a_large_batch_that_does_not_draft_probes_a_turning_sample_of_rows():
 
 def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
     """A probe due at a step launched ahead is made from the tokens known so far: when drafting
-    cannot pay, the speculative engine launches exactly as many steps ahead as the plain one."""
+    cannot pay, the speculative engine launches exactly as many decode steps ahead of a decode
+    step as the plain one. (The decode step after a prefill is launched ahead by the plain engine
+    only: a speculative batch plans it afresh from the prefill's tokens, since the policy probes
+    right after a prefill.)"""
     from trtgraph.runtime.serving.scheduler import Scheduler
 
     spec, plain = engines
     _priced(spec, monkeypatch, 1.0 + K)  # no estimate below certainty makes a verify step pay
-    ahead = {}
+    ahead, after_prefill = {}, {}
     extend = Scheduler.extend_decode
 
     def counted(self, step):
         out = extend(self, step)
-        ahead[id(self)] = ahead.get(id(self), 0) + (out is not None)
+        book = after_prefill if step.is_prefill else ahead
+        book[id(self)] = book.get(id(self), 0) + (out is not None)
         return out
 
     monkeypatch.setattr(Scheduler, "extend_decode", counted)
@@ -344,5 +348,6 @@ def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
     want, _ = _run(plain, reqs)
     assert spec.scheduler.speculation.probes - probes >= 5  # it did probe, on steps launched ahead too
     assert ahead[id(spec.scheduler)] == ahead[id(plain.scheduler)] > 30, ahead
+    assert after_prefill.get(id(spec.scheduler), 0) == 0 < after_prefill[id(plain.scheduler)], after_prefill
     for r in reqs:
         assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
