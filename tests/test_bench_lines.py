@@ -36,4 +36,5 @@ def test_mixed_run_bound_and_report(default_artifacts, one_torch_thread):
          "startup": {"phases_seconds": {"imports": 0.5, "re_record": 1.25}, "total_seconds": 1.75}}
     text = markdown(r)
     assert "reached 25.0% of it" in text and "mixed workload: 12 requests" in text
-    assert "start-up (1.75 s): imports 0.50 s, re_record 1.25 s" in text
+    assert "engine start-up after imports (1.25 s): re_record 1.25 s; before it in this process (imports, and a " \
+           "--config capture) 0.50 s" in text
