@@ -193,3 +193,30 @@ def test_pipeline_depth_fits_shared_memory(monkeypatch):
         c = dl.DecodeConfig(*tuned)
         assert dl._fit_stages(c, 2 if c.stack else 1, 2, cuda) == c.num_stages
     assert dl._fit_stages(cfg, 1, 4, torch.device("cpu")) == 4
+
+
+def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp_path):
+    """The engine replays exactly the capture's choice: a manifest whose totals record another
+    fused-or-composed choice (or GEMM backend) than this build installs is refused with
+    "Recapture"; the same choice, or a manifest without the field, passes."""
+    from types import SimpleNamespace
+
+    from trtgraph.errors import ManifestError
+    from trtgraph.kernels import linear
+    from trtgraph.runtime.serving.engine import Engine
+
+    dl.choose_fused([("norm_linear", 72, 48)], {}, torch.device("cpu"), False, False, dtype=BF16)
+    linear.choose_backends({}, BF16, torch.device("cpu"), False)
+
+    def engine(totals):
+        ex = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(name="triton")))
+        return SimpleNamespace(executor=ex, manifest=SimpleNamespace(totals=totals))
+
+    path = tmp_path / "manifest.json"
+    Engine._check_kernel_choices(engine({"fused_ops": {"norm_linear:72x48": "composed"}}), path)
+    Engine._check_kernel_choices(engine({}), path)
+    with pytest.raises(ManifestError, match=r"manifest.json: totals.fused_ops .*norm_linear:72x48.*Recapture"):
+        Engine._check_kernel_choices(engine({"fused_ops": {"norm_linear:72x48": "fused"}}), path)
+    with pytest.raises(ManifestError, match=r"totals.linear_backends .*2048x2048.*Recapture"):
+        Engine._check_kernel_choices(engine({"linear_backends": {"2048x2048": "cublas"}}), path)
+    dl.choose_fused([], {}, torch.device("cpu"), False, False, dtype=BF16)

@@ -104,6 +104,23 @@ class Engine:
         if self.executor.buffers.layout() != self.manifest.buffers:
             raise ManifestError(f"{mpath}: the persistent buffer layout built here differs "
                                 f"from the manifest's `buffers`. Recapture on this machine.")
+        self._check_kernel_choices(mpath)
+
+    def _check_kernel_choices(self, mpath: Path) -> None:
+        """The GEMM backends and fused-or-composed ops chosen here are the ones the capture chose
+        and verified (the graphs re-recorded here replay exactly that choice)."""
+        if self.executor.model.ops.name != "triton":
+            return
+        from ...kernels.decode_linear import installed_choice
+        from ...kernels.linear import installed_backends
+
+        for field, built in (("linear_backends", installed_backends()), ("fused_ops", installed_choice())):
+            recorded = self.manifest.totals.get(field)
+            if recorded is not None and recorded != built:
+                changed = sorted(k for k in set(recorded) | set(built) if recorded.get(k) != built.get(k))
+                raise ManifestError(f"{mpath}: totals.{field} records another kernel choice than this build "
+                                    f"makes ({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}: "
+                                    f"the kernel tables changed since the capture). Recapture on this machine.")
 
     @property
     def config(self):
