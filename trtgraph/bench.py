@@ -308,22 +308,14 @@ def run_bench(artifacts: Path | Manifest, out_dir: Path, opts: BenchOptions, log
     result = {"device": manifest.environment.get("device_name"), "environment": manifest.environment,
               "model": manifest.model, "context_len": opts.context_len, "hbm_bytes_per_second": bw,
               "kernels": ex.loaded.model.ops.name, "startup": started}
-    rows = decode_times(ex, opts, log)
-    for r in rows:
-        r["floor_ms"] = (r["weight_bytes"] + r["kv_bytes"]) / bw * 1e3
-        r["replay_over_floor"] = r["replay_ms"] / r["floor_ms"]
-        r["eager_over_replay"] = r["eager_ms"] / r["replay_ms"]
+    rows = _against_floor(decode_times(ex, opts, log), bw)
     result["decode"] = rows
     result["keys"] = [{"key": str(k.key), "num_tokens": k.num_tokens, "capture_seconds": k.capture_seconds,
                        "pool_mib": k.pool_bytes / 2**20, "replay_ms": k.replay_ms} for k in manifest.keys]
     result["capture_totals"] = manifest.totals
     cfg = ex.loaded.config
     if opts.attention_batch and opts.attention_context:
-        att = attention_alone(device, DTYPES[ex.config.dtype], cfg, opts, ex.loaded.model.ops)
-        att["fraction_of_hbm"] = att["bytes_per_second"] / bw
-        result["attention"] = att
-        log(f"attention bs={att['batch_size']} ctx={att['context_len']}: {att['ms']:.3f} ms, "
-            f"{100 * att['fraction_of_hbm']:.1f}% of HBM bandwidth")
+        result["attention"] = _attention_vs_bandwidth(ex, opts, bw, log)
     prompts = make_prompts(opts.run_prompts, opts.run_prompt_len, opts.run_max_tokens, cfg.vocab_size,
                            sampled=any(k.sampling != GREEDY for k in ex.plan.keys))
     if opts.run_prompts:
@@ -359,6 +351,23 @@ def run_bench(artifacts: Path | Manifest, out_dir: Path, opts: BenchOptions, log
     (out_dir / "bench.md").write_text(markdown(result), encoding="utf-8")
     plot(result, out_dir / "bench.png", log)
     return result
+
+
+def _against_floor(rows: list[dict], bw: float) -> list[dict]:
+    """Each decode row's bandwidth floor (weights + KV read once) and its ratios."""
+    for r in rows:
+        r["floor_ms"] = (r["weight_bytes"] + r["kv_bytes"]) / bw * 1e3
+        r["replay_over_floor"] = r["replay_ms"] / r["floor_ms"]
+        r["eager_over_replay"] = r["eager_ms"] / r["replay_ms"]
+    return rows
+
+
+def _attention_vs_bandwidth(ex, opts: BenchOptions, bw: float, log: Log) -> dict:
+    att = attention_alone(ex.device, DTYPES[ex.config.dtype], ex.loaded.config, opts, ex.loaded.model.ops)
+    att["fraction_of_hbm"] = att["bytes_per_second"] / bw
+    log(f"attention bs={att['batch_size']} ctx={att['context_len']}: {att['ms']:.3f} ms, "
+        f"{100 * att['fraction_of_hbm']:.1f}% of HBM bandwidth")
+    return att
 
 
 def _eager_check(artifacts: Manifest, prompts: list[dict], replay_out: dict, log: Log) -> dict:

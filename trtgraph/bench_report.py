@@ -33,19 +33,7 @@ def markdown(r: dict) -> str:
             b = r["run_bound"]
             lines += [f"step-time bound: batch {b['batch_size']} / {b['replay_ms']:.3f} ms replay = "
                       f"{b['bound_tokens_per_second']:,.0f} tokens/s; the run reached {100 * b['fraction']:.1f}% of it"]
-    if "mixed" in r:
-        m = r["mixed"]
-        lines += [f"mixed workload: {m['requests']} requests (prompts 8-1500 tokens, outputs 16-256, a third sampled), "
-                  f"{m['completion_tokens']} tokens in {m['seconds']:.2f} s = {m['tokens_per_second']:.1f} tokens/s; "
-                  f"padding {m['padding_waste_pct']}% of step tokens; {m['steps']} steps; GPU idle "
-                  f"{m.get('gpu_idle_per_step_us', 'n/a')} us per step"]
-    if "startup" in r:  # the bench's own engine: `imports` runs from `import trtgraph`, so it also holds
-        ph = dict(r["startup"]["phases_seconds"])  # a --config capture and anything else before the engine
-        before = ph.pop("imports", 0.0)
-        lines += [f"engine start-up after imports ({sum(ph.values()):.2f} s): "
-                  + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items())
-                  + f"; before it in this process (imports, and a --config capture) {before:.2f} s; "
-                  f"`trtgraph run --verbose` gives a whole start"]
+    lines += _mixed_and_startup_lines(r)
     if "run_without_speculation" in r:
         sp, plain = r["run"].get("speculative", {}), r["run_without_speculation"]
         lines += [f"speculation: {r['run']['tokens_per_second']:.1f} tokens/s with, "
@@ -72,6 +60,24 @@ def markdown(r: dict) -> str:
         lines.append(f"| {k['key']} | {k['num_tokens']} | {k['capture_seconds'] * 1e3:.1f} | {k['pool_mib']:.2f} | "
                      f"{k['replay_ms']:.3f} |")
     return "\n".join(lines) + "\n"
+
+
+def _mixed_and_startup_lines(r: dict) -> list[str]:
+    lines = []
+    if "mixed" in r:
+        m = r["mixed"]
+        lines += [f"mixed workload: {m['requests']} requests (prompts 8-1500 tokens, outputs 16-256, a third sampled), "
+                  f"{m['completion_tokens']} tokens in {m['seconds']:.2f} s = {m['tokens_per_second']:.1f} tokens/s; "
+                  f"padding {m['padding_waste_pct']}% of step tokens; {m['steps']} steps; GPU idle "
+                  f"{m.get('gpu_idle_per_step_us', 'n/a')} us per step"]
+    if "startup" in r:  # the bench's own engine: `imports` runs from `import trtgraph`, so it also holds
+        ph = dict(r["startup"]["phases_seconds"])  # a --config capture and anything else before the engine
+        before = ph.pop("imports", 0.0)
+        lines += [f"engine start-up after imports ({sum(ph.values()):.2f} s): "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items())
+                  + f"; before it in this process (imports, and a --config capture) {before:.2f} s; "
+                  f"`trtgraph run --verbose` gives a whole start"]
+    return lines
 
 
 def plot(r: dict, path: Path, log: Log) -> None:

@@ -36,13 +36,9 @@ class QKVHeads:
     k_norm: torch.Tensor | None = None
     qk_eps: float = 0.0
 
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
+    def sizes(self) -> tuple[int, int]:
+        """(q columns, k or v columns) of the qkv projection's output."""
+        return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
 
 
 class FusedOps(NamedTuple):
@@ -62,7 +58,8 @@ def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_w
     def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, positions, kv_cache, slot_mapping):
         T, D = x.shape[0], heads.head_dim
         qkv = norm_linear(x, norm_weight, eps, weight, bias)  # [T, (Hq + 2 Hkv) D]
-        q, k, v = qkv.split([heads.q_size, heads.kv_size, heads.kv_size], dim=-1)
+        q_size, kv_size = heads.sizes()
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q, k, v = q.reshape(T, heads.num_heads, D), k.reshape(T, heads.num_kv_heads, D), v.reshape(T, heads.num_kv_heads, D)
         if heads.q_norm is not None:
             q, k = rms_norm(q, heads.q_norm, heads.qk_eps), rms_norm(k, heads.k_norm, heads.qk_eps)

@@ -377,7 +377,7 @@ def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, p
     T, D = x.shape[0], heads.head_dim
     q = torch.empty((T, heads.num_heads, D), dtype=weight.dtype, device=x.device)
     rope = (cos_sin, positions, slot_mapping, kv_cache, heads.num_heads, heads.num_kv_heads)
-    _launch(_ROPE, _rows(x), weight, q.view(T, heads.q_size), weight.shape[0] // 2, norm_weight=norm_weight,
+    _launch(_ROPE, _rows(x), weight, q.view(T, heads.sizes()[0]), weight.shape[0] // 2, norm_weight=norm_weight,
             eps=eps, bias=bias, half=D // 2, rope=rope)
     return q
 
