@@ -88,19 +88,22 @@ def run_attention(device, dtype, q_len, batch, seed=0):
     _close(got, want, dtype)
 
 
-def run_attention_batch_invariance(device, dtype, q_len=1):
-    """Row 0's attention output is bitwise the same alone, in a batch of 5 with longer
+def run_attention_batch_invariance(device, dtype, q_len=1, first=70):
+    """Row 0's attention output (context `first` tokens: several KV splits, or one that
+    writes its rows without a merge) is bitwise the same alone, in a batch of 5 with longer
     neighbours, and in a wider block table (a bigger bucket)."""
     g = _gen(7)
-    hq, hkv, d, bs, width = 8, 2, 16, 4, 40
+    hq, hkv, d, bs = 8, 2, 16, 4
+    width = max(40, -(-first // bs) + 10)
     cache = torch.randn((2, 5 * width + 1, bs, hkv, d), generator=g).to(device, dtype)
     tables = (torch.randperm(5 * width, generator=g) + 1).view(5, width).to(device)
-    lengths = [70, 150, 3, 99, 160]
+    lengths = [first, 150, 3, 99, 160]
     positions = torch.tensor([p for n in lengths for p in range(n - q_len, n)], device=device)
     q = torch.randn((5 * q_len, hq, d), generator=g).to(device, dtype)
     scale = d ** -0.5
     crowd = _tri().paged_attention(q, cache, tables, positions, q_len, scale)[:q_len]
-    alone = _tri().paged_attention(q[:q_len], cache, tables[:1, :20], positions[:q_len], q_len, scale)
+    alone = _tri().paged_attention(q[:q_len], cache, tables[:1, :-(-first // bs) + 2], positions[:q_len], q_len,
+                                   scale)
     assert torch.equal(alone, crowd)
 
 
@@ -167,8 +170,9 @@ def test_paged_attention(q_len, batch, invariant):
 
 
 @needs_triton
-def test_paged_attention_is_batch_invariant():
-    run_attention_batch_invariance(CPU, torch.float32)
+@pytest.mark.parametrize("first", [70, 20], ids=["merged-splits", "one-split"])
+def test_paged_attention_is_batch_invariant(first):
+    run_attention_batch_invariance(CPU, torch.float32, first=first)
 
 
 @needs_triton
@@ -211,7 +215,8 @@ def test_gpu_kernels(dtype):
         run_attention(dev, dtype, q_len, batch, seed=q_len + batch)
     run_linear(dev, dtype, m=70, n=3072, k=2048)  # more rows than one block
     run_linear(dev, dtype, m=3, n=300, k=200)  # ragged edges
-    run_attention_batch_invariance(dev, dtype)
+    for first in (70, 700):  # one KV split on the GPU (256-token pieces), and three merged
+        run_attention_batch_invariance(dev, dtype, first=first)
     run_linear_batch_invariance(dev, dtype, sizes=(1, 2, 3, 8, 17, 64, 65, 200, 2048), n=2048, k=8192)
     from trtgraph.kernels import sampler_reference as sampler
 

@@ -168,7 +168,8 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        q_stride_t, q_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
                        cache_head_stride, bt_stride, scale_log2,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
-                       NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, PAGE: tl.constexpr,
+                       NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, MIN_TILES: tl.constexpr,
+                       PAGE: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr):
     pid = tl.program_id(0)
@@ -191,9 +192,10 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
 
     # Batch-invariant (SPLIT_TILES > 0): split s owns KV tiles [s * SPLIT_TILES, (s + 1) *
     # SPLIT_TILES), so where a row's KV range is cut depends on its own context length only.
-    # Adaptive (SPLIT_TILES == 0): the row's tiles are shared out over the key's NUM_SPLITS.
+    # Adaptive (SPLIT_TILES == 0): the row's tiles are shared out over the key's NUM_SPLITS,
+    # at least MIN_TILES each (a short context is one split: no merge).
     tiles = tl.cdiv(ctx, BLOCK_N)
-    per_split = SPLIT_TILES if SPLIT_TILES > 0 else tl.cdiv(tiles, NUM_SPLITS)
+    per_split = SPLIT_TILES if SPLIT_TILES > 0 else tl.maximum(tl.cdiv(tiles, NUM_SPLITS), MIN_TILES)
     start = split * per_split
     end = tl.minimum(start + per_split, tiles) if NUM_SPLITS > 1 else tiles
 
@@ -202,13 +204,16 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                                   PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
 
     if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        _store_rows(out_ptr, acc, l_i, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM)
     else:
         # Splits past the row's context (most of them at short contexts) have nothing to add.
         used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1)
-        if split < used:
+        if used == 1:
+            # The whole context in split 0: it writes the rows itself, no partials, counter or
+            # merge (the merge of one split is acc / l, bitwise: its weight is exp2(0) = 1).
+            if split == 0:
+                _store_rows(out_ptr, acc, l_i, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM)
+        elif split < used:
             # partials [programs(0), kv heads, splits, BLOCK_M, (D | 2)]
             base = ((pid * num_kv_heads + kvh) * NUM_SPLITS + split) * BLOCK_M
             rows = base + tl.arange(0, BLOCK_M)
@@ -223,6 +228,15 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                 _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, pid * num_kv_heads + kvh, used, tok, head, row_ok,
                               q_stride_t, q_stride_h, NUM_SPLITS, HEAD_DIM, BLOCK_M)
                 tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
+
+
+@triton.jit
+def _store_rows(out_ptr, acc, l_i, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM: tl.constexpr):
+    """out rows = acc / l (0 where a row saw no key)."""
+    d = tl.arange(0, HEAD_DIM)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -242,9 +256,7 @@ def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, used, tok, head, 
         w = tl.exp2(tl.load(part_ml_ptr + rows * 2, cache_modifier=".cg") - m_safe)
         l_all += w * tl.load(part_ml_ptr + rows * 2 + 1, cache_modifier=".cg")
         acc += w[:, None] * tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], cache_modifier=".cg")
-    out = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
-    tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    _store_rows(out_ptr, acc, l_all, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM)
 
 
 _NUM_SMS: dict = {}
@@ -266,6 +278,11 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[device]
 
 
+def _piece_tiles(device: torch.device) -> int:
+    """KV tiles per split: the fixed piece of the invariant mode, the least of the adaptive one."""
+    return 4 if device.type == "cuda" else 2
+
+
 def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
                            device: torch.device) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, query blocks per sequence, KV splits, KV tiles per split): a pure
@@ -276,19 +293,20 @@ def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int
     depends on its own context length only: the same in every bucket and whatever else shares
     the step; splits past a row's context do no work. Adaptive (`deterministic: false`):
     tiles per split is 0 and the key gets as many splits as fill the GPU about twice over,
-    each row's tiles shared out over them — faster at large batches, but a row's rounding
+    each row's tiles shared out over them, at least a piece each (a context of one piece is
+    one split: no partials to merge) — faster at large batches, but a row's rounding
     then depends on its bucket."""
     rows = q_len * group
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
     block_n = 64 if device.type == "cuda" else 16
     q_blocks = triton.cdiv(rows, block_m)
     max_tiles = triton.cdiv(max_len, block_n)
+    piece = _piece_tiles(device)
     if _INVARIANT_ATTENTION[0]:
-        split_tiles = 4 if device.type == "cuda" else 2
-        splits = 1 if q_len > 1 else triton.cdiv(max_tiles, split_tiles)
-        return block_m, block_n, q_blocks, splits, split_tiles
+        splits = 1 if q_len > 1 else triton.cdiv(max_tiles, piece)
+        return block_m, block_n, q_blocks, splits, piece
     programs = batch * q_blocks * num_kv_heads
-    splits = 1 if q_len > 1 else max(1, min(max_tiles, 2 * _num_sms(device) // programs, 32))
+    splits = 1 if q_len > 1 else max(1, min(triton.cdiv(max_tiles, piece), 2 * _num_sms(device) // programs, 32))
     return block_m, block_n, q_blocks, splits, 0
 
 
@@ -314,6 +332,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     assert q.stride(0) == out.stride(0) and q.stride(1) == out.stride(1) and kv_cache.is_contiguous()
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     common = dict(Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, NUM_SPLITS=splits, SPLIT_TILES=split_tiles,
+                  MIN_TILES=_piece_tiles(q.device),
                   HEAD_DIM=head_dim, BLOCK_M=block_m)
     arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device) if splits > 1 else out
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals,
