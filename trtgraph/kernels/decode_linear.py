@@ -38,16 +38,20 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import decode_tuned
 from .composed import FusedOps, QKVHeads
-from .triton_ops import arrival_counters
+from .triton_ops import arrival_counters, pdl_capable
 
 # The fused kernels run for steps of at most this many rows. They take any row count (64-row
 # tiles, then a grid of m-tiles), but in the replayed 1B step on the H200 the 64-row tiles lost:
 # decode bs 40-64 took 1.279-1.327 ms against 1.25-1.26 ms for the composition in earlier
 # benches, while bs 1-32 gained (docs/performance.md, branch h/k). So past 32 rows: the composition.
 FUSED_MAX_ROWS = 32
+# ... except for the (op, N, K) in decode_tuned.WIDE, whose fused kernel beat the composition at
+# 40 and 64 rows too (scripts/tune_decode_linear.py): those run it for steps of up to 64 rows.
+WIDE_MAX_ROWS = 64
 FUSED, COMPOSED = "fused", "composed"
 _PLAIN, _RESIDUAL, _SILU, _ROPE = 0, 1, 2, 3
 
@@ -219,14 +223,27 @@ def _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, ok, k_lo, k_hi, 
 
 
 @triton.jit
+def _prefetch_l2(ptrs, NBYTES: tl.constexpr):
+    """cp.async.bulk.prefetch.L2 of NBYTES (a multiple of 16, 16-byte aligned) from each pointer."""
+    size = tl.full(ptrs.shape, NBYTES, tl.int32)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                              [ptrs, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
                    cnt_ptr, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
                    cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
                    MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                   STACK: tl.constexpr):
-    """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K)."""
+                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+    """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K).
+    PDL (launched with programmatic dependent launch): let the next kernel launch now, put the
+    first PREFETCH bytes of each of this program's weight rows on their way to L2 (the weights
+    do not depend on the previous kernel), then wait for the previous kernel's writes."""
+    if PDL:
+        gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -249,9 +266,19 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
             w_rows = (cc // HALF) * (2 * HALF) + cc % HALF + tl.where(jj >= BLOCK_N, HALF, 0)
         else:
             w_rows = cc + tl.where(jj >= BLOCK_N, pair_offset, 0)
+        if PDL:
+            if PREFETCH > 0:
+                _prefetch_l2(w_ptr + w_rows.to(tl.int64) * w_stride + k_lo, PREFETCH)
+            gdc_wait()
         acc1, acc2, ss = _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, cc < N, k_lo, k_hi,
                                          x_stride, w_stride, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
     else:
+        if PDL:
+            if PREFETCH > 0:
+                _prefetch_l2(w_ptr + w_rows1.to(tl.int64) * w_stride + k_lo, PREFETCH)
+                if MODE >= 2:
+                    _prefetch_l2(w_ptr + w_rows2.to(tl.int64) * w_stride + k_lo, PREFETCH)
+            gdc_wait()
         acc1, acc2, ss = _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi,
                                  x_stride, w_stride, MODE, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
     if SPLIT_K == 1:
@@ -310,6 +337,9 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     else:
         ws = cnt = out
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
+    even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
+    pdl = _uses_pdl(mode, x.device)
+    extra = {"launch_pdl": True} if pdl else {}
     _decode_kernel[grid](
         x, norm_weight if norm_weight is not None else weight, weight, bias if bias is not None else weight, out,
         residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
@@ -320,10 +350,22 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=K % k_per_split == 0 and n_cols % cfg.block_n == 0,
-        STACK=cfg.stack and mode >= _SILU, num_warps=cfg.num_warps,
-        num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device))
+        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl,
+        PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
+        num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device), **extra)
     return out
+
+
+# Programmatic dependent launch: the ops (by MODE) whose kernel is launched with it, so that it
+# starts while the previous kernel drains, puts the first _PREFETCH_BYTES of each of its weight
+# rows on their way to L2 and only then waits for the previous kernel's writes; every fused
+# kernel lets its successor launch from its start. Hopper and later, CUDA only.
+_PDL_MODES: frozenset[int] = frozenset({_PLAIN, _RESIDUAL, _SILU, _ROPE})
+_PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
+
+
+def _uses_pdl(mode: int, device: torch.device) -> bool:
+    return mode in _PDL_MODES and pdl_capable(device)
 
 
 def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.device) -> int:
@@ -385,23 +427,29 @@ def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, p
 FUSED_OPS = FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
 
 # ---------------------------------------------------------------------------------------
-# The choice: which (op, weight shape) runs the fused kernel for steps of <= FUSED_MAX_ROWS
+# The choice: which (op, weight shape) runs the fused kernel for steps of <= max_rows rows
 # ---------------------------------------------------------------------------------------
 
 _CHOICE: dict[tuple[str, int, int], str] = {}  # (op, N, K) -> FUSED | COMPOSED; unlisted: composed
 # (op, N, K) where the H200 measurement found the composition faster (kernels/decode_tuned.py)
 _SLOWER: set[tuple[str, int, int]] = set(decode_tuned.SLOWER)
+_WIDE: set[tuple[str, int, int]] = set(decode_tuned.WIDE)
+
+
+def max_rows(op: str, n: int, k: int) -> int:
+    """The most rows a step may have for (op, N, K) to run the fused kernel, where chosen."""
+    return WIDE_MAX_ROWS if (op, n, k) in _WIDE else FUSED_MAX_ROWS
 
 
 def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int, int], list[int]],
                  device: torch.device, deterministic: bool, tensor_parallel: bool,
                  qk_norm: bool = False, *, dtype: torch.dtype) -> dict[str, str]:
-    """Install, per fused op and weight shape (op, N, K), whether steps of <= FUSED_MAX_ROWS
+    """Install, per fused op and weight shape (op, N, K), whether steps of <= max_rows(op, N, K)
     rows run the fused kernel: on CUDA, on one GPU, for 16-bit weights (the table was tuned and
     proven on the H200 in bf16; fp32 models keep the composition), not for Qwen3's q/k-normed
     qkv, and where the H200 table does not say the composition is faster. With `deterministic`, a shape whose
     plan also runs steps of more rows keeps the composition for every step (one path for every
-    T: the fused kernel is invariant, but past FUSED_MAX_ROWS the composition would take over
+    T: the fused kernel is invariant, but past max_rows the composition would take over
     with another reduction order). A pure function of its arguments (a fixed table, no timing), so
     the compiler and the runtime install the same choice; the compiler records it in the
     manifest. Returns {"op:NxK": "fused" | "composed"}."""
@@ -410,7 +458,7 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
         ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER and dtype.itemsize == 2
               and not (qk_norm and op == "norm_qkv_rope"))
         if ok and deterministic:
-            ok = max(row_counts.get((n, k), [0]), default=0) <= FUSED_MAX_ROWS
+            ok = max(row_counts.get((n, k), [0]), default=0) <= max_rows(op, n, k)
         _CHOICE[(op, n, k)] = FUSED if ok else COMPOSED
     return installed_choice()
 
@@ -421,11 +469,11 @@ def installed_choice() -> dict[str, str]:
 
 def dispatch(composed: FusedOps) -> FusedOps:
     """The four ops: each call runs the fused kernel when its (op, shape) was chosen and the
-    step has at most FUSED_MAX_ROWS rows, the composition otherwise (a shape-only test: the
+    step has at most max_rows(op, shape) rows, the composition otherwise (a shape-only test: the
     same for every replay of a key)."""
 
     def pick(name: str, weight: torch.Tensor, rows: int):
-        fused = rows <= FUSED_MAX_ROWS and _CHOICE.get((name, *weight.shape)) == FUSED
+        fused = _CHOICE.get((name, *weight.shape)) == FUSED and rows <= max_rows(name, *weight.shape)
         return getattr(FUSED_OPS if fused else composed, name)
 
     def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads, *rest):

@@ -4,7 +4,8 @@ this file; docs/performance.md has the numbers).
 
 TUNED: (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, stack), one per weight shape for
 every row count. SLOWER: (op, N, K) whose fused kernel lost to the composition (summed over
-T = 1, 8, 64), so the composition runs there.
+T = 1, 8, 64), so the composition runs there. WIDE: (op, N, K) whose fused kernel also beat
+the composition at T = 40 and 64, so it runs for steps of up to 64 rows (32 elsewhere).
 """
 
 TUNED = {
@@ -15,4 +16,8 @@ TUNED = {
     (128256, 2048): (128, 128, 1, 8, 3, False),
 }
 SLOWER = {
+}
+WIDE = {
+    ('norm_gate_up_silu', 16384, 2048),
+    ('norm_linear', 128256, 2048),
 }
