@@ -137,7 +137,7 @@ def tune_shape(name, op, n, k, bw, out, quick):
           f"T={NARROW}); {'WIDE: faster at' if wide else 'not faster at every'} T > 32")
     same = invariant(op, n, k, ws[0])
     err = {m: parity(op, n, k, m, ws[0]) for m in (1, 64)}
-    print(f"  row 0 bitwise equal at T = 1, 8, 17, 64: {same}; |fused - composed| / |composed|: "
+    print(f"  row 0 bitwise equal at T = 1, 8, 17, 40, 64: {same}; |fused - composed| / |composed|: "
           + ", ".join(f"T={m} {e:.1e}" for m, e in err.items()))
     out[name] = {"invariant": same, "rel_err": err, "op": op, "n": n, "k": k, "config": best, "wide": wide,
                  "fused_us": {m: v * 1e6 for m, v in tm.items()},

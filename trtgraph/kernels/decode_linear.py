@@ -358,9 +358,11 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
 
 # Programmatic dependent launch: the ops (by MODE) whose kernel is launched with it, so that it
 # starts while the previous kernel drains, puts the first _PREFETCH_BYTES of each of its weight
-# rows on their way to L2 and only then waits for the previous kernel's writes; every fused
-# kernel lets its successor launch from its start. Hopper and later, CUDA only.
-_PDL_MODES: frozenset[int] = frozenset({_PLAIN, _RESIDUAL, _SILU, _ROPE})
+# rows on their way to L2 and only then waits for the previous kernel's writes; such a kernel
+# lets its successor launch from its start. Hopper and later, CUDA only. Off: in the replayed
+# 1B step on the H200 it gained nothing at bs 1 and lost at bs 8-64 (docs/performance.md,
+# branch h/k4; scripts/decode_ablation.py measures it per op).
+_PDL_MODES: frozenset[int] = frozenset()
 _PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
 
 

@@ -325,8 +325,13 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                              q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,
                              PAGE=page, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             TRIGGER=pdl_capable(q.device), **common)
+                             TRIGGER=ATTENTION_TRIGGER and pdl_capable(q.device), **common)
     return out
+
+
+# The attention kernel lets its successor (the o projection, when launched with programmatic
+# dependent launch: decode_linear._PDL_MODES) start from its first instruction. Off with PDL.
+ATTENTION_TRIGGER = False
 
 
 def pdl_capable(device: torch.device) -> bool:
