@@ -1,10 +1,12 @@
 """Tune the fused decode GEMVs (kernels/decode_linear.py) per Llama-3.2-1B layer shape (bf16),
 one config per shape for every T, against the composition they replace (Triton RMSNorm,
-cuBLAS, Triton SiLU-mul / RoPE+KV write, torch residual add), each timed in a CUDA graph.
+cuBLAS, Triton SiLU-mul / RoPE+KV write, the residual add in cuBLAS's epilogue: addmm_ in
+place), each timed in a CUDA graph.
 
-Prints per shape the best configs (us at T = 1, 8, 64 and fraction of the measured copy
-bandwidth, counting the weight bytes) and the composition's, and whether row 0 is bitwise
-equal at T = 1, 8, 17, 64. `--quick`: a short list of candidates per shape (the best of earlier
+Prints per shape the best configs (us at T = 1, 8, 40, 64 and fraction of the measured copy
+bandwidth, counting the weight bytes) and the composition's, whether the fused kernel is faster
+at T <= 32 (else the shape goes to SLOWER) and at both T = 40 and 64 (then to WIDE: fused up to
+64 rows), and whether row 0 is bitwise equal at T = 1, 8, 17, 40, 64. `--quick`: a short list of candidates per shape (the best of earlier
 full runs, and stacked paired rows); `--write`: merge the results into
 trtgraph/kernels/decode_tuned.py (the table the kernels use).
 Usage: python scripts/tune_decode_linear.py OUT.json [--quick] [--write] [SHAPE ...]
@@ -31,8 +33,10 @@ HEADS = QKVHeads(32, 8, 64)
 SHAPES = {"qkv": ("norm_qkv_rope", 3072, 2048), "o": ("linear_residual", 2048, 2048),
           "gate_up": ("norm_gate_up_silu", 16384, 2048), "down": ("linear_residual", 2048, 8192),
           "lm_head": ("norm_linear", 128256, 2048)}
-ROWS = (1, 8, 64)
-COMPOSED = compose(t.rms_norm, F.linear, t.silu_and_mul, t.rope_write_kv)
+ROWS = (1, 8, 40, 64)
+NARROW = (1, 8)  # the rows every chosen shape runs fused; 40 and 64 decide WIDE
+COMPOSED = compose(t.rms_norm, F.linear, t.silu_and_mul, t.rope_write_kv,
+                   lambda x, w, residual: residual.addmm_(x, w.t()))
 
 
 def candidates(op, n, k):
@@ -62,11 +66,14 @@ def candidates(op, n, k):
 QUICK = {
     "lm_head": [(128, 128, 1, 4, 3), (128, 128, 1, 8, 3), (128, 256, 1, 8, 2), (64, 128, 1, 4, 4)],
     "qkv": [(64, 128, 4, 4, 4, False), (64, 128, 4, 8, 3, True), (32, 128, 4, 4, 4, True),
-            (32, 128, 8, 4, 4, False), (64, 128, 8, 4, 3, True)],
-    "o": [(64, 128, 4, 4, 4), (64, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 256, 4, 4, 3), (32, 128, 8, 4, 4)],
+            (32, 128, 8, 4, 4, False), (64, 128, 8, 4, 3, True), (64, 128, 8, 8, 3, True),
+            (32, 128, 8, 4, 4, True), (32, 256, 4, 4, 3, True), (64, 64, 8, 4, 4, True)],
+    "o": [(64, 128, 4, 4, 4), (64, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 256, 4, 4, 3), (32, 128, 8, 4, 4),
+          (64, 128, 8, 4, 4), (64, 64, 8, 4, 4), (32, 64, 8, 4, 4), (32, 256, 4, 4, 3)],
     "gate_up": [(64, 256, 1, 4, 2, False), (64, 128, 1, 8, 3, True), (64, 128, 1, 4, 3, True),
                 (128, 128, 1, 8, 2, True), (32, 128, 1, 4, 4, True), (64, 256, 1, 8, 2, True)],
-    "down": [(64, 256, 4, 4, 3), (64, 128, 4, 4, 4), (64, 128, 8, 4, 3)],
+    "down": [(64, 256, 4, 4, 3), (64, 128, 4, 4, 4), (64, 128, 8, 4, 3), (64, 256, 8, 4, 3), (32, 256, 4, 4, 3),
+             (32, 256, 8, 4, 3), (32, 128, 8, 4, 4), (64, 512, 4, 4, 2), (128, 256, 8, 8, 2), (64, 256, 16, 4, 3)],
 }
 
 
@@ -123,39 +130,46 @@ def tune_shape(name, op, n, k, bw, out, quick):
         print(f"  {cfg}: {fmt(tm)}")
     best, tm = tuple(rows[0][1]) + (False,) * (6 - len(rows[0][1])), rows[0][2]
     dl._TUNED[(n, k)] = best
-    faster = sum(tm.values()) < sum(comp.values())
+    faster = sum(tm[m] for m in NARROW) < sum(comp[m] for m in NARROW)
+    wide = faster and all(tm[m] < comp[m] for m in ROWS if m not in NARROW)
     print(f"  best {best}: {'faster' if faster else 'SLOWER'} than the composition "
-          f"({sum(tm.values()) * 1e6:.1f} vs {sum(comp.values()) * 1e6:.1f} us summed over T={ROWS})")
+          f"({sum(tm[m] for m in NARROW) * 1e6:.1f} vs {sum(comp[m] for m in NARROW) * 1e6:.1f} us summed over "
+          f"T={NARROW}); {'WIDE: faster at' if wide else 'not faster at every'} T > 32")
     same = invariant(op, n, k, ws[0])
     err = {m: parity(op, n, k, m, ws[0]) for m in (1, 64)}
-    print(f"  row 0 bitwise equal at T = 1, 8, 17, 64: {same}; |fused - composed| / |composed|: "
+    print(f"  row 0 bitwise equal at T = 1, 8, 17, 40, 64: {same}; |fused - composed| / |composed|: "
           + ", ".join(f"T={m} {e:.1e}" for m, e in err.items()))
-    out[name] = {"invariant": same, "rel_err": err, "op": op, "n": n, "k": k, "config": best,
+    out[name] = {"invariant": same, "rel_err": err, "op": op, "n": n, "k": k, "config": best, "wide": wide,
                  "fused_us": {m: v * 1e6 for m, v in tm.items()},
                  "composed_us": {m: v * 1e6 for m, v in comp.items()},
                  "bw_frac": {m: nbytes / v / bw for m, v in tm.items()}, "faster": faster}
 
 
 def invariant(op, n, k, w):
-    """Row 0 of the op's output bitwise equal at T = 1, 8, 17, 64 (row tiles of 16, 16, 32, 64)."""
-    outs = [make_call(op, n, k, m, [w], True)(0)[0].clone() for m in (1, 8, 17, 64)]
+    """Row 0 of the op's output bitwise equal at T = 1, 8, 17, 40, 64 (row tiles 16, 16, 32, 64, 64)."""
+    outs = [make_call(op, n, k, m, [w], True)(0)[0].clone() for m in (1, 8, 17, 40, 64)]
     return all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 def write_table(out):
     """Merge this run's best configs and verdicts into trtgraph/kernels/decode_tuned.py."""
-    tuned, slower = dict(decode_tuned.TUNED), set(decode_tuned.SLOWER)
+    tuned, slower, wide = dict(decode_tuned.TUNED), set(decode_tuned.SLOWER), set(decode_tuned.WIDE)
     for v in out.values():
         if isinstance(v, dict):
+            key = (v["op"], v["n"], v["k"])
             tuned[(v["n"], v["k"])] = tuple(v["config"])
-            slower.discard((v["op"], v["n"], v["k"]))
+            slower.discard(key)
+            wide.discard(key)
             if not v["faster"]:
-                slower.add((v["op"], v["n"], v["k"]))
+                slower.add(key)
+            if v["wide"]:
+                wide.add(key)
     path = pathlib.Path(decode_tuned.__file__)
     text = path.read_text()
     head = text[:text.index("TUNED = {")]
     body = "TUNED = {\n" + "".join(f"    {key!r}: {cfg!r},\n" for key, cfg in sorted(tuned.items())) + "}\n"
     body += "SLOWER = {\n" + "".join(f"    {key!r},\n" for key in sorted(slower)) + "}\n"
+    body += "WIDE = {\n" + "".join(f"    {key!r},\n" for key in sorted(wide)) + "}\n"
     path.write_text(head + body)
     print(f"wrote {path}")
 

@@ -108,8 +108,8 @@ BF16 = torch.bfloat16
 
 def test_choice_and_dispatch(monkeypatch):
     """choose_fused: CUDA only, never with tensor parallelism, and with `deterministic` only for
-    shapes whose plan never runs more than FUSED_MAX_ROWS rows; dispatch runs the chosen path
-    for steps of at most FUSED_MAX_ROWS rows."""
+    shapes whose plan never runs more than max_rows (FUSED_MAX_ROWS; WIDE_MAX_ROWS for the
+    WIDE shapes) rows; dispatch runs the chosen path for steps of at most that many rows."""
     shapes = [("norm_linear", 72, 48), ("linear_residual", 48, 40)]
     counts = {(72, 48): [1, 8, dl.FUSED_MAX_ROWS], (48, 40): [1, 8, dl.FUSED_MAX_ROWS + 1]}
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -134,6 +134,16 @@ def test_choice_and_dispatch(monkeypatch):
         "norm_qkv_rope:72x48": "composed"}
     assert dl.choose_fused(shapes, counts, cuda, False, False, dtype=torch.float32) == {  # fp32: untuned
         "linear_residual:48x40": "composed", "norm_linear:72x48": "composed"}
+    # a WIDE shape (fused faster at 40-64 rows too): fused up to 64 rows, also with `deterministic`
+    monkeypatch.setattr(dl, "_WIDE", {("norm_linear", 72, 48)})
+    wide = {(72, 48): [1, 8, dl.WIDE_MAX_ROWS], (48, 40): [1, 8, dl.WIDE_MAX_ROWS]}
+    assert dl.choose_fused(shapes, wide, cuda, True, False, dtype=BF16) == {"linear_residual:48x40": "composed",
+                                                                "norm_linear:72x48": "fused"}
+    calls.clear()
+    ops.norm_linear(torch.zeros(dl.WIDE_MAX_ROWS, 48), None, 0.0, w)
+    ops.norm_linear(torch.zeros(dl.WIDE_MAX_ROWS + 1, 48), None, 0.0, w)
+    assert calls == ["fused", "composed"]
+    assert dl.max_rows("linear_residual", 48, 40) == dl.FUSED_MAX_ROWS
     dl.choose_fused([], {}, cpu, False, False, dtype=BF16)
     assert dl.installed_choice() == {}
 
@@ -177,6 +187,44 @@ def test_fused_ops_batch_invariant_gpu():
     for T in range(2, 65):
         for a, b in zip(first, row0(T)):
             assert torch.equal(a, b), f"row 0 differs at T={T}"
+
+
+@pytest.mark.gpu
+def test_pdl_chain_in_a_cuda_graph_gpu(monkeypatch):
+    """Three layers' fused ops launched with programmatic dependent launch (L2 prefetch before
+    the wait) and recorded in a CUDA graph: the replay is bitwise what the eager, PDL-free
+    launches compute (the prefetch and the early launch change no arithmetic)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    H, inter, _, heads = LLAMA_1B
+    g, x, nw = _inputs(8, H, dt, dev)
+    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
+    layers = [(_weight(g, n_qkv, H, dt, dev), _weight(g, H, heads.num_heads * heads.head_dim, dt, dev),
+               _weight(g, 2 * inter, H, dt, dev), _weight(g, H, inter, dt, dev)) for _ in range(3)]
+    cos_sin, positions, cache, slots = _rope_case(g, 8, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
+
+    def step(h):
+        for qkv, o, gu, down in layers:
+            q = dl.norm_qkv_rope(h, nw, 1e-5, qkv, None, heads, cos_sin, positions, cache, slots)
+            h = dl.linear_residual(q.view(8, -1), o, h)
+            h = dl.linear_residual(dl.norm_gate_up_silu(h, nw, 1e-5, gu), down, h)
+        return h
+
+    monkeypatch.setattr(dl, "_PDL_MODES", frozenset())
+    want = step(x.clone())
+    want_cache = cache.clone()
+    monkeypatch.setattr(dl, "_PDL_MODES", frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
+    h = x.clone()
+    step(h.clone())  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(h)
+    cache.zero_()
+    h.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(cache, want_cache)
 
 
 def test_pipeline_depth_fits_shared_memory(monkeypatch):

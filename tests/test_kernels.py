@@ -122,6 +122,24 @@ def run_linear(device, dtype, m=5, n=40, k=48, seed=0):
     _close(_lin().triton_linear(x, w), ref.linear(x, w), dtype)
     _close(_lin().triton_linear(x, w, bias), ref.linear(x, w, bias), dtype)
     _close(_lin().triton_linear(x.view(m, 1, k), w), ref.linear(x, w).view(m, 1, n), dtype)
+    # residual + x @ W.T in one kernel, into the residual's storage: the Triton epilogue, and
+    # on the GPU cuBLAS's in-place addmm_ (the two backends linear_residual picks between)
+    res = torch.randn((m, n), generator=g).to(device, dtype)
+    want = res.float() + ref.linear(x.float(), w.float())
+    backends = [None, "cublas"] if device.type == "cuda" else [None]
+    for backend in backends:
+        lin = _lin()
+        saved = dict(lin._BACKENDS)
+        if backend:
+            lin._BACKENDS[(n, k)] = backend
+        try:
+            out = res.clone()
+            got = lin.linear_residual(x, w, out)
+        finally:
+            lin._BACKENDS.clear()
+            lin._BACKENDS.update(saved)
+        assert got.data_ptr() == out.data_ptr()
+        _close(got, want, dtype)
 
 
 def run_linear_batch_invariance(device, dtype, sizes=(1, 3, 8, 17), n=40, k=48):

@@ -68,7 +68,8 @@ def _triton_set() -> KernelSet:
 
     return KernelSet(name="triton", rms_norm=t.rms_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
-                     **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv))._asdict(),
+                     **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
+                                                          lin.linear_residual))._asdict(),
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
                      gumbel_noise=t.gumbel_noise, argmax=sampler_reference.greedy)
 

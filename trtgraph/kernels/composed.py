@@ -48,8 +48,10 @@ class FusedOps(NamedTuple):
     norm_linear: Callable
 
 
-def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_write_kv: Callable) -> FusedOps:
-    """The four fused ops as sequences of a kernel set's single ops."""
+def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_write_kv: Callable,
+            linear_residual: Callable | None = None) -> FusedOps:
+    """The four fused ops as sequences of a kernel set's single ops; `linear_residual`, where
+    the set has one (a GEMM with the residual add in its epilogue), replaces residual + linear."""
 
     def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
         y = linear(rms_norm(x, norm_weight, eps), weight, bias)
@@ -65,10 +67,10 @@ def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_w
             q, k = rms_norm(q, heads.q_norm, heads.qk_eps), rms_norm(k, heads.k_norm, heads.qk_eps)
         return rope_write_kv(q, k, v, cos_sin, positions, kv_cache, slot_mapping)
 
-    def linear_residual(x, weight, residual):
+    def add_linear(x, weight, residual):
         return residual + linear(x, weight)
 
     def norm_gate_up_silu(x, norm_weight, eps, weight):
         return silu_and_mul(norm_linear(x, norm_weight, eps, weight))
 
-    return FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
+    return FusedOps(norm_qkv_rope, linear_residual or add_linear, norm_gate_up_silu, norm_linear)

@@ -1,5 +1,7 @@
 """Fused decode GEMVs: the four fused ops of kernels/composed.py as single Triton kernels for
-steps of few rows (T <= FUSED_MAX_ROWS = 32: decode and verification keys).
+steps of few rows (T <= FUSED_MAX_ROWS = 32: decode and verification keys; up to 64 for the
+WIDE shapes of kernels/decode_tuned.py). This module holds the launch configs, the launches,
+the ops and the fused-or-composed choice; the kernel itself is kernels/decode_kernel.py.
 
 One kernel, four epilogues. Swap-AB: a program multiplies a weight tile [BLOCK_N, BLOCK_K]
 by BLOCK_T (16, 32 or 64) rows of x (padded, masked) transposed, acc[BLOCK_N, BLOCK_T], so the
@@ -18,6 +20,8 @@ weights fill the MMA's M side and are streamed from HBM once; rows past 64 are m
   tiles, so the epilogue has both operands in registers.
 - Epilogues: plain store (fp32 logits for the LM head), residual add (o, down), silu(g) * u,
   RoPE with q written out and the rotated k and the v written to the paged cache.
+- Programmatic dependent launch, per op (`_PDL_MODES`, off: it did not pay on the H200): the
+  kernel launches while its predecessor drains, prefetches its weight slice into L2, then waits.
 
 Batch invariance by construction: the launch config (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
 is a function of (N, K) and the device only (`decode_config`), never of T; a row is one
@@ -37,17 +41,20 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from . import decode_tuned
 from .composed import FusedOps, QKVHeads
-from .triton_ops import arrival_counters
+from .decode_kernel import _decode_kernel
+from .triton_ops import arrival_counters, pdl_capable
 
 # The fused kernels run for steps of at most this many rows. They take any row count (64-row
 # tiles, then a grid of m-tiles), but in the replayed 1B step on the H200 the 64-row tiles lost:
 # decode bs 40-64 took 1.279-1.327 ms against 1.25-1.26 ms for the composition in earlier
 # benches, while bs 1-32 gained (docs/performance.md, branch h/k). So past 32 rows: the composition.
 FUSED_MAX_ROWS = 32
+# ... except for the (op, N, K) in decode_tuned.WIDE, whose fused kernel beat the composition at
+# 40 and 64 rows too (scripts/tune_decode_linear.py): those run it for steps of up to 64 rows.
+WIDE_MAX_ROWS = 64
 FUSED, COMPOSED = "fused", "composed"
 _PLAIN, _RESIDUAL, _SILU, _ROPE = 0, 1, 2, 3
 
@@ -99,195 +106,6 @@ def row_tile(rows: int) -> int:
     return next((t for t in _ROW_TILES if rows <= t), _ROW_TILES[-1])
 
 
-@triton.jit
-def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
-              res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
-              cache_head_stride, num_q_heads, num_kv_heads,
-              MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr):
-    """acc [BLOCK_N (output columns), BLOCK_T (rows)] -> the op's outputs."""
-    if HAS_NORM:
-        rstd = tl.rsqrt(ss / K + eps)
-        acc1 = acc1 * rstd[None, :]
-        if MODE >= 2:
-            acc2 = acc2 * rstd[None, :]
-    if HAS_BIAS:
-        acc1 += tl.load(b_ptr + w_rows1, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-        if MODE >= 2:
-            acc2 += tl.load(b_ptr + w_rows2, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-    mask = col_ok[:, None] & row_ok[None, :]
-    dst = out_ptr + rows[None, :] * out_stride + cols[:, None]
-    if MODE == 0:
-        tl.store(dst, acc1.to(out_ptr.dtype.element_ty), mask=mask)
-    elif MODE == 1:
-        r = tl.load(res_ptr + rows[None, :] * res_stride + cols[:, None], mask=mask, other=0.0).to(tl.float32)
-        tl.store(dst, (r + acc1).to(out_ptr.dtype.element_ty), mask=mask)
-    elif MODE == 2:
-        tl.store(dst, (acc1 / (1.0 + tl.exp(-acc1)) * acc2).to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        # cols index (head, d) for d < D/2; acc1 the first halves, acc2 their partners
-        head = cols // HALF
-        d = cols % HALF
-        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
-        cs = cs_ptr + pos[None, :] * (2 * HALF) + d[:, None]
-        cos = tl.load(cs, mask=mask, other=0.0)
-        sin = tl.load(cs + HALF, mask=mask, other=0.0)
-        is_v = head >= num_q_heads + num_kv_heads
-        r1 = tl.where(is_v[:, None], acc1, acc1 * cos - acc2 * sin)
-        r2 = tl.where(is_v[:, None], acc2, acc2 * cos + acc1 * sin)
-        is_q = head < num_q_heads
-        qd = out_ptr + rows[None, :] * out_stride + (head * 2 * HALF + d)[:, None]
-        qm = mask & is_q[:, None]
-        tl.store(qd, r1.to(out_ptr.dtype.element_ty), mask=qm)
-        tl.store(qd + HALF, r2.to(out_ptr.dtype.element_ty), mask=qm)
-        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
-        kvh = tl.where(is_v, head - num_q_heads - num_kv_heads, head - num_q_heads)
-        kd = (kv_ptr + tl.where(is_v, cache_kv_stride, 0)[:, None] + slot[None, :] * cache_slot_stride
-              + (kvh * cache_head_stride + d)[:, None])
-        km = mask & (~is_q)[:, None]
-        tl.store(kd, r1.to(kv_ptr.dtype.element_ty), mask=km)
-        tl.store(kd + HALF, r2.to(kv_ptr.dtype.element_ty), mask=km)
-
-
-@triton.jit
-def _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM: tl.constexpr, EVEN: tl.constexpr):
-    """x[rows, kk] in fp32, times the norm weight (RMSNorm's scale comes in the epilogue), and
-    the sum of squares so far -> (x tile [BLOCK_T, BLOCK_K], ss)."""
-    if EVEN:
-        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None], other=0.0)
-        xt = xt.to(tl.float32)
-        if HAS_NORM:
-            ss += tl.sum(xt * xt, axis=1)
-            xt = xt * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
-    else:
-        k_ok = kk < k_hi
-        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                     other=0.0).to(tl.float32)
-        if HAS_NORM:
-            ss += tl.sum(xt * xt, axis=1)
-            xt = xt * tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-    return xt, ss
-
-
-@triton.jit
-def _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi, x_stride, w_stride,
-            MODE: tl.constexpr, HAS_NORM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
-    """The K loop: the x tile times the weight rows w_rows1 (and their partners w_rows2 for
-    MODE 2 / 3) -> (acc1, acc2, ss). EVEN: every split a whole number of BLOCK_K and every
-    N-tile full, so the weight loads are unmasked."""
-    acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    ss = tl.zeros([BLOCK_T], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        xt, ss = _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM, EVEN)
-        xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
-        wm = col_ok[:, None] & (kk < k_hi)[None, :]
-        if EVEN:
-            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :])
-        else:
-            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
-        acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
-        if MODE >= 2:
-            if EVEN:
-                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :])
-            else:
-                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
-            acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
-    return acc1, acc2, ss
-
-
-@triton.jit
-def _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, ok, k_lo, k_hi, x_stride, w_stride,
-                    HAS_NORM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
-    """The paired-row K loop with both halves in one tile (w_rows, ok: [2 * BLOCK_N], the first
-    rows then their partners) -> (acc of the first rows, acc of the partners, ss)."""
-    acc = tl.zeros([2 * BLOCK_N, BLOCK_T], tl.float32)
-    ss = tl.zeros([BLOCK_T], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        xt, ss = _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM, EVEN)
-        if EVEN:
-            w = tl.load(w_ptr + w_rows[:, None] * w_stride + kk[None, :])
-        else:
-            w = tl.load(w_ptr + w_rows[:, None] * w_stride + kk[None, :], mask=ok[:, None] & (kk < k_hi)[None, :],
-                        other=0.0)
-        acc = tl.dot(w, tl.trans(xt.to(w_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
-    acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_T)), (1, 2, 0)))
-    return acc1, acc2, ss
-
-
-@triton.jit
-def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
-                   cnt_ptr, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
-                   cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
-                   MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
-                   PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                   STACK: tl.constexpr):
-    """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    split = tl.program_id(2)
-    rows = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < M
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if MODE == 3:
-        w_rows1 = (cols // HALF) * (2 * HALF) + cols % HALF
-        w_rows2 = w_rows1 + HALF
-    else:
-        w_rows1 = cols
-        w_rows2 = cols + pair_offset
-    k_lo = split * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    if STACK:  # paired rows as one [2 * BLOCK_N, BLOCK_K] tile: one MMA twice as tall per K step
-        jj = tl.arange(0, 2 * BLOCK_N)
-        cc = pid_n * BLOCK_N + jj % BLOCK_N
-        if MODE == 3:
-            w_rows = (cc // HALF) * (2 * HALF) + cc % HALF + tl.where(jj >= BLOCK_N, HALF, 0)
-        else:
-            w_rows = cc + tl.where(jj >= BLOCK_N, pair_offset, 0)
-        acc1, acc2, ss = _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, cc < N, k_lo, k_hi,
-                                         x_stride, w_stride, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
-    else:
-        acc1, acc2, ss = _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi,
-                                 x_stride, w_stride, MODE, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
-    if SPLIT_K == 1:
-        _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
-                  res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
-                  cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
-    else:
-        # workspace [tiles, SPLIT_K, (acc1 | acc2 | ss)]: acc as [BLOCK_N, BLOCK_T], ss as [BLOCK_T]
-        SLOT: tl.constexpr = (NACC * BLOCK_N + 1) * BLOCK_T
-        tile = pid_m * tl.num_programs(1) + pid_n
-        idx = tl.arange(0, BLOCK_N)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
-        base = ws_ptr + (tile * SPLIT_K + split).to(tl.int64) * SLOT
-        tl.store(base + idx, acc1)
-        if MODE >= 2:
-            tl.store(base + BLOCK_N * BLOCK_T + idx, acc2)
-        tl.store(base + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), ss)
-        # the split that arrives last sums all of them, in split order, and resets the counter
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-            acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-            ss = tl.zeros([BLOCK_T], tl.float32)
-            for s in range(SPLIT_K):
-                b = ws_ptr + (tile * SPLIT_K + s).to(tl.int64) * SLOT
-                acc1 += tl.load(b + idx, cache_modifier=".cg")
-                if MODE >= 2:
-                    acc2 += tl.load(b + BLOCK_N * BLOCK_T + idx, cache_modifier=".cg")
-                ss += tl.load(b + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), cache_modifier=".cg")
-            _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr,
-                      out_stride, res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride,
-                      cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS,
-                      HALF)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
-
-
 def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_cols: int, *,
             norm_weight=None, eps=0.0, bias=None, residual=None, pair_offset=0, half=1, rope=None) -> torch.Tensor:
     """Run the fused kernel: x [T, K] (row stride free), weight [N_w, K], out [T, ...] contiguous rows."""
@@ -310,6 +128,9 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     else:
         ws = cnt = out
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
+    even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
+    pdl = _uses_pdl(mode, x.device)
+    extra = {"launch_pdl": True} if pdl else {}
     _decode_kernel[grid](
         x, norm_weight if norm_weight is not None else weight, weight, bias if bias is not None else weight, out,
         residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
@@ -320,10 +141,24 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=K % k_per_split == 0 and n_cols % cfg.block_n == 0,
-        STACK=cfg.stack and mode >= _SILU, num_warps=cfg.num_warps,
-        num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device))
+        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl,
+        PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
+        num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device), **extra)
     return out
+
+
+# Programmatic dependent launch: the ops (by MODE) whose kernel is launched with it, so that it
+# starts while the previous kernel drains, puts the first _PREFETCH_BYTES of each of its weight
+# rows on their way to L2 and only then waits for the previous kernel's writes; such a kernel
+# lets its successor launch from its start. Hopper and later, CUDA only. Off: in the replayed
+# 1B step on the H200 it gained nothing at bs 1 and lost at bs 8-64 (docs/performance.md,
+# branch h/k4; scripts/decode_ablation.py measures it per op).
+_PDL_MODES: frozenset[int] = frozenset()
+_PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
+
+
+def _uses_pdl(mode: int, device: torch.device) -> bool:
+    return mode in _PDL_MODES and pdl_capable(device)
 
 
 def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.device) -> int:
@@ -385,23 +220,29 @@ def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, p
 FUSED_OPS = FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
 
 # ---------------------------------------------------------------------------------------
-# The choice: which (op, weight shape) runs the fused kernel for steps of <= FUSED_MAX_ROWS
+# The choice: which (op, weight shape) runs the fused kernel for steps of <= max_rows rows
 # ---------------------------------------------------------------------------------------
 
 _CHOICE: dict[tuple[str, int, int], str] = {}  # (op, N, K) -> FUSED | COMPOSED; unlisted: composed
 # (op, N, K) where the H200 measurement found the composition faster (kernels/decode_tuned.py)
 _SLOWER: set[tuple[str, int, int]] = set(decode_tuned.SLOWER)
+_WIDE: set[tuple[str, int, int]] = set(decode_tuned.WIDE)
+
+
+def max_rows(op: str, n: int, k: int) -> int:
+    """The most rows a step may have for (op, N, K) to run the fused kernel, where chosen."""
+    return WIDE_MAX_ROWS if (op, n, k) in _WIDE else FUSED_MAX_ROWS
 
 
 def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int, int], list[int]],
                  device: torch.device, deterministic: bool, tensor_parallel: bool,
                  qk_norm: bool = False, *, dtype: torch.dtype) -> dict[str, str]:
-    """Install, per fused op and weight shape (op, N, K), whether steps of <= FUSED_MAX_ROWS
+    """Install, per fused op and weight shape (op, N, K), whether steps of <= max_rows(op, N, K)
     rows run the fused kernel: on CUDA, on one GPU, for 16-bit weights (the table was tuned and
     proven on the H200 in bf16; fp32 models keep the composition), not for Qwen3's q/k-normed
     qkv, and where the H200 table does not say the composition is faster. With `deterministic`, a shape whose
     plan also runs steps of more rows keeps the composition for every step (one path for every
-    T: the fused kernel is invariant, but past FUSED_MAX_ROWS the composition would take over
+    T: the fused kernel is invariant, but past max_rows the composition would take over
     with another reduction order). A pure function of its arguments (a fixed table, no timing), so
     the compiler and the runtime install the same choice; the compiler records it in the
     manifest. Returns {"op:NxK": "fused" | "composed"}."""
@@ -410,7 +251,7 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
         ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER and dtype.itemsize == 2
               and not (qk_norm and op == "norm_qkv_rope"))
         if ok and deterministic:
-            ok = max(row_counts.get((n, k), [0]), default=0) <= FUSED_MAX_ROWS
+            ok = max(row_counts.get((n, k), [0]), default=0) <= max_rows(op, n, k)
         _CHOICE[(op, n, k)] = FUSED if ok else COMPOSED
     return installed_choice()
 
@@ -421,11 +262,11 @@ def installed_choice() -> dict[str, str]:
 
 def dispatch(composed: FusedOps) -> FusedOps:
     """The four ops: each call runs the fused kernel when its (op, shape) was chosen and the
-    step has at most FUSED_MAX_ROWS rows, the composition otherwise (a shape-only test: the
+    step has at most max_rows(op, shape) rows, the composition otherwise (a shape-only test: the
     same for every replay of a key)."""
 
     def pick(name: str, weight: torch.Tensor, rows: int):
-        fused = rows <= FUSED_MAX_ROWS and _CHOICE.get((name, *weight.shape)) == FUSED
+        fused = _CHOICE.get((name, *weight.shape)) == FUSED and rows <= max_rows(name, *weight.shape)
         return getattr(FUSED_OPS if fused else composed, name)
 
     def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads, *rest):

@@ -4,7 +4,14 @@ this file; docs/performance.md has the numbers).
 
 TUNED: (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, stack), one per weight shape for
 every row count. SLOWER: (op, N, K) whose fused kernel lost to the composition (summed over
-T = 1, 8, 64), so the composition runs there.
+T = 1, 8), so the composition runs there. WIDE: (op, N, K) whose fused kernel also beat
+the composition at T = 40 and 64, so it runs for steps of up to 64 rows (32 elsewhere).
+
+qkv (3072, 2048) and o (2048, 2048) keep the third session's configs, and o stays fused: the
+fourth session's tuner picked qkv (64, 128, 8, 8, 3, stacked) and o (64, 256, 4, 4, 3) with o's
+composition (cuBLAS addmm_) faster alone, but the replayed step with those picks was 20-80 us
+slower at bs 1-32 (scripts/decode_ablation.py; docs/performance.md, branch h/k4). A --write
+run rewrites the tables below: check the step with decode_ablation.py before committing it.
 """
 
 TUNED = {
@@ -15,4 +22,8 @@ TUNED = {
     (128256, 2048): (128, 128, 1, 8, 3, False),
 }
 SLOWER = {
+}
+WIDE = {
+    ('norm_gate_up_silu', 16384, 2048),
+    ('norm_linear', 128256, 2048),
 }

@@ -9,9 +9,12 @@ syncs. Outputs are allocated per call (inside a graph they come from the graph's
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .sampling_common import _mix32_i64
 
@@ -171,7 +174,9 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, MIN_TILES: tl.constexpr,
                        PAGE: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       PRECISION: tl.constexpr, TRIGGER: tl.constexpr):
+    if TRIGGER:  # a successor launched with programmatic dependent launch (the o GEMV) may start now
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     b = pid // NUM_Q_BLOCKS
     qb = pid % NUM_Q_BLOCKS
@@ -339,8 +344,23 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                              q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,
                              PAGE=page, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             **common)
+                             TRIGGER=ATTENTION_TRIGGER and pdl_capable(q.device), **common)
     return out
+
+
+# The attention kernel lets its successor (the o projection, when launched with programmatic
+# dependent launch: decode_linear._PDL_MODES) start from its first instruction. Off with PDL.
+ATTENTION_TRIGGER = False
+
+
+def pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch (griddepcontrol): CUDA devices of compute capability 9.0+."""
+    return device.type == "cuda" and _capability(device.index) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 # Split-KV arrival counters (int32, zero between launches: the last split resets its own),

@@ -148,9 +148,10 @@ class Executor:
 
             counts = loaded.model.linear_row_counts([k.num_tokens for k in plan.keys],
                                                     [k.num_logit_rows for k in plan.keys])
-            choose_backends(counts, DTYPES[config.dtype], device, config.deterministic)
+            first = loaded.model.layers[0]  # o and down also run linear_residual's GEMM + residual add
+            choose_backends(counts, DTYPES[config.dtype], device, config.deterministic, frozenset(
+                tuple(w.shape) for w in (first.self_attn.o_proj.weight, first.mlp.down_proj.weight)))
             # the fused decode GEMVs: which (op, weight shape) runs them for steps of few rows
-            first = loaded.model.layers[0]
             shapes = [(op, *w.shape) for op, w in (
                 ("norm_qkv_rope", first.self_attn.qkv_proj.weight), ("linear_residual", first.self_attn.o_proj.weight),
                 ("norm_gate_up_silu", first.mlp.gate_up_proj.weight), ("linear_residual", first.mlp.down_proj.weight),

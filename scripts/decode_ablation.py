@@ -1,0 +1,118 @@
+"""The replayed decode step of Llama-3.2-1B shapes (bf16, 128 cached tokens) with one change at
+a time: how the o / down residual add runs past the fused GEMVs' rows, which shapes run the
+fused GEMVs up to 64 rows (decode_tuned.WIDE), the tuned table, and programmatic dependent
+launch (PDL) per op.
+
+Variants (each captured afresh for every key, timed as `trtgraph bench` times a replay; the
+sequence runs forwards then backwards, so a drift over the run shows as a difference between
+a variant's two results):
+- `main`: main 5b27c9f's step: its tuned table, every shape fused up to 32 rows, the
+  composition's residual add in its own kernel;
+- `separate-add`: today's table and choice, the residual add in its own kernel;
+- `epilogue`: the add rides in the GEMM (cuBLAS addmm_ in place), 32 fused rows everywhere;
+- `new`: `epilogue` + the WIDE shapes fused up to 64 rows: the shipped default (no PDL);
+- `new-o-fused`: `new` with the o projection fused too (the table says the composition);
+- `pdl`: `new` + PDL for every fused op, `pdl-<op>`: for that op alone, `pdl-no-prefetch`:
+  every op, waiting at the start with no L2 prefetch.
+Each replay's logits are checked bitwise against the eager run of the same variant.
+Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...]
+"""
+
+import dataclasses
+import json
+import statistics
+import sys
+
+import torch
+
+from trtgraph.bench import _timed, decode_rows, measure_bandwidth
+from trtgraph.buckets import BucketPlan, GraphKey
+from trtgraph.config import Config
+from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import decode_tuned
+from trtgraph.kernels import linear as lin
+from trtgraph.kernels import triton_ops as t
+from trtgraph.kernels.composed import compose
+from trtgraph.runtime.step.executor import Executor
+
+BATCHES = (1, 8, 32, 40, 64)
+ALL = frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE})
+OPS = {"qkv": dl._ROPE, "o_down": dl._RESIDUAL, "gate_up": dl._SILU, "lm_head": dl._PLAIN}
+# main 5b27c9f's kernels/decode_tuned.py (no SLOWER, no WIDE)
+MAIN_TUNED = {(2048, 2048): (64, 128, 4, 4, 4, False), (2048, 8192): (64, 256, 4, 4, 3, False),
+              (3072, 2048): (64, 128, 4, 8, 3, True), (16384, 2048): (64, 128, 1, 8, 3, True),
+              (128256, 2048): (128, 128, 1, 8, 3, False)}
+NEW = dict(epilogue=True, wide=set(decode_tuned.WIDE), pdl=frozenset(), prefetch=0, tuned=dict(decode_tuned.TUNED),
+           slower=set(decode_tuned.SLOWER), batches=BATCHES)
+VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set()},
+            "separate-add": {**NEW, "epilogue": False, "wide": set()},
+            "epilogue": {**NEW, "wide": set()},
+            "new": NEW,
+            "new-o-fused": {**NEW, "slower": set(), "batches": (1, 8, 32)},
+            "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
+            "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
+            "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
+            **{f"pdl-{name}": {**NEW, "pdl": frozenset({mode}), "prefetch": dl._PREFETCH_BYTES, "batches": (1, 64)}
+               for name, mode in OPS.items()}}
+
+
+def install(ex, v):
+    dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
+    t.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"]
+    dl._TUNED = dict(v["tuned"])
+    for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
+        dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED
+    fused = compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
+                    lin.linear_residual if v["epilogue"] else None)
+    ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops, **dl.dispatch(fused)._asdict())
+
+
+def floor_ms(ex, batch, bw):
+    """The bench's floor: the weights and the cached K/V read once at the copy bandwidth."""
+    cfg, elt = ex.loaded.config, ex.loaded.model.lm_head_weight.element_size()
+    kv_bytes = batch * 129 * cfg.num_layers * 2 * cfg.kv_size * elt
+    return (cfg.parameter_count() * elt + kv_bytes) / bw * 1e3
+
+
+def measure(ex, key):
+    ex.runner._graphs.pop(key, None)  # re-record this variant's graph
+    ex.capture(key)
+    ex.prepare(key, decode_rows(ex, key.batch_size, 128))
+    with torch.inference_mode():
+        replay = ex.execute(key).logits.clone()
+        eager = ex.execute(key, eager=True).logits.clone()
+        ms = statistics.median(_timed(ex.device, lambda: ex.execute(key), 20) for _ in range(5)) * 1e3
+    return ms, bool(torch.equal(replay, eager))
+
+
+def main():
+    out_path = sys.argv[1]
+    cfg = Config.from_yaml(sys.argv[2] if len(sys.argv) > 2 else "examples/llama-3.2-1b-synthetic.yaml")
+    keys = {b: GraphKey(b, 0, 0, "greedy") for b in BATCHES}
+    ex = Executor.build(cfg, BucketPlan.from_config(cfg).with_keys(list(keys.values())))
+    bw = measure_bandwidth(ex.device) if ex.device.type == "cuda" else 1e12
+    floors = {b: floor_ms(ex, b, bw) for b in BATCHES}
+    print(f"choice: {dl.installed_choice()}\nbackends: {lin.installed_backends()}\ncopy bandwidth "
+          f"{bw / 1e9:.0f} GB/s; floor ms: " + ", ".join(f"bs {b} {v:.3f}" for b, v in floors.items()), flush=True)
+    for key in keys.values():
+        ex.warmup(key)
+    results = {"floor_ms": floors, "bandwidth_GBps": bw / 1e9}
+    names = sys.argv[3:] or list(VARIANTS)
+    for i, name in enumerate(names + names[::-1]):
+        v = VARIANTS[name]
+        install(ex, v)
+        tag = f"{name}#{1 + (i >= len(names))}"
+        try:
+            results[tag] = {b: measure(ex, keys[b]) for b in v["batches"]}
+        except Exception as e:  # a variant that does not run is a result too
+            results[tag] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(f"{tag:20s} " + "  ".join(f"bs {b}: {r[0]:.3f} ms ({r[0] / floors[b]:.2f}x)"
+                                       f"{'' if r[1] else ' REPLAY != EAGER'}"
+                                       for b, r in results[tag].items() if b != "error")
+              + results[tag].get("error", ""), flush=True)
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The fused decode GEMV's Triton kernel (kernels/decode_linear.py launches it and describes
+it): the swap-AB K loops (paired rows in two tiles or stacked in one), RMSNorm's sum of
+squares alongside, split-K merged by the last arriving program, the four epilogues, and the
+programmatic-dependent-launch prologue (an L2 prefetch of the weights before the wait).
+MODE: 0 plain store, 1 residual add, 2 SiLU-and-mul, 3 RoPE + KV write."""
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
+              res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+              cache_head_stride, num_q_heads, num_kv_heads,
+              MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr):
+    """acc [BLOCK_N (output columns), BLOCK_T (rows)] -> the op's outputs."""
+    if HAS_NORM:
+        rstd = tl.rsqrt(ss / K + eps)
+        acc1 = acc1 * rstd[None, :]
+        if MODE >= 2:
+            acc2 = acc2 * rstd[None, :]
+    if HAS_BIAS:
+        acc1 += tl.load(b_ptr + w_rows1, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+        if MODE >= 2:
+            acc2 += tl.load(b_ptr + w_rows2, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+    mask = col_ok[:, None] & row_ok[None, :]
+    dst = out_ptr + rows[None, :] * out_stride + cols[:, None]
+    if MODE == 0:
+        tl.store(dst, acc1.to(out_ptr.dtype.element_ty), mask=mask)
+    elif MODE == 1:
+        r = tl.load(res_ptr + rows[None, :] * res_stride + cols[:, None], mask=mask, other=0.0).to(tl.float32)
+        tl.store(dst, (r + acc1).to(out_ptr.dtype.element_ty), mask=mask)
+    elif MODE == 2:
+        tl.store(dst, (acc1 / (1.0 + tl.exp(-acc1)) * acc2).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # cols index (head, d) for d < D/2; acc1 the first halves, acc2 their partners
+        head = cols // HALF
+        d = cols % HALF
+        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
+        cs = cs_ptr + pos[None, :] * (2 * HALF) + d[:, None]
+        cos = tl.load(cs, mask=mask, other=0.0)
+        sin = tl.load(cs + HALF, mask=mask, other=0.0)
+        is_v = head >= num_q_heads + num_kv_heads
+        r1 = tl.where(is_v[:, None], acc1, acc1 * cos - acc2 * sin)
+        r2 = tl.where(is_v[:, None], acc2, acc2 * cos + acc1 * sin)
+        is_q = head < num_q_heads
+        qd = out_ptr + rows[None, :] * out_stride + (head * 2 * HALF + d)[:, None]
+        qm = mask & is_q[:, None]
+        tl.store(qd, r1.to(out_ptr.dtype.element_ty), mask=qm)
+        tl.store(qd + HALF, r2.to(out_ptr.dtype.element_ty), mask=qm)
+        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
+        kvh = tl.where(is_v, head - num_q_heads - num_kv_heads, head - num_q_heads)
+        kd = (kv_ptr + tl.where(is_v, cache_kv_stride, 0)[:, None] + slot[None, :] * cache_slot_stride
+              + (kvh * cache_head_stride + d)[:, None])
+        km = mask & (~is_q)[:, None]
+        tl.store(kd, r1.to(kv_ptr.dtype.element_ty), mask=km)
+        tl.store(kd + HALF, r2.to(kv_ptr.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM: tl.constexpr, EVEN: tl.constexpr):
+    """x[rows, kk] in fp32, times the norm weight (RMSNorm's scale comes in the epilogue), and
+    the sum of squares so far -> (x tile [BLOCK_T, BLOCK_K], ss)."""
+    if EVEN:
+        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None], other=0.0)
+        xt = xt.to(tl.float32)
+        if HAS_NORM:
+            ss += tl.sum(xt * xt, axis=1)
+            xt = xt * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
+    else:
+        k_ok = kk < k_hi
+        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss += tl.sum(xt * xt, axis=1)
+            xt = xt * tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    return xt, ss
+
+
+@triton.jit
+def _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi, x_stride, w_stride,
+            MODE: tl.constexpr, HAS_NORM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
+    """The K loop: the x tile times the weight rows w_rows1 (and their partners w_rows2 for
+    MODE 2 / 3) -> (acc1, acc2, ss). EVEN: every split a whole number of BLOCK_K and every
+    N-tile full, so the weight loads are unmasked."""
+    acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    ss = tl.zeros([BLOCK_T], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt, ss = _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM, EVEN)
+        xb = tl.trans(xt.to(w_ptr.dtype.element_ty))
+        wm = col_ok[:, None] & (kk < k_hi)[None, :]
+        if EVEN:
+            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :])
+        else:
+            w1 = tl.load(w_ptr + w_rows1[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+        acc1 = tl.dot(w1, xb, acc1, input_precision=PRECISION)
+        if MODE >= 2:
+            if EVEN:
+                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :])
+            else:
+                w2 = tl.load(w_ptr + w_rows2[:, None] * w_stride + kk[None, :], mask=wm, other=0.0)
+            acc2 = tl.dot(w2, xb, acc2, input_precision=PRECISION)
+    return acc1, acc2, ss
+
+
+@triton.jit
+def _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, ok, k_lo, k_hi, x_stride, w_stride,
+                    HAS_NORM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
+    """The paired-row K loop with both halves in one tile (w_rows, ok: [2 * BLOCK_N], the first
+    rows then their partners) -> (acc of the first rows, acc of the partners, ss)."""
+    acc = tl.zeros([2 * BLOCK_N, BLOCK_T], tl.float32)
+    ss = tl.zeros([BLOCK_T], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt, ss = _x_tile(x_ptr, nw_ptr, rows, row_ok, kk, k_hi, x_stride, ss, HAS_NORM, EVEN)
+        if EVEN:
+            w = tl.load(w_ptr + w_rows[:, None] * w_stride + kk[None, :])
+        else:
+            w = tl.load(w_ptr + w_rows[:, None] * w_stride + kk[None, :], mask=ok[:, None] & (kk < k_hi)[None, :],
+                        other=0.0)
+        acc = tl.dot(w, tl.trans(xt.to(w_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
+    acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_T)), (1, 2, 0)))
+    return acc1, acc2, ss
+
+
+@triton.jit
+def _prefetch_l2(ptrs, NBYTES: tl.constexpr):
+    """cp.async.bulk.prefetch.L2 of NBYTES (a multiple of 16, 16-byte aligned) from each pointer."""
+    size = tl.full(ptrs.shape, NBYTES, tl.int32)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                              [ptrs, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
+                   cnt_ptr, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
+                   cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
+                   MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
+                   PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
+                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+    """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K).
+    PDL (launched with programmatic dependent launch): let the next kernel launch now, put the
+    first PREFETCH bytes of each of this program's weight rows on their way to L2 (the weights
+    do not depend on the previous kernel), then wait for the previous kernel's writes."""
+    if PDL:
+        gdc_launch_dependents()
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    rows = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < M
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if MODE == 3:
+        w_rows1 = (cols // HALF) * (2 * HALF) + cols % HALF
+        w_rows2 = w_rows1 + HALF
+    else:
+        w_rows1 = cols
+        w_rows2 = cols + pair_offset
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    if STACK:  # paired rows as one [2 * BLOCK_N, BLOCK_K] tile: one MMA twice as tall per K step
+        jj = tl.arange(0, 2 * BLOCK_N)
+        cc = pid_n * BLOCK_N + jj % BLOCK_N
+        if MODE == 3:
+            w_rows = (cc // HALF) * (2 * HALF) + cc % HALF + tl.where(jj >= BLOCK_N, HALF, 0)
+        else:
+            w_rows = cc + tl.where(jj >= BLOCK_N, pair_offset, 0)
+        if PDL:
+            if PREFETCH > 0:
+                _prefetch_l2(w_ptr + w_rows.to(tl.int64) * w_stride + k_lo, PREFETCH)
+            gdc_wait()
+        acc1, acc2, ss = _stacked_k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows, cc < N, k_lo, k_hi,
+                                         x_stride, w_stride, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
+    else:
+        if PDL:
+            if PREFETCH > 0:
+                _prefetch_l2(w_ptr + w_rows1.to(tl.int64) * w_stride + k_lo, PREFETCH)
+                if MODE >= 2:
+                    _prefetch_l2(w_ptr + w_rows2.to(tl.int64) * w_stride + k_lo, PREFETCH)
+            gdc_wait()
+        acc1, acc2, ss = _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi,
+                                 x_stride, w_stride, MODE, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
+    if SPLIT_K == 1:
+        _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
+                  res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+                  cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
+    else:
+        # workspace [tiles, SPLIT_K, (acc1 | acc2 | ss)]: acc as [BLOCK_N, BLOCK_T], ss as [BLOCK_T]
+        SLOT: tl.constexpr = (NACC * BLOCK_N + 1) * BLOCK_T
+        tile = pid_m * tl.num_programs(1) + pid_n
+        idx = tl.arange(0, BLOCK_N)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+        base = ws_ptr + (tile * SPLIT_K + split).to(tl.int64) * SLOT
+        tl.store(base + idx, acc1)
+        if MODE >= 2:
+            tl.store(base + BLOCK_N * BLOCK_T + idx, acc2)
+        tl.store(base + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), ss)
+        # the split that arrives last sums all of them, in split order, and resets the counter
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc1 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+            ss = tl.zeros([BLOCK_T], tl.float32)
+            for s in range(SPLIT_K):
+                b = ws_ptr + (tile * SPLIT_K + s).to(tl.int64) * SLOT
+                acc1 += tl.load(b + idx, cache_modifier=".cg")
+                if MODE >= 2:
+                    acc2 += tl.load(b + BLOCK_N * BLOCK_T + idx, cache_modifier=".cg")
+                ss += tl.load(b + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), cache_modifier=".cg")
+            _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr,
+                      out_stride, res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride,
+                      cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS,
+                      HALF)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
