@@ -123,27 +123,27 @@ def sampler_alone(V: int, profile_bs: int = 64) -> list[str]:
     return lines + extra
 
 
-VARIANTS = ((4096, 64, 4, 1, 1), (4096, 64, 8, 1, 1), (4096, 64, 8, 2, 1), (4096, 64, 8, 2, 3), (2048, 32, 4, 2, 3))
+VARIANTS = ((4096, 64, 4, 1, 32), (4096, 64, 4, 1, 64), (4096, 64, 4, 1, 16), (4096, 64, 8, 1, 32), (2048, 32, 4, 1, 16))
 
 
 def sweep(V: int) -> list[str]:
     """top-k 50 + top-p 0.9 (and top-p alone on flat rows) under other settings: tokens per
-    chunk, candidates per chunk, warps, bits per counting step of the selects' key searches
-    and of the chunks' candidate cut."""
+    chunk, candidates per chunk, warps, bits per counting step of the selects' key searches,
+    and the candidates at which the chunks' cut stops bisecting."""
     from trtgraph.kernels import sampling
 
-    lines = ["", "| chunk, candidates, warps, search bits, cut bits | bs | top-k 50 + top-p 0.9 ms | rows off | "
+    lines = ["", "| chunk, candidates, warps, search bits, cut stops at | bs | top-k 50 + top-p 0.9 ms | rows off | "
              "top-p alone, flat ms | == reference |", "|---|---|---|---|---|---|"]
     for bs in (1, 64):
         logits, _, (t, k, p, no_k, seeds, pos, flat) = _cases(bs, V)
-        for block, cap, warps, bits, cut in VARIANTS:
-            def run(x, kk, block=block, cap=cap, warps=warps, bits=bits, cut=cut):
+        for block, cap, warps, bits, enough in VARIANTS:
+            def run(x, kk, block=block, cap=cap, warps=warps, bits=bits, enough=enough):
                 return sampling.draw(x, t, kk, p, seeds, pos, None, None, None, block, cap, warps=warps,
-                                     search_bits=bits, cut_bits=cut)
+                                     search_bits=bits, enough=enough)
             got, path = run(logits, k)
             same = torch.equal(got, sampler.sample(logits, t, k, p, seeds, pos))
             same &= torch.equal(run(flat, no_k)[0], sampler.sample(flat, t, no_k, p, seeds, pos))
-            lines.append(f"| {block}, {cap}, {warps}, {bits}, {cut} | {bs} | {graph_time(lambda: run(logits, k)):.4f} | "
+            lines.append(f"| {block}, {cap}, {warps}, {bits}, {enough} | {bs} | {graph_time(lambda: run(logits, k)):.4f} | "
                          f"{int((path != 0).sum())} | {graph_time(lambda: run(flat, no_k)):.4f} | {same} |")
             print(lines[-1], file=sys.stderr, flush=True)
     return lines

@@ -148,6 +148,18 @@ def test_triton_sample_settles_rows_from_candidates_or_by_rejection(tri, cap):
         assert path[filtered].any() and (path[filtered] == 0).any()
 
 
+@pytest.mark.parametrize("enough", [1, 64])
+def test_triton_sample_is_the_same_wherever_the_candidate_cut_stops(tri, enough):
+    """The chunks' candidate cut stops bisecting once `enough` candidates are kept (1: few
+    candidates, most filtered rows reach past them; 64 = the cap: the full bisection); the
+    tokens are the reference's either way."""
+    gen = torch.Generator().manual_seed(enough)
+    logits, temp, top_k, top_p, min_p, seeds, pos = filter_mix(gen, 24, 2500, False)
+    want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
+    got, _ = tri.draw(logits, temp, top_k, top_p, seeds, pos, min_p, None, None, 256, 64, enough=enough)
+    assert torch.equal(got, want)
+
+
 def flat_rows(gen, R, V, ties=False):
     """Top-p without top-k on rows from peaked to near-flat (the kept set from a few tokens to
     most of the row), some with min-p."""

@@ -38,41 +38,44 @@ NUM_WARPS = 16
 # The split draw: tokens per chunk program, candidates kept per chunk, warps.
 CHUNK = 4096
 CAP = 64
-STEPS = 12  # bits of a chunk's candidate cut: (max - min) / 2**12 apart
-CUT_BITS = 1  # of them decided per counting step (the H200 figures of 3 are in docs/performance.md)
+STEPS = 12  # at most this many halvings of a chunk's candidate cut: (max - min) / 2**12 apart
+ENOUGH = 32  # the cut's bisection stops once this many candidates are kept (1 to CAP)
 CHUNK_WARPS = 4  # 8 halves the registers (128, not 212) but ran slower at bs 64 (docs/performance.md)
 SEARCH_BITS = 1  # the selects' key bisections: bits decided per counting step
 ARGMAX_CHUNK = 4096  # argmax: tokens per program
 
 
 @triton.jit
-def _candidate_cut(x, inside, mc, xmin, CAP: tl.constexpr, STEPS: tl.constexpr, CB: tl.constexpr):
-    """tau keeping at most CAP of the chunk's x >= tau: a search between the chunk's max mc and
-    its smallest finite x xmin (at most 64 below), STEPS bits in all, CB bits a step (2**CB
-    thresholds counted in one reduction); count(x >= hi) <= CAP always, count(x >= lo) > CAP
-    while searching. Ties at the max beyond CAP: +inf (none); a chunk of <= CAP: -inf."""
+def _candidate_cut(x, inside, n_in, mc, xmin, CAP: tl.constexpr, STEPS: tl.constexpr, ENOUGH: tl.constexpr):
+    """tau keeping at most CAP of the chunk's x >= tau: a bisection between the chunk's max mc
+    and its smallest finite x xmin (at most 64 below) of at most STEPS halvings, which stops
+    once hi keeps ENOUGH (a data-dependent count of steps, a function of the chunk alone);
+    count(x >= hi) <= CAP always, count(x >= lo) > CAP while bisecting. Ties at the max
+    beyond CAP: +inf (none); a chunk of <= CAP (n_in tokens): -inf."""
     lo = tl.maximum(xmin, mc - 64.0)
     few = tl.sum((inside & (x >= lo)).to(tl.int32), 0) <= CAP
     hi = mc
-    j = tl.arange(0, 2**CB)
-    frac = j.to(tl.float32) * (1.0 / 2**CB)
-    for _ in tl.static_range(STEPS // CB):
-        mids = lo + (hi - lo) * frac  # [2**CB], mids[0] = lo
-        more = tl.sum((x[None, :] >= mids[:, None]).to(tl.int32), 1) > CAP
-        jl = tl.max(tl.where(more | (j == 0), j, 0), 0)  # the last threshold with more than CAP
-        new_hi = tl.sum(tl.where(j == jl + 1, mids, 0.0), 0)
-        lo = tl.sum(tl.where(j == jl, mids, 0.0), 0)
-        hi = tl.where(jl + 1 < 2**CB, new_hi, hi)
+    hi_n = tl.sum((x >= mc).to(tl.int32), 0)
+    ties = hi_n > CAP
+    i = 0
+    while (i < STEPS) & (hi_n < ENOUGH) & (few == 0):
+        mid = lo + (hi - lo) * 0.5
+        cnt = tl.sum((x >= mid).to(tl.int32), 0)
+        more = cnt > CAP
+        lo = tl.where(more, mid, lo)
+        hi = tl.where(more, hi, mid)
+        hi_n = tl.where(more, hi_n, cnt)
+        i += 1
     tau = tl.where(few, lo, hi)
-    tau = tl.where(tl.sum((x >= mc).to(tl.int32), 0) > CAP, float("inf"), tau)
-    return tl.where(tl.sum(inside.to(tl.int32), 0) <= CAP, -float("inf"), tau)
+    tau = tl.where(ties, float("inf"), tau)
+    return tl.where(n_in <= CAP, -float("inf"), tau)
 
 
 @triton.jit
 def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, pos_ptr,
                   cand_x_ptr, cand_id_ptr, sf_ptr, si_ptr, arrivals_ptr, out_ptr, path_ptr, state_ptr, bounds_ptr, V,
                   stride, C, CH: tl.constexpr, CAP: tl.constexpr, STEPS: tl.constexpr, C_PAD: tl.constexpr,
-                  NB: tl.constexpr, G: tl.constexpr, WAYS: tl.constexpr, CB: tl.constexpr):
+                  NB: tl.constexpr, G: tl.constexpr, WAYS: tl.constexpr, ENOUGH: tl.constexpr):
     """Program (row r, chunk c) over CH tokens of the row: the chunk's max of x = l/t and its
     first argmax; rows without filters: the Gumbel-max (value, id); filtered rows: the chunk's
     candidates, the tokens with x >= tau for a tau that keeps at most CAP of them (a bisection
@@ -92,7 +95,9 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
     inside = cols < V
     x = tl.load(src + cols, mask=inside, other=-float("inf")) / t
     mc = tl.max(x, 0)
-    ax = tl.min(tl.where(inside & (x == mc), cols, V), 0)
+    ax = c * CH  # the chunk's first argmax: greedy rows only
+    if temp <= 0:
+        ax = tl.min(tl.where(inside & (x == mc), cols, V), 0)
     by = -float("inf")
     ay = ax
     mass = 0.0
@@ -105,7 +110,8 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
         ay = tl.min(tl.where(inside & (y == by), cols, V), 0)
     if filtered:
         by = tl.min(tl.where(inside & (x > -float("inf")), x, float("inf")), 0)
-        sel = inside & (x >= _candidate_cut(x, inside, mc, by, CAP, STEPS, CB))
+        n_in = tl.minimum(V - c * CH, CH)
+        sel = inside & (x >= _candidate_cut(x, inside, n_in, mc, by, CAP, STEPS, ENOUGH))
         pos = tl.cumsum(sel.to(tl.int32), 0) - 1
         sel = sel & (pos < CAP)  # only +inf logits could pass CAP
         base = (r * C + c) * CAP
@@ -114,7 +120,7 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
         n = tl.sum(sel.to(tl.int64), 0)
         nc_x = tl.max(tl.where(inside & (sel == 0), x, -float("inf")), 0)
         # the largest key left out is the key of the largest x left out (keys keep the order)
-        nc_key = tl.where(tl.minimum(V - c * CH, CH) > n, _keys(nc_x), -1)
+        nc_key = tl.where(n_in > n, _keys(nc_x), -1)
         if p_on & (k_on == 0):
             mass = tl.sum(tl.where(x == -float("inf"), 0.0, tl.exp(x - mc)), 0)
     s = (r * C + c) * 4
@@ -218,7 +224,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
 
 def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, active, block, cap,
          rounds: int = ROUNDS, bins: int = BINS, warps: int = CHUNK_WARPS, steps: int = STEPS,
-         search_bits: int = SEARCH_BITS, cut_bits: int = CUT_BITS):
+         search_bits: int = SEARCH_BITS, enough: int = ENOUGH):
     """(tokens [R], path [R]: 0 settled from the candidates, 1 by the split threshold search,
     2 by the rejection rounds)."""
     R, V = logits.shape
@@ -247,7 +253,7 @@ def draw(logits, temperature, top_k, top_p, seeds, positions, min_p, processed, 
     pads = dict(C_PAD=triton.next_power_of_2(C), NB=bins, num_warps=warps)
     search = dict(G=search_bits, WAYS=2**search_bits)
     _chunk_kernel[(R, C)](logits, processed, active, *params, *hashes, cand_x, cand_id, sf, si, arrivals, out, path,
-                          state, bounds, V, V, C, CH=block, CAP=cap, STEPS=steps, CB=cut_bits, **pads, **search)
+                          state, bounds, V, V, C, CH=block, CAP=cap, STEPS=steps, ENOUGH=min(enough, cap), **pads, **search)
     for last in [False] * (rounds - 1) + [True]:
         bins_kernel[(R, C)](logits, processed, active, temperature, path, state, bounds, part_m, part_n, arrivals,
                             V, V, C, CH=block, CAP=cap, LAST=last, **pads)

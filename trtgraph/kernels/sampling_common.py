@@ -82,7 +82,8 @@ def _largest_where(skey, weight, bound, lo, hi, STRICT: tl.constexpr, G: tl.cons
     (>= when not STRICT), -1 where v = 0 fails: the reference's bisection, over values in
     registers, G bits a step (WAYS - 1 thresholds counted a step). The answer,
     when found, lies in [lo, hi], so the leading bits they share are taken from hi without
-    counting. skey: the key minus 2**31 as int32 (same order, half the registers)."""
+    counting; a count (not STRICT, one bit a step) equal to the bound ends the search early.
+    skey: the key minus 2**31 as int32 (same order, half the registers)."""
     lo = tl.maximum(lo, 0)
     hi = tl.maximum(hi, lo)
     n = tl.full((), 0, tl.int32)  # bits below the shared prefix, rounded up to a multiple of G
@@ -94,7 +95,10 @@ def _largest_where(skey, weight, bound, lo, hi, STRICT: tl.constexpr, G: tl.cons
     # shared the broadcast's layout conversion between the two inlined calls of a select (top-k
     # in one branch, top-p in another) when N is small (one chunk: a 320-token vocabulary) and
     # refused the kernel ("operand #0 does not dominate this use")
-    for s in range(0, n, G):
+    s = n * 0
+    exact = s  # 1 once a count equals the bound (not STRICT, G = 1): the answer is then the
+    # smallest counted key at or above ans, and no more steps are needed
+    while (s < n) & (exact == 0):
         base = ans
         for w in tl.static_range(1, WAYS):
             cand = base | (tl.full((), w, tl.int64) << (n - s - G))
@@ -102,8 +106,16 @@ def _largest_where(skey, weight, bound, lo, hi, STRICT: tl.constexpr, G: tl.cons
             if STRICT:
                 ok = tl.sum(tl.where(skey > v, weight, 0.0), 0) > bound
             else:
-                ok = tl.sum(tl.where(skey >= v, weight, 0), 0) >= bound
+                cnt = tl.sum(tl.where(skey >= v, weight, 0), 0)
+                ok = cnt >= bound
+                if WAYS == 2:
+                    exact = (cnt == bound).to(tl.int32)
             ans = tl.where(ok, cand, ans)  # the counts fall with w: the last that holds is the largest
+        s += G
+    if not STRICT:
+        if exact != 0:
+            v = (ans - 2147483648).to(tl.int32)
+            ans = tl.min(tl.where((skey >= v) & (weight != 0), skey, 2147483647), 0).to(tl.int64) + 2147483648
     if STRICT:
         found = tl.sum(tl.where(skey > -2147483648, weight, 0.0), 0) > bound
     else:
