@@ -151,8 +151,8 @@ def test_triton_sample_settles_rows_from_candidates_or_by_rejection(tri, cap):
 @pytest.mark.parametrize("enough", [1, 64])
 def test_triton_sample_is_the_same_wherever_the_candidate_cut_stops(tri, enough):
     """The chunks' candidate cut stops bisecting once `enough` candidates are kept (1: few
-    candidates, most filtered rows reach past them; 64 = the cap: the full bisection); the
-    tokens are the reference's either way."""
+    candidates, more rows reach past them; 64 = the cap: the full bisection; rows with top-p
+    and no top-k always bisect to the cap); the tokens are the reference's either way."""
     gen = torch.Generator().manual_seed(enough)
     logits, temp, top_k, top_p, min_p, seeds, pos = filter_mix(gen, 24, 2500, False)
     want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)

@@ -39,17 +39,19 @@ NUM_WARPS = 16
 CHUNK = 4096
 CAP = 64
 STEPS = 12  # at most this many halvings of a chunk's candidate cut: (max - min) / 2**12 apart
-ENOUGH = 32  # the cut's bisection stops once this many candidates are kept (1 to CAP)
+ENOUGH = 32  # the cut's bisection stops once this many candidates are kept (1 to CAP; rows with
+# top-p and no top-k always bisect to CAP)
 CHUNK_WARPS = 4  # 8 halves the registers (128, not 212) but ran slower at bs 64 (docs/performance.md)
 SEARCH_BITS = 1  # the selects' key bisections: bits decided per counting step
 ARGMAX_CHUNK = 4096  # argmax: tokens per program
 
 
 @triton.jit
-def _candidate_cut(x, inside, n_in, mc, xmin, CAP: tl.constexpr, STEPS: tl.constexpr, ENOUGH: tl.constexpr):
+def _candidate_cut(x, inside, n_in, mc, xmin, enough, CAP: tl.constexpr, STEPS: tl.constexpr):
     """tau keeping at most CAP of the chunk's x >= tau: a bisection between the chunk's max mc
     and its smallest finite x xmin (at most 64 below) of at most STEPS halvings, which stops
-    once hi keeps ENOUGH (a data-dependent count of steps, a function of the chunk alone);
+    once hi keeps `enough` (a data-dependent count of steps, a function of the chunk and the
+    row's filters alone);
     count(x >= hi) <= CAP always, count(x >= lo) > CAP while bisecting. Ties at the max
     beyond CAP: +inf (none); a chunk of <= CAP (n_in tokens): -inf."""
     lo = tl.maximum(xmin, mc - 64.0)
@@ -58,7 +60,7 @@ def _candidate_cut(x, inside, n_in, mc, xmin, CAP: tl.constexpr, STEPS: tl.const
     hi_n = tl.sum((x >= mc).to(tl.int32), 0)
     ties = hi_n > CAP
     i = 0
-    while (i < STEPS) & (hi_n < ENOUGH) & (few == 0):
+    while (i < STEPS) & (hi_n < enough) & (few == 0):
         mid = lo + (hi - lo) * 0.5
         cnt = tl.sum((x >= mid).to(tl.int32), 0)
         more = cnt > CAP
@@ -111,7 +113,10 @@ def _chunk_kernel(logits_ptr, proc_ptr, active_ptr, temp_ptr, top_k_ptr, top_p_p
     if filtered:
         by = tl.min(tl.where(inside & (x > -float("inf")), x, float("inf")), 0)
         n_in = tl.minimum(V - c * CH, CH)
-        sel = inside & (x >= _candidate_cut(x, inside, n_in, mc, by, CAP, STEPS, ENOUGH))
+        # top-p without top-k may keep many tokens: the full cut (more rows settled from the
+        # candidates); with top-k or min-p alone, ENOUGH candidates per chunk settle nearly every row
+        enough = tl.where(p_on & (k_on == 0), CAP, ENOUGH)
+        sel = inside & (x >= _candidate_cut(x, inside, n_in, mc, by, enough, CAP, STEPS))
         pos = tl.cumsum(sel.to(tl.int32), 0) - 1
         sel = sel & (pos < CAP)  # only +inf logits could pass CAP
         base = (r * C + c) * CAP
