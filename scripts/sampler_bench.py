@@ -2,9 +2,14 @@
 and the sampler alone against the sort-based sampler it replaced.
 
 Usage: python scripts/sampler_bench.py [CONFIG]  (default examples/llama-3.2-1b-synthetic.yaml)
+       python scripts/sampler_bench.py --alone  (the sampler's kernels alone, no model)
+       python scripts/sampler_bench.py --sweep  (the draw under other chunkings and search widths)
+       python scripts/sampler_bench.py --steps-only [CONFIG]  (the decode steps alone)
 Prints a markdown table: replayed step times (CUDA events, median) per batch size for greedy
 rows on the greedy key, and on the sampled key with temperature only, top-k + top-p, and
-every processor (min_p, penalties, 300 logit_bias entries, min_tokens, logprobs 20).
+every processor (min_p, penalties, 300 logit_bias entries, min_tokens, logprobs 20); then the
+sampler's kernels alone at the Llama-3 vocabulary (argmax, the draw's filter mixes, top-p alone
+on peaked and near-flat rows, logprobs 20), each in a CUDA graph, with a per-kernel profile.
 """
 
 from __future__ import annotations
@@ -63,35 +68,123 @@ def graph_time(fn) -> float:
     return 1e3 * statistics.median(_timed(torch.device("cuda"), g.replay, 20) for _ in range(5))
 
 
-def sampler_alone(V: int) -> list[str]:
+def _cases(bs: int, V: int):
+    """(name, fn) pairs of the sampler alone at batch bs, fp32 logits [bs, V] = randn x 3, T 0.8."""
+    from trtgraph.kernels import processors, sampling
+
+    gen = torch.Generator(device="cuda").manual_seed(bs)
+    logits = torch.randn(bs, V, device="cuda", generator=gen) * 3
+    flat = torch.randn(bs, V, device="cuda", generator=gen)
+    t, k, p = (torch.full((bs,), 0.8, device="cuda"), torch.full((bs,), 50, device="cuda"),
+               torch.full((bs,), 0.9, device="cuda"))
+    no_k, no_p = torch.zeros_like(k), torch.ones_like(p)
+    seeds, pos = torch.arange(bs, device="cuda"), torch.full((bs,), 100, device="cuda")
+    tokens, want = logits.argmax(-1), torch.ones(bs, dtype=torch.int64, device="cuda")
+    split_argmax = getattr(sampling, "argmax", None)  # absent before this branch
+    return logits, [
+        ("argmax torch", lambda: logits.argmax(-1)),
+        ("argmax Triton", (lambda: split_argmax(logits)) if split_argmax else None),
+        ("sort-based", lambda: sort_sampler(logits, t, k, p, seeds, pos)),
+        ("T only", lambda: sampling.sample(logits, t, no_k, no_p, seeds, pos)),
+        ("top-k 50 + top-p 0.9", lambda: sampling.sample(logits, t, k, p, seeds, pos)),
+        ("top-p 0.9 alone", lambda: sampling.sample(logits, t, no_k, p, seeds, pos)),
+        ("top-p 0.9 alone, flat rows", lambda: sampling.sample(flat, t, no_k, p, seeds, pos)),
+        ("logprobs 20 Triton", lambda: processors.top_logprobs(logits, tokens, want, 20)),
+        ("logprobs 20 torch", lambda: sampler.top_logprobs(logits, tokens, want, 20)),
+    ], (t, k, p, no_k, seeds, pos, flat)
+
+
+def sampler_alone(V: int, profile_bs: int = 64) -> list[str]:
+    """The sampler's kernels alone, each recorded in a CUDA graph (ms per replay), the rows each
+    path took, and a per-kernel profile at profile_bs."""
     from trtgraph.kernels import sampling
 
-    lines = ["", "| sampler alone, fp32 logits [bs, V] | bs | argmax ms | sort-based ms | sort-free torch ms | sort-free Triton ms "
-             "| Triton, T only ms | Triton, top-p 0.9 only ms (rows by rejection) |", "|---|---|---|---|---|---|---|---|"]
+    names = None
+    lines, extra = [], []
     for bs in BATCHES:
-        gen = torch.Generator(device="cuda").manual_seed(bs)
-        logits = torch.randn(bs, V, device="cuda", generator=gen) * 3
-        t, k, p = (torch.full((bs,), 0.8, device="cuda"), torch.full((bs,), 50, device="cuda"),
-                   torch.full((bs,), 0.9, device="cuda"))
-        seeds, pos = torch.arange(bs, device="cuda"), torch.full((bs,), 100, device="cuda")
-        got = sampling.sample(logits, t, k, p, seeds, pos)
-        agree = (sort_sampler(logits, t, k, p, seeds, pos) == got).float().mean().item()
+        logits, cases, (t, k, p, no_k, seeds, pos, flat) = _cases(bs, V)
+        if names is None:
+            names = [n for n, _ in cases]
+            lines += ["", "| sampler alone, fp32 [bs, V], ms | bs | " + " | ".join(names) + " | rows off the candidates "
+                      "(top-p alone; flat) | Triton == reference |", "|---|---" + "|---" * (len(names) + 2) + "|"]
         mins = torch.linspace(0, 0.2, bs, device="cuda")
         same = torch.equal(sampling.sample(logits, t, k, p, seeds, pos, mins), sampler.sample(logits, t, k, p, seeds, pos, mins))
-        times = [graph_time(lambda: logits.argmax(-1)), graph_time(lambda: sort_sampler(logits, t, k, p, seeds, pos)),
-                 graph_time(lambda: sampler.sample(logits, t, k, p, seeds, pos)),
-                 graph_time(lambda: sampling.sample(logits, t, k, p, seeds, pos)),
-                 graph_time(lambda: sampling.sample(logits, t, 0 * k, 1 + 0 * p, seeds, pos)),
-                 graph_time(lambda: sampling.sample(logits, t, 0 * k, p, seeds, pos))]
-        rejected = int(sampling.draw(logits, t, 0 * k, p, seeds, pos, None, None, None, sampling.CHUNK,
-                                     sampling.CAP)[1].sum())
-        lines.append(f"| top-k 50 top-p 0.9 T 0.8 (Triton == torch reference: {same}; == sort-based: {agree:.2f}) | {bs} | "
-                     + " | ".join(f"{x:.3f}" for x in times) + f" ({rejected}/{bs}) |")
+        same &= torch.equal(sampling.sample(flat, t, no_k, p, seeds, pos), sampler.sample(flat, t, no_k, p, seeds, pos))
+        paths = [sampling.draw(x, t, no_k, p, seeds, pos, None, None, None, sampling.CHUNK, sampling.CAP)[1]
+                 for x in (logits, flat)]
+        split = hasattr(sampling, "argmax")  # before this branch: 1 = the rejection rounds
+        counts = "; ".join(f"{int((q == 1).sum())} split + {int((q == 2).sum())} rejection" if split
+                           else f"{int(q.sum())} rejection" for q in paths)
+        cells = [f"{graph_time(fn):.4f}" if fn else "-" for _, fn in cases]
+        lines.append(f"| | {bs} | " + " | ".join(cells) + f" | {counts} | {same} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+        if bs == profile_bs:
+            extra += profile(cases)
+    return lines + extra
+
+
+VARIANTS = ((4096, 64, 4, 1, 32), (4096, 64, 4, 1, 64), (4096, 64, 4, 1, 16), (4096, 64, 8, 1, 32), (2048, 32, 4, 1, 16))
+
+
+def sweep(V: int) -> list[str]:
+    """top-k 50 + top-p 0.9 (and top-p alone on flat rows) under other settings: tokens per
+    chunk, candidates per chunk, warps, bits per counting step of the selects' key searches,
+    and the candidates at which the chunks' cut stops bisecting."""
+    from trtgraph.kernels import sampling
+
+    lines = ["", "| chunk, candidates, warps, search bits, cut stops at | bs | top-k 50 + top-p 0.9 ms | rows off | "
+             "top-p alone, flat ms | == reference |", "|---|---|---|---|---|---|"]
+    for bs in (1, 64):
+        logits, _, (t, k, p, no_k, seeds, pos, flat) = _cases(bs, V)
+        for block, cap, warps, bits, enough in VARIANTS:
+            def run(x, kk, block=block, cap=cap, warps=warps, bits=bits, enough=enough):
+                return sampling.draw(x, t, kk, p, seeds, pos, None, None, None, block, cap, warps=warps,
+                                     search_bits=bits, enough=enough)
+            got, path = run(logits, k)
+            same = torch.equal(got, sampler.sample(logits, t, k, p, seeds, pos))
+            same &= torch.equal(run(flat, no_k)[0], sampler.sample(flat, t, no_k, p, seeds, pos))
+            lines.append(f"| {block}, {cap}, {warps}, {bits}, {enough} | {bs} | {graph_time(lambda: run(logits, k)):.4f} | "
+                         f"{int((path != 0).sum())} | {graph_time(lambda: run(flat, no_k)):.4f} | {same} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
+def profile(cases) -> list[str]:
+    """Per kernel: mean device time (us) over 20 replays of each case's graph."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    lines = ["", "| case (profile) | kernel | calls per replay | us per call |", "|---|---|---|---|"]
+    for name, fn in cases:
+        if fn is None:
+            continue
+        g = torch.cuda.CUDAGraph()
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                g.replay()
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            if ev.device_type.name == "CUDA" and ev.count >= 20:
+                us = ev.device_time_total / ev.count if hasattr(ev, "device_time_total") else ev.cuda_time_total / ev.count
+                lines.append(f"| {name} | {ev.key[:60]} | {ev.count // 20} | {us:.1f} |")
     return lines
 
 
 def main():
-    cfg = Config.from_yaml(sys.argv[1] if len(sys.argv) > 1 else "examples/llama-3.2-1b-synthetic.yaml")
+    if "--sweep" in sys.argv:  # the draw under other chunkings (this branch's kernels only)
+        print("\n".join(sweep(128256)))
+        return
+    if "--alone" in sys.argv:  # the sampler's kernels alone, no model (Llama-3 vocabulary)
+        print("\n".join(sampler_alone(128256)))
+        return
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    cfg = Config.from_yaml(paths[0] if paths else "examples/llama-3.2-1b-synthetic.yaml")
     keys = [GraphKey(b, 0, 0, s) for b in BATCHES for s in ("greedy", "sampled")]
     plan = BucketPlan.from_config(cfg).with_keys(keys)
     ex = Executor.build(cfg, plan)
@@ -122,7 +215,7 @@ def main():
             print(f"{key} {rows_kw}: {ms:.3f} ms", file=sys.stderr, flush=True)
         lines.append(f"| {b} | {cells[0]:.3f} | " + " | ".join(f"{c:.3f} ({c / cells[0]:.2f}x)" for c in cells[1:])
                      + " |")
-    if ex.device.type == "cuda":
+    if ex.device.type == "cuda" and "--steps-only" not in sys.argv:
         lines += sampler_alone(ex.loaded.config.vocab_size)
     print("\n".join(lines))
 

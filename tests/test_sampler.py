@@ -132,18 +132,87 @@ def test_triton_sample_equals_the_reference(tri, ties, V):
 @pytest.mark.parametrize("cap", [1, 8, 64, 1024])
 def test_triton_sample_settles_rows_from_candidates_or_by_rejection(tri, cap):
     """The same tokens whichever path a row takes: few candidates per chunk send most filtered
-    rows to the rejection rounds, many settle them all from the candidates."""
+    rows past the candidates, many settle them all from the candidates."""
     gen = torch.Generator().manual_seed(cap)
     logits, temp, top_k, top_p, min_p, seeds, pos = filter_mix(gen, 24, 2500, False)
     want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
-    got, rejected = tri.draw(logits, temp, top_k, top_p, seeds, pos, min_p, None, None, 256, cap)
+    got, path = tri.draw(logits, temp, top_k, top_p, seeds, pos, min_p, None, None, 256, cap)
     assert torch.equal(got, want)
     filtered = (temp > 0) & (((top_k > 0) & (top_k < 2500)) | (top_p < 1) | (min_p > 0))
-    assert not rejected[~filtered].any()
+    assert not path[~filtered].any()
+    top_p_alone = filtered & ((top_k <= 0) | (top_k >= 2500)) & (top_p < 1)
+    assert not (path[~top_p_alone] == 1).any()  # the split search is for top-p without top-k
     if cap >= 256:  # a chunk is its own candidates: nothing left out
-        assert not rejected.any()
+        assert not path.any()
     elif cap > 1:  # both paths taken
-        assert rejected[filtered].any() and (rejected[filtered] == 0).any()
+        assert path[filtered].any() and (path[filtered] == 0).any()
+
+
+@pytest.mark.parametrize("enough", [1, 64])
+def test_triton_sample_is_the_same_wherever_the_candidate_cut_stops(tri, enough):
+    """The chunks' candidate cut stops bisecting once `enough` candidates are kept (1: few
+    candidates, more rows reach past them; 64 = the cap: the full bisection; rows with top-p
+    and no top-k always bisect to the cap); the tokens are the reference's either way."""
+    gen = torch.Generator().manual_seed(enough)
+    logits, temp, top_k, top_p, min_p, seeds, pos = filter_mix(gen, 24, 2500, False)
+    want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
+    got, _ = tri.draw(logits, temp, top_k, top_p, seeds, pos, min_p, None, None, 256, 64, enough=enough)
+    assert torch.equal(got, want)
+
+
+def flat_rows(gen, R, V, ties=False):
+    """Top-p without top-k on rows from peaked to near-flat (the kept set from a few tokens to
+    most of the row), some with min-p."""
+    spread = torch.tensor([3.0, 1.0, 0.5, 2.0, 0.3, 0.05, 1.5, 0.8])[torch.arange(R) % 8]
+    logits = torch.randn(R, V, generator=gen) * spread.unsqueeze(1)
+    if ties:  # exact ties in small groups (a bin can split them off)
+        logits = (logits * 64).round() / 64
+    temp = torch.rand(R, generator=gen) + 0.5
+    top_p = torch.tensor([0.9, 0.5, 0.99, 0.95, 0.7, 0.9])[torch.arange(R) % 6]
+    min_p = torch.where(torch.arange(R) % 5 == 4, 0.2, 0.0)
+    return (logits, temp, torch.zeros(R, dtype=torch.int64), top_p, torch.randint(0, 2**62, (R,), generator=gen),
+            torch.randint(0, 4096, (R,), generator=gen), min_p)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("rounds,bins", [(2, 32), (1, 8), (3, 4)])
+def test_triton_top_p_alone_searches_the_threshold_over_chunks(tri, ties, rounds, bins):
+    """Rows whose kept set reaches past the candidates find the threshold by the split bin
+    search (path 1); rows whose last bin holds too many tokens of a chunk (coarse bins, ties)
+    take the rejection rounds (path 2). Tokens equal the reference's on every path."""
+    gen = torch.Generator().manual_seed(rounds * 100 + bins + ties)
+    logits, temp, top_k, top_p, seeds, pos, min_p = flat_rows(gen, 24, 3000, ties)
+    want = sampler.sample(logits, temp, top_k, top_p, seeds, pos, min_p)
+    got, path = tri.draw(logits, temp, top_k, top_p, seeds, pos, min_p, None, None, 256, 8, rounds, bins)
+    assert torch.equal(got, want)
+    assert (path == 0).any()
+    if (rounds, bins) == (1, 8):  # too coarse: bins of more than 8 tokens in a chunk
+        assert (path == 2).any()
+    else:
+        assert (path == 1).sum() >= 4
+    if (rounds, bins) == (2, 32) and not ties:
+        assert not (path == 2).any()
+
+
+@pytest.mark.parametrize("chunk", [128, 4096])  # several chunks per row, one chunk per row
+def test_triton_argmax_equals_torch_argmax(tri, chunk):
+    """The first maximal index, ties across chunks, NaN above every number (the first NaN),
+    -0.0 == +0.0, rows of -inf, bf16 logits."""
+    gen = torch.Generator().manual_seed(chunk)
+    x = torch.randn(8, 1000, generator=gen)
+    x[1, ::3] = x[1].max()  # ties in many chunks: the first
+    x[2, 700], x[2, 900], x[2, 5] = float("nan"), float("nan"), float("inf")
+    x[3] = float("-inf")
+    x[4] = -1.0
+    x[4, 10], x[4, 500] = -0.0, 0.0
+    x[5, 999] = 1e30
+    x[6, 300], x[6, 301] = float("inf"), float("inf")
+    x[7, 640] = -float("nan")  # a NaN with the sign bit set
+    want = sampler.greedy(x)
+    assert torch.equal(tri.argmax(x, chunk), want)
+    assert want.tolist()[1:5] == [0, 700, 0, 10]
+    assert torch.equal(tri.argmax(x.bfloat16(), chunk), sampler.greedy(x.bfloat16()))
+    assert torch.equal(tri.argmax(x[:, ::2], chunk), sampler.greedy(x[:, ::2]))  # strided rows
 
 
 def test_triton_sample_reads_processed_rows(tri):
@@ -187,17 +256,28 @@ def test_triton_process_equals_the_reference(tri_proc):
     assert (want == float("-inf")).any(), "no min_tokens mask applied: the test shows less"
 
 
-def test_triton_logprobs_equal_the_reference(tri_proc):
-    gen = torch.Generator().manual_seed(5)
+@pytest.mark.parametrize("chunk", [256, 4096])  # several chunks per row, one chunk per row
+@pytest.mark.parametrize("ties", [False, True])
+def test_triton_logprobs_equal_the_reference(tri_proc, chunk, ties):
+    gen = torch.Generator().manual_seed(5 + ties)
     R, V = 6, 2100
     logits = torch.randn(R, V, generator=gen) * 4
+    if ties:  # many exact ties, some across the top 20 and across chunks; a row of -inf mostly
+        logits = (logits * 2).round() / 2
+        logits[4, 10:] = float("-inf")
     tokens = torch.randint(0, V, (R,), generator=gen)
-    want = torch.tensor([1, 0, 1, 1, 0, 1])
-    vals, ids = tri_proc.top_logprobs(logits, tokens, want, 20)
+    want = torch.tensor([1, 0, 1, 1, 1, 1])
+    vals, ids = tri_proc.top_logprobs(logits, tokens, want, 20, chunk)
     ref_vals, ref_ids = sampler.top_logprobs(logits, tokens, want, 20)
     rows = want != 0
-    assert torch.equal(ids[rows], ref_ids[rows])
     torch.testing.assert_close(vals[rows], ref_vals[rows], rtol=0, atol=1e-5)
+    if not ties:
+        assert torch.equal(ids[rows], ref_ids[rows])
+    else:  # torch.topk leaves the order of equal values open: (value desc, id asc) here
+        order = torch.log_softmax(logits, -1).sort(dim=-1, descending=True, stable=True).indices[:, :20]
+        assert torch.equal(ids[rows], order[rows])
+        top = vals[rows][:, 1:]
+        assert (top[:, 1:] == top[:, :-1]).any(), "no tie in a top 20: the test shows less"
 
 
 def test_the_kernel_set_chooses_the_sampler_once():
@@ -215,7 +295,9 @@ def test_the_kernel_set_chooses_the_sampler_once():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_triton_sample_equals_the_reference_at_full_vocabulary():
     """Llama-3 vocabulary, 64 rows: every filter mix equals the torch reference on the GPU;
-    top-k 50 + top-p 0.9 rows settle from the candidates; a row's token is the same alone."""
+    top-k 50 + top-p 0.9 rows settle from the candidates; top-p alone on near-flat rows takes
+    the split threshold search; a row's token is the same alone;
+    the split argmax (fp32, bf16) and top logprobs equal torch's."""
     from trtgraph.kernels import sampling
 
     dev, V, R = torch.device("cuda"), 128256, 64
@@ -226,10 +308,23 @@ def test_gpu_triton_sample_equals_the_reference_at_full_vocabulary():
     got, _ = sampling.draw(*batch, None, None, sampling.CHUNK, sampling.CAP)
     assert torch.equal(got, want)
     k50, p09 = torch.full_like(top_k, 50), torch.full_like(top_p, 0.9)
-    got, rejected = sampling.draw(logits, temp.clamp_min(0.5), k50, p09, seeds, pos, min_p, None, None,
-                                  sampling.CHUNK, sampling.CAP)
-    assert not rejected.any()
+    got, path = sampling.draw(logits, temp.clamp_min(0.5), k50, p09, seeds, pos, min_p, None, None,
+                              sampling.CHUNK, sampling.CAP)
+    assert not path.any()
     assert torch.equal(got, sampler.sample(logits, temp.clamp_min(0.5), k50, p09, seeds, pos, min_p))
     for r in (0, 9, 63):
         one = sampling.sample(*(t[r:r + 1] for t in batch))
         assert int(one) == int(sampling.sample(*batch)[r])
+    flat = [t.to(dev) for t in flat_rows(gen, R, V)]  # top-p alone, peaked to near-flat rows
+    got, path = sampling.draw(*flat, None, None, sampling.CHUNK, sampling.CAP)
+    assert torch.equal(got, sampler.sample(*flat)) and (path == 1).sum() >= 8
+    assert torch.equal(sampling.argmax(logits), sampler.greedy(logits))
+    assert torch.equal(sampling.argmax(logits.bfloat16()), sampler.greedy(logits.bfloat16()))
+    from trtgraph.kernels import processors
+
+    want_lp = (torch.arange(R, device=dev) % 3 != 0).to(torch.int64)
+    vals, ids = processors.top_logprobs(logits, want, want_lp, 20)
+    ref_vals, ref_ids = sampler.top_logprobs(logits, want, want_lp, 20)
+    rows = want_lp != 0
+    assert torch.equal(ids[rows], ref_ids[rows])
+    torch.testing.assert_close(vals[rows], ref_vals[rows], rtol=0, atol=1e-5)

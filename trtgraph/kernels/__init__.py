@@ -71,7 +71,7 @@ def _triton_set() -> KernelSet:
                      **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                                                           lin.linear_residual))._asdict(),
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
-                     gumbel_noise=t.gumbel_noise, argmax=sampler_reference.greedy)
+                     gumbel_noise=t.gumbel_noise, argmax=s.argmax)
 
 
 def resolve(name: str, device_type: str) -> str:

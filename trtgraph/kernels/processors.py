@@ -1,8 +1,9 @@
 """Triton twins of the sampler reference's logits processors and logprobs
 (kernels/sampler_reference.py), same signatures. `process`: rows without a processor return
 at once; others get the penalties in one pass and then their logit_bias / min_tokens
-entries. `top_logprobs`: rows that asked only. One program per row: a row's result never
-depends on the other rows."""
+entries, one program per row. `top_logprobs`: rows that asked only, split over rows x
+vocabulary chunks (the split depends on V only). A row's result never depends on the other
+rows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import triton
 import triton.language as tl
 
 from .sampling import BLOCK, NUM_WARPS
+from .sampling_common import arrival_counters
+
+LOGPROBS_CHUNK = 4096  # top_logprobs: tokens per program
 
 # ---- logits processors ------------------------------------------------------------------------
 
@@ -73,49 +77,67 @@ def process(logits: torch.Tensor, rows, state, positions: torch.Tensor) -> torch
 
 
 @triton.jit
-def _logprobs_kernel(logits_ptr, tokens_ptr, want_ptr, vals_ptr, ids_ptr, V, K: tl.constexpr, BLOCK: tl.constexpr):
-    """Rows that asked: log_softmax at the drawn token, then the top K in (value desc, id asc)
-    order, one pass each (the row stays in L2)."""
+def _logprobs_kernel(logits_ptr, tokens_ptr, want_ptr, cand_v_ptr, cand_i_ptr, sums_ptr, arrivals_ptr, vals_ptr, ids_ptr,
+                     V, C, K: tl.constexpr, CH: tl.constexpr, C_PAD: tl.constexpr, KC_PAD: tl.constexpr):
+    """Program (row r, chunk c) of a row that asked: the chunk's max, its sum of exp(x - max) and
+    its top K in (value desc, id asc) order, K passes over the chunk in registers. The row's
+    chunk that arrives last (an arrival counter it puts back to 0) merges them in chunk order:
+    log Z, the drawn token's log-probability, the row's top K from the C x K candidates."""
     r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
     if tl.load(want_ptr + r) != 0:
         src = logits_ptr + r * V
-        m = -float("inf")
-        z = 0.0
-        for start in range(0, V, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            x = tl.load(src + cols, mask=cols < V, other=-float("inf"))
-            m_new = tl.maximum(m, tl.max(x, 0))
-            z = z * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-            m = m_new
-        log_z = m + tl.log(z)
-        tl.store(vals_ptr + r * (K + 1), tl.load(src + tl.load(tokens_ptr + r)) - log_z)
-        prev_v = float("inf")
-        prev_i = -1
+        cols = c * CH + tl.arange(0, CH)
+        inside = cols < V
+        x = tl.load(src + cols, mask=inside, other=-float("inf"))
+        mc = tl.max(x, 0)
+        zc = tl.where(mc == -float("inf"), 0.0, tl.sum(tl.exp(x - mc), 0))
+        base = (r * C + c) * K
+        avail = inside
         for j in range(K):
-            best = -float("inf")
-            arg = V
-            for start in range(0, V, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                x = tl.load(src + cols, mask=cols < V, other=-float("inf"))
-                after = (x < prev_v) | ((x == prev_v) & (cols > prev_i))
-                y = tl.where(after & (cols < V), x, -float("inf"))
-                b = tl.max(y, 0)
-                i = tl.min(tl.where((y == b) & after & (cols < V), cols, V), 0)
-                take = (b > best) | ((b == best) & (i < arg))
-                arg = tl.where(take, i, arg)
-                best = tl.where(take, b, best)
-            tl.store(vals_ptr + r * (K + 1) + 1 + j, best - log_z)
-            tl.store(ids_ptr + r * K + j, arg.to(tl.int64))
-            prev_v = best
-            prev_i = arg
+            b = tl.max(tl.where(avail, x, -float("inf")), 0)
+            i = tl.min(tl.where(avail & (x == b), cols, V), 0)
+            tl.store(cand_v_ptr + base + j, b)
+            tl.store(cand_i_ptr + base + j, i)
+            avail = avail & (cols != i)
+        tl.store(sums_ptr + (r * C + c) * 2, mc)
+        tl.store(sums_ptr + (r * C + c) * 2 + 1, zc)
+        tl.debug_barrier()
+        if tl.atomic_add(arrivals_ptr + r, 1, sem="acq_rel") == C - 1:
+            ci = tl.arange(0, C_PAD)
+            m_c = tl.load(sums_ptr + (r * C + ci) * 2, mask=ci < C, other=-float("inf"))
+            z_c = tl.load(sums_ptr + (r * C + ci) * 2 + 1, mask=ci < C, other=0.0)
+            m = tl.max(m_c, 0)
+            log_z = tl.log(tl.sum(tl.where(m_c == -float("inf"), 0.0, z_c * tl.exp(m_c - m)), 0))
+            # log_softmax as torch computes it: (x - max) - log(sum(exp(x - max)))
+            tl.store(vals_ptr + r * (K + 1), (tl.load(src + tl.load(tokens_ptr + r)) - m) - log_z)
+            n = tl.arange(0, KC_PAD)
+            v = tl.load(cand_v_ptr + r * C * K + n, mask=n < C * K, other=-float("inf"))
+            ids = tl.load(cand_i_ptr + r * C * K + n, mask=n < C * K, other=V)
+            left = ids < V
+            for j in range(K):
+                b = tl.max(tl.where(left, v, -float("inf")), 0)
+                a = tl.min(tl.where(left & (v == b), ids, V), 0)
+                tl.store(vals_ptr + r * (K + 1) + 1 + j, (b - m) - log_z)
+                tl.store(ids_ptr + r * K + j, a.to(tl.int64))
+                left = left & (ids != a)
+            tl.atomic_xchg(arrivals_ptr + r, 0)
 
 
-def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor, k: int):
-    """kernels/sampler_reference.top_logprobs for the rows with `want` set (others left unwritten)."""
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor, k: int, chunk: int = LOGPROBS_CHUNK):
+    """kernels/sampler_reference.top_logprobs for the rows with `want` set (others left unwritten);
+    ties in value in (id asc) order. One launch of rows x chunks of `chunk` tokens (the chunking
+    depends on V only)."""
     R, V = logits.shape
+    dev = logits.device
     logits = logits.contiguous()
-    vals = torch.empty(R, 1 + k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(R, k, dtype=torch.int64, device=logits.device)
-    _logprobs_kernel[(R,)](logits, tokens.contiguous(), want, vals, ids, V, K=k, BLOCK=BLOCK,
-                           num_warps=NUM_WARPS)
+    C = triton.cdiv(V, chunk)
+    vals = torch.empty(R, 1 + k, dtype=torch.float32, device=dev)
+    ids = torch.empty(R, k, dtype=torch.int64, device=dev)
+    cand_v = torch.empty(R, C, k, dtype=torch.float32, device=dev)
+    cand_i = torch.empty(R, C, k, dtype=torch.int32, device=dev)
+    sums = torch.empty(R, C, 2, dtype=torch.float32, device=dev)
+    _logprobs_kernel[(R, C)](logits, tokens.contiguous(), want, cand_v, cand_i, sums, arrival_counters("logprobs", R, dev),
+                             vals, ids, V, C, K=k, CH=chunk, C_PAD=triton.next_power_of_2(C),
+                             KC_PAD=triton.next_power_of_2(C * k), num_warps=4)
     return vals, ids
