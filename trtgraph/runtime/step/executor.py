@@ -22,9 +22,10 @@ from ...kernels import resolve as resolve_kernels
 from ...models import DTYPES, LoadedModel, load_model
 from ...models.parallel import TPGroup
 from ...kernels import sampler_reference as sampler
+from ...kernels.advance import choose as choose_advance
 from .buffers import StepBuffers
 from .graph_runner import CaptureStats, GraphRunner
-from .inputs import StepInputs, StepRow  # noqa: F401 (StepRow: callers import it from here)
+from .inputs import StepInputs, StepRow, advances  # noqa: F401 (StepRow: callers import it from here)
 from .kv_cache import allocate_kv_caches, auto_num_blocks, blocks_for_tokens
 from .metadata import AttentionMetadata
 
@@ -83,11 +84,10 @@ class Executor(StepInputs):
             num_slots=self.plan.max_batch_size,
         )
         pin = self.device.type == "cuda"
-        # the fast path's new block entries: (row, column, block, the row's new slot)
-        self._new_blocks_host = [torch.zeros((self.buffers.max_seqs, 4), dtype=torch.int64, pin_memory=pin)
+        # the fast path's new block entries (a count, then (row, column, block) each), staged in turn
+        self._new_blocks_host = [torch.zeros(self.buffers.new_blocks.shape, dtype=torch.int64, pin_memory=pin)
                                  for _ in range(3)]
         self._new_blocks_turn = 0
-        self._new_blocks_dev = torch.zeros((self.buffers.max_seqs, 4), dtype=torch.int64, device=self.device)
         self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors, self.weight_tensors)
         self.metadata = {k: AttentionMetadata(
             q_len=k.q_len, batch_size=k.batch_size,
@@ -154,7 +154,8 @@ class Executor(StepInputs):
 
     # ---- the step ------------------------------------------------------------------
     def step_fn(self, key: GraphKey):
-        """The closure a graph records: model forward, logits, sampler, over buffer views."""
+        """The closure a graph records: (decode keys) the advance of the inputs, model forward,
+        logits, sampler, over buffer views."""
         model, bufs, meta = self.model, self.buffers, self.metadata[key]
         T, B, R = key.num_tokens, key.batch_size, key.num_logit_rows
         ids, pos = bufs.dev.input_ids[:T], bufs.dev.positions[:T]
@@ -162,8 +163,11 @@ class Executor(StepInputs):
         out, accepted = bufs.next_tokens[:R], bufs.accepted[:B]
         q = key.q_len
         draw = self._sampled_draw(key) if key.sampling != GREEDY else None
+        advance = self._advance_fn(key) if advances(key) else None
 
         def step():
+            if advance is not None:
+                advance()  # this step's inputs from what the last replay left (kernels/advance.py)
             hidden = model(ids, pos, meta)  # [T, H]
             if key.is_prefill:
                 hidden = hidden.index_select(0, rows)  # [B, H]: each sequence's last real token
@@ -181,6 +185,15 @@ class Executor(StepInputs):
             return logits, out, accepted
 
         return step
+
+    def _advance_fn(self, key: GraphKey):
+        """A decode key's first op: FRESH inputs (gathered rows take the drawn tokens), ADVANCE
+        (the fast path: one position on, the staged new blocks) or AS_IS, by `control`."""
+        d, B, bs = self.buffers.dev, key.batch_size, self.block_size
+        op = choose_advance(self.model.ops.name)
+        args = (d.control, self.buffers.new_blocks, d.input_ids[:B], d.positions[:B], d.slot_mapping[:B],
+                d.block_tables[:B], d.gather_src[:B], self.buffers.next_tokens)
+        return lambda: op(*args, bs)
 
     def _sampled_draw(self, key: GraphKey):
         """The sampled keys' draw: processors, filters, Gumbel-max, the token counts and the
@@ -218,16 +231,22 @@ class Executor(StepInputs):
         their size before any capture."""
         self.prepare(key, [])
         self.step_fn(key)()
+        self.inputs_used()
 
     def capture(self, key: GraphKey) -> CaptureStats:
         self.prepare(key, [])  # padding-only inputs: the capture run must not touch real blocks
-        return self.runner.capture(key, self.step_fn(key), self.metadata[key])
+        stats = self.runner.capture(key, self.step_fn(key), self.metadata[key])
+        self.inputs_used()
+        return stats
 
     def execute(self, key: GraphKey, eager: bool = False) -> StepOutputs:
+        """Replay `key` (or run it eagerly) on the inputs `prepare` or `advance_decode` set;
+        executed again without either, a decode key runs on the inputs as they are (AS_IS)."""
         pos = self.buffers.dev.positions[:key.num_tokens]
         if key not in self.metadata:
             raise ReplayMismatchError(f"{key} is not in this executor's bucket plan; planned keys: "
                                       f"{', '.join(str(k) for k in self.plan.keys)}")
+        self.before_execute(key)
         if eager:
             self.num_eager_steps += 1
             logits, tokens, accepted = self.step_fn(key)()

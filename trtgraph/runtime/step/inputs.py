@@ -15,7 +15,7 @@ import torch
 
 from ...buckets import GraphKey
 from ...errors import ReplayMismatchError
-from .buffers import ROW_DEFAULTS
+from .buffers import AS_IS, FRESH, ROW_DEFAULTS
 from .kv_cache import NULL_BLOCK, blocks_for_tokens
 
 
@@ -55,14 +55,27 @@ _float_values = attrgetter(*tuple(ROW_FIELDS)[6:])
 
 
 
+def advances(key: GraphKey) -> bool:
+    """Whether `key`'s graph begins with the advance of its inputs (kernels/advance.py): plain
+    decode keys, the only ones a step can repeat on the fast path."""
+    return not key.is_prefill and not key.draft_len
+
+
 class StepInputs:
-    """The executor's input preparation (mixed into `Executor`)."""
+    """The executor's input preparation (mixed into `Executor`, which sets up `_new_blocks_host`,
+    a ring of pinned staging slots for the fast path's new block entries)."""
+
+    _real_rows = 0  # real rows of the last full-path step (the device's control[1])
+    _inputs_set = False  # prepare or advance_decode since the last execute
 
     # ---- input preparation (full path) ------------------------------------------------
-    def prepare(self, key: GraphKey, rows: list[StepRow]) -> None:
+    def prepare(self, key: GraphKey, rows: list[StepRow], gather: list[tuple[int, int]] = ()) -> None:
         """Pack `rows` into host staging, write every padding row explicitly, check what the
         rows put there (a graph that reads an out-of-range block id corrupts memory
-        silently), copy once. Vectorised over rows: each field is one numpy write."""
+        silently), copy once. Vectorised over rows: each field is one numpy write.
+        gather: (row, drawn row) pairs whose input token the decode key's graph takes from the
+        drawn tokens of the step before (a decode step launched after a prefill, before its
+        tokens were read); their `token_ids` here are placeholders."""
         q, B, bs, T = key.q_len, key.batch_size, self.block_size, key.num_tokens
         if len(rows) > B:
             raise ReplayMismatchError(f"{len(rows)} rows do not fit {key}")
@@ -102,7 +115,12 @@ class StepInputs:
         self._pack_sampling(key, rows)
         self._check_values(key, "token_ids", ids[:n * q], 0, self.loaded.config.vocab_size, q)
         self._check_values(key, "block_table", tables[table_row, table_col], 1, self.num_blocks, None, table_row)
+        pairs = self._check_gather(key, n, gather)
+        b.host.gather_src[:B] = -1
+        b.host.gather_src[pairs[:, 0]] = pairs[:, 1]
+        b.host.control[:] = (FRESH, n)
         b.upload()
+        self._real_rows, self._inputs_set = n, True
 
     def _pack_sampling(self, key: GraphKey, rows: list[StepRow]) -> None:
         """The per-row sampling fields: neutral values on every logit row of the key, then each
@@ -168,53 +186,52 @@ class StepInputs:
 
     # ---- input preparation (steady-state fast path) -------------------------------------
     def advance_decode(self, num_real: int, new_blocks: list[tuple[int, int, int]]) -> None:
-        """The same generation rows as the last step, in the same order: positions += 1 and
-        input tokens gathered from the last step's drawn tokens (`next_tokens`), all on the
-        device. A row's slot is its last one + 1, except where the row entered a new block
-        ((row, column, block) each): there the block table gets the block and the slot is
-        the block's first. Three small device ops per step, two more at a block boundary.
-        Padding rows keep what the last full path wrote."""
-        b, bs = self.buffers, self.block_size
+        """The same generation rows as the step executed last, in the same order: the key's
+        graph advances them itself (positions += 1, input tokens from the last step's drawn
+        tokens, slots one on; kernels/advance.py). Here only the rows that entered a new block
+        ((row, column, block) each), checked on the host, are staged for it: one small copy,
+        none when no row entered one. Padding rows keep what the last full path wrote."""
         entries = np.asarray(new_blocks, dtype=np.int64).reshape(-1, 3)  # [n, 3]: row, column, block
+        if num_real != self._real_rows:
+            raise ReplayMismatchError(f"fast-path decode step over {num_real} rows after a full-path step of "
+                                      f"{self._real_rows}: the fast path repeats the last step's rows")
         if len(entries):
             self._check_new_blocks(num_real, entries)
-        b.dev.positions[:num_real] += 1
-        b.dev.input_ids[:num_real].copy_(b.next_tokens[:num_real])
-        slots = b.dev.slot_mapping
-        slots[:num_real] += 1
-        if len(entries):  # one small copy and two scatters, however many rows entered a new block
-            dev = self._staged(np.concatenate([entries, entries[:, 2:] * bs], axis=1))
-            tables = b.dev.block_tables
-            tables.view(-1).index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
-            slots.index_copy_(0, dev[:, 0], dev[:, 3])
+            self._stage_new_blocks(entries)
+        self._inputs_set = True
 
-    def gather_inputs(self, pairs: list[tuple[int, int]]) -> None:
-        """After `prepare` of a decode step launched before the prefill step ahead of it was
-        read: input token of row r = that prefill's drawn token of row j, for each (r, j), on
-        the device (`next_tokens` holds it once the prefill has run; the device runs in order)."""
-        idx = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        R = self.buffers.next_tokens.shape[0]
-        if len(idx) and (idx.min() < 0 or idx[:, 0].max() >= self.buffers.max_seqs or idx[:, 1].max() >= R):
-            raise ReplayMismatchError(f"decode step after a prefill: gather pair {pairs} outside the step buffers")
-        ids, drawn = self.buffers.dev.input_ids, self.buffers.next_tokens
-        n = len(idx)
-        if n and (idx == np.arange(n)[:, None]).all():  # rows 0..n-1 from rows 0..n-1: one copy
-            ids[:n].copy_(drawn[:n])
-        elif n:
-            dev = self._staged(idx)
-            ids.index_copy_(0, dev[:, 0], drawn.index_select(0, dev[:, 1]))
-
-    def _staged(self, entries: np.ndarray) -> torch.Tensor:
-        """Small int64 rows ([n, <= 4]) on the device without a host sync: written to the next
+    def _stage_new_blocks(self, entries: np.ndarray) -> None:
+        """The count and the entries into `new_blocks` without a host sync: written to the next
         of a ring of pinned staging slots and copied without blocking. A slot is rewritten only
         two launches later, after the engine has waited for the step that copied from it."""
-        n, k = entries.shape
+        n = len(entries)
         self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
-        staged = self._new_blocks_host[self._new_blocks_turn].view(-1)[:n * k].view(n, k)  # contiguous
-        staged.numpy()[:] = entries
-        dev = self._new_blocks_dev.view(-1)[:n * k].view(n, k)
-        dev.copy_(staged, non_blocking=True)
-        return dev
+        staged = self._new_blocks_host[self._new_blocks_turn][:1 + 3 * n]
+        staged.numpy()[0] = n
+        staged.numpy()[1:] = entries.ravel()
+        self.buffers.new_blocks[:1 + 3 * n].copy_(staged, non_blocking=True)
+
+    def before_execute(self, key: GraphKey) -> None:
+        """A decode key executed again without new inputs (`prepare` or `advance_decode`) runs on
+        the inputs as they are, not one position on (timing loops, replay-vs-eager checks). The
+        host knows when: then one small device write sets the mode to AS_IS."""
+        if not self._inputs_set and self._real_rows and advances(key):
+            self.buffers.dev.control[0:1].fill_(AS_IS)
+        self._inputs_set = False
+
+    def inputs_used(self) -> None:
+        """A step ran on the inputs set last (warm-up and capture run the closure themselves)."""
+        self._inputs_set = False
+
+    def _check_gather(self, key: GraphKey, n: int, pairs: list[tuple[int, int]]) -> np.ndarray:
+        """A decode step launched before the prefill step ahead of it was read: (row here, row of
+        that prefill's drawn tokens) pairs, checked; the graph gathers the tokens (FRESH)."""
+        idx = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        R = self.buffers.next_tokens.shape[0]
+        if len(idx) and (not advances(key) or idx.min() < 0 or idx[:, 0].max() >= n or idx[:, 1].max() >= R):
+            raise ReplayMismatchError(f"{key}: gather pairs {pairs} outside the step's {n} rows or the drawn "
+                                      f"tokens' {R} (a decode key takes them)")
+        return idx
 
     def _check_new_blocks(self, num_real: int, entries: np.ndarray) -> None:
         """The fast path's new (row, column, block) entries, checked at once on the host."""
