@@ -112,25 +112,26 @@ def cpu(rows: int, prompt: int, out: int, repeats: int) -> None:
 
 def gaps(engine: Engine, prompts: list[dict]) -> None:
     """The GPU's idle time between consecutive steps (end event of one, begin event of the
-    next), by the kind of the step that waited: the timeline of where the device waits."""
-    kinds: list[tuple[str, tuple]] = []
+    next), by the kind of the step that waited: the timeline of where the device waits. Read
+    when each step is waited for (the launcher's events are a ring reused a few launches later)."""
+    per: dict[str, list[float]] = defaultdict(list)
     wait = StepLauncher.wait
+    last_end = []  # the end event of the step waited for before
 
     def recorded(self, f, stats):
+        out = wait(self, f, stats)  # the steps are waited for once each, in launch order
         kind = "fast" if f.step.repeats else ("prefill" if f.step.is_prefill else "full decode")
         kind += " (gathered)" if getattr(f.step, "gather", None) else ""
-        kinds.append((kind, f.events))
-        return wait(self, f, stats)
+        if last_end:
+            per[kind].append(1e3 * last_end[0].elapsed_time(f.events[0]))
+        last_end[:] = [f.events[1]]
+        return out
 
     StepLauncher.wait = recorded
     try:
         list(engine.generate(prompts, gpu_timing=True))
     finally:
         StepLauncher.wait = wait
-    launched = kinds  # each step is waited for once, in launch order
-    per: dict[str, list[float]] = defaultdict(list)
-    for (_, before), (kind, after) in zip(launched, launched[1:]):
-        per[kind].append(1e3 * before[1].elapsed_time(after[0]))
     st = engine.stats
     inside = sum(sum(v) for v in per.values()) / 1e6
     print(f"GPU idle before each step, by kind (µs): "

@@ -71,7 +71,8 @@ def replay(ex: Executor, key: GraphKey):
 def extent(ex: Executor, key: GraphKey, name: str) -> torch.Tensor:
     """The part of a device buffer field that `key`'s graph reads."""
     size = {n: size for n, _, size in FIELDS}[name]
-    n = {"tokens": key.num_tokens, "seqs": key.batch_size, "table": key.batch_size, "rows": key.num_logit_rows}[size]
+    n = {"tokens": key.num_tokens, "seqs": key.batch_size, "table": key.batch_size, "rows": key.num_logit_rows,
+         "control": None}[size]  # control: the whole field (the mode and the real rows)
     return getattr(ex.buffers.dev, name)[:n]
 
 

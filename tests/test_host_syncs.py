@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trtgraph.runtime.serving.engine import Engine
 from trtgraph.runtime.serving.launcher import StepLauncher
@@ -147,3 +148,71 @@ def test_one_host_wait_per_step_one_step_behind(engine):
     assert any(step.new_blocks for _, step in repeats), "no pipelined step crossed a block boundary"
     # a row finished in `before` while the step after it was already running
     assert {id(before) for before, _ in repeats} & {id(s) for s in watch.finishing}
+
+
+class DeviceWork(TorchDispatchMode):
+    """Every op on device data (the executor's persistent tensors) that runs in a launch but
+    outside the step itself (the graph's replay; the eager closure), by launch."""
+
+    def __init__(self, device: set[int]):
+        super().__init__()
+        self.device, self.in_step, self.current = device, False, None
+        self.by_launch: list[tuple[object, list[str]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.current is not None and not self.in_step and not func.is_view:  # (a view moves no data)
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            if any(t.untyped_storage().data_ptr() in self.device for t in tensors):
+                dst_device = tensors and tensors[0].untyped_storage().data_ptr() in self.device
+                self.current.append(f"{func.overloadpacket.__name__} ({'to device' if dst_device else 'to host'})")
+        return func(*args, **kwargs)
+
+
+def test_a_fast_path_step_is_one_replay_and_the_token_copy(engine):
+    """Issue 14: between two replays of the fast path the device does nothing but copy the
+    drawn tokens back (and, at a block boundary, copy the staged new block entries in): the
+    advance of positions, input tokens, slots and block tables runs inside the graph. A decode
+    step after a prefill gathers its rows' tokens inside its graph too (its device work between
+    replays: the upload and the token copy). Counted on the static backend."""
+    from trtgraph.runtime.step.graph_runner import GraphRunner
+
+    ex = engine.executor
+    device = {t.untyped_storage().data_ptr() for t in ex.persistent_tensors().values()}
+    block = ex.block_size
+    reqs = [{"id": f"w{i}", "prompt_token_ids": [(17 * i + j) % 300 for j in range(4 + 7 * i)],
+             "max_tokens": 2 * block + 5 * i} for i in range(4)]
+    work = DeviceWork(device)
+    launch, replay = StepLauncher.launch, GraphRunner.replay
+
+    def launched(launcher, step, stats):
+        work.current = []
+        try:
+            return launch(launcher, step, stats)
+        finally:
+            work.by_launch.append((step, work.current))
+            work.current = None
+
+    def replayed(runner, *args, **kwargs):
+        work.in_step = True
+        try:
+            return replay(runner, *args, **kwargs)
+        finally:
+            work.in_step = False
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StepLauncher, "launch", launched)
+        mp.setattr(GraphRunner, "replay", replayed)
+        with work:
+            results = list(engine.generate(reqs))
+    assert len(results) == len(reqs)
+    fast = [(s, ops) for s, ops in work.by_launch if s.repeats]
+    assert fast and any(s.new_blocks for s, _ in fast), "no fast-path step crossed a block boundary"
+    copy_back = "copy_ (to host)"
+    for step, ops in fast:
+        want = ["copy_ (to device)"] * bool(step.new_blocks) + [copy_back]
+        assert ops == want, f"fast-path step ({len(step.new_blocks)} new blocks): device work between replays {ops}"
+    gathered = [(s, ops) for s, ops in work.by_launch if s.gather]
+    assert gathered, "no decode step was launched after a prefill"
+    for step, ops in gathered:
+        assert ops == ["copy_ (to device)"] * 2 + [copy_back], f"gathered decode step: {ops}"

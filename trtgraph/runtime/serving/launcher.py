@@ -1,15 +1,17 @@
 """Launching scheduled steps and reading their tokens back one step late.
 
 A step the scheduler marks `repeats` (the same generation rows as the step launched before
-it) takes the fast path: the executor advances positions, input tokens and slots on the
-device, touching block tables only for the rows the step says entered a new block.
+it) takes the fast path: the decode key's graph advances positions, input tokens and slots
+itself (kernels/advance.py); the host only stages the block-table entries of the rows the step
+says entered a new block. Such a step is one replay, and between two replays the device does
+nothing else but copy the tokens back (and at a block boundary copy the staged entries).
 Any other step is packed on the host and copied once; a decode step launched right after a
-prefill (`gather`) then takes those rows' input tokens from the prefill's drawn tokens on
-the device. Either way the tokens (and, for
+prefill (`gather`) then takes those rows' input tokens from the prefill's drawn tokens, inside
+its graph. Either way the tokens (and, for
 verify steps, the accepted counts; for rows that asked, the log-probabilities) are copied
 without blocking into pinned host buffers used in turn, so a step launched ahead never
 overwrites what the host is still reading. `wait` is the one place the host waits for the
-device: one CUDA event per step.
+device: one CUDA event per step, from a ring made once (no event is created per step).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 from ..step.executor import Executor, StepRow
 from .scheduler import ScheduledStep, Sequence
 from .stats import RunStats
+
+EVENT_RING = 4  # CUDA events in turn: two steps in flight, and the one before them for the gap
 
 
 @dataclass
@@ -53,6 +57,14 @@ class StepLauncher:
         self._logprob_bufs = [tuple(torch.zeros(state[k].shape, dtype=state[k].dtype, pin_memory=pin)
                                     for k in ("logprob_values", "logprob_ids")) for _ in range(2)]
         self._turn = 0
+        # CUDA events made once and used in turn: `done` per step, (begin, end) with timing. A
+        # step's events are re-recorded EVENT_RING launches later; at most two steps are in flight
+        # and the gap before a step is read from the step before it (scripts/host_step.py).
+        cuda = ex.device.type == "cuda"
+        self._done_events = [torch.cuda.Event() for _ in range(EVENT_RING)] if cuda else None
+        self._timing_events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                               for _ in range(EVENT_RING)] if cuda else None
+        self._launches = 0
         self._masked = sorted(set(ex.loaded.config.eos_token_ids))  # what min_tokens masks, with the stop ids
 
     def launch(self, step: ScheduledStep, stats: RunStats) -> InFlight:
@@ -61,9 +73,11 @@ class StepLauncher:
         self._prepare(step, stats)
         if self.broadcast is not None:
             self.broadcast.send(step.key)
+        ring = self._launches % EVENT_RING
+        self._launches += 1
         events = None
         if self.timing:
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events = self._timing_events[ring]
             events[0].record()
         out = ex.execute(step.key, eager=self.eager)
         if events:
@@ -84,7 +98,7 @@ class StepLauncher:
             # copied now (a step launched ahead rewrites the device buffers), into this turn's host pair
             logprobs = tuple(h[:rows].copy_(t[:rows], non_blocking=True)
                              for h, t in zip(self._logprob_bufs[self._turn], (out.logprob_values, out.logprob_ids)))
-        done = torch.cuda.Event() if ex.device.type == "cuda" else None
+        done = self._done_events[ring] if self._done_events is not None else None
         if done is not None:
             done.record()
         stats.steps += 1
@@ -125,9 +139,7 @@ class StepLauncher:
         for r, _ in step.gather:  # its token is the prefill's, not appended yet: gathered on the device
             row, seq = rows[r], step.seqs[r]
             row.token_ids, row.start_pos, row.counted = [0], len(seq.all_ids), True
-        ex.prepare(step.key, rows)
-        if step.gather:
-            ex.gather_inputs(step.gather)
+        ex.prepare(step.key, rows, step.gather)
 
     def _masked_ids(self, seq: Sequence) -> list[int]:
         """What min_tokens masks: the model's EOS ids and the request's stop ids."""

@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
+from .ahead import LaunchAhead
 from .drafter import NgramDrafter, NgramIndex
 from .speculation import Acceptance, SpeculationPolicy
 from ..step.kv_cache import BlockAllocator, blocks_for_tokens
@@ -94,7 +95,7 @@ class ScheduledStep:
         return self.key.is_prefill
 
 
-class Scheduler:
+class Scheduler(LaunchAhead):
     def __init__(self, plan: BucketPlan, num_blocks: int, block_size: int,
                  drafter: NgramDrafter | None = None, max_seq_len: int | None = None,
                  eos_ids: frozenset[int] = frozenset(), replay_ms: dict[GraphKey, float] | None = None):
@@ -298,83 +299,6 @@ class Scheduler:
         pos = next((i for i, r in enumerate(self.running) if r.arrival > seq.arrival), len(self.running))
         self.running.insert(pos, seq)
 
-    def extend_decode(self, step: ScheduledStep) -> ScheduledStep | None:
-        """The same generation step again, to launch before `step`'s tokens are read back, when
-        it can be (the rows are every running sequence, nothing waits, no preemption is needed):
-        each row's block for that next token is reserved, and the step repeats `step` (the fast
-        path). A row that finishes in `step` wastes its slot in the next one; its blocks are
-        freed when it finishes. None when it cannot be."""
-        admissible = self.waiting and len(self.running) < self.plan.max_batch_size
-        if step.is_prefill and self.fast_path and not admissible:
-            return self._decode_after_prefill(step)
-        if not self.fast_path or step.is_prefill or step.drafts is not None or admissible \
-                or step.seqs != self.running:
-            return None
-        need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
-        if sum(n for n in need if n > 0) > self.allocator.num_free:
-            return None
-        if self.drafter is not None and not self._plain_next(step.seqs):
-            return None  # drafting: plan the next step afresh from this one's tokens
-        for seq, n in zip(step.seqs, need):
-            if n > 0:
-                seq.block_table += self.allocator.allocate(n)
-        ahead = self._handed_out(ScheduledStep(step.key, list(step.seqs), list(step.num_new)), ahead=1)
-        assert ahead.repeats, "a step launched ahead repeats the one before it"
-        return ahead
-
-    def _plain_next(self, rows: list[Sequence]) -> bool:
-        """Whether the step after one over `rows` is a plain step, to launch ahead: the batch
-        does not draft, and a probe due at that step (made from the tokens known now, one
-        step behind) finds that drafting still does not pay."""
-        pol = self.speculation
-        if not pol.may_run_ahead():
-            return False
-        return not pol.proposes() or self._propose(rows) is None
-
-    def _decode_after_prefill(self, step: ScheduledStep) -> ScheduledStep | None:
-        """The decode step over every running sequence, formed while `step` (a prefill) runs:
-        where every row of `step` draws its first token there and every other running row is
-        decoding. The rows of `step` take their input from its drawn tokens on the device
-        (`gather`). None when it cannot be (a row still in its prompt, n > 1, a drafter,
-        too many rows or too few blocks)."""
-        if self.drafter is not None or step.settled or len(self.running) > self.max_decode_batch:
-            return None
-        of = {id(s): i for i, s in enumerate(step.seqs)}
-        positions = []  # the position each running row feeds next
-        for seq in self.running:
-            i = of.get(id(seq))
-            if i is None and seq.num_pending != 1:
-                return None
-            if i is not None and (seq.num_computed + step.num_new[i] != len(seq.all_ids) or seq.request.n > 1
-                                  or seq.request.max_tokens <= 1):
-                return None
-            positions.append(len(seq.all_ids) if i is not None else seq.num_computed)
-        need = [blocks_for_tokens(p + 1, self.block_size) - len(s.block_table) for s, p in zip(self.running, positions)]
-        if not self.running or sum(n for n in need if n > 0) > self.allocator.num_free:
-            return None
-        for seq, n in zip(self.running, need):
-            if n > 0:
-                seq.block_table += self.allocator.allocate(n)
-        rows = list(self.running)
-        nxt = ScheduledStep(self._select(len(rows), 0, rows), rows, [1] * len(rows),
-                            gather=[(r, of[id(s)]) for r, s in enumerate(rows) if id(s) in of])
-        self._after_prefill = False
-        return self._handed_out(nxt)
-
-    def settle_ahead(self, step: ScheduledStep) -> bool:
-        """`step` is launched and its tokens not read yet. When no row draws in it (prefill
-        chunks that are not their prompt's last), account it now (the KV now holds the fed
-        tokens), so the next step can be formed before its tokens are read. True when it did."""
-        if not step.is_prefill or step.settled or not self.fast_path:
-            return False
-        if any(not s.finished and s.num_computed + n >= len(s.all_ids) for s, n in zip(step.seqs, step.num_new)):
-            return False
-        for seq, n in zip(step.seqs, step.num_new):
-            if not seq.finished:
-                seq.num_computed += n
-        step.settled = True
-        return True
-
     def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
         """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the
         prompt's full blocks and feeds the prompt's remaining tokens (at least the last one)
@@ -411,31 +335,6 @@ class Scheduler:
         self.allocator.free(seq.block_table)
         self.free_slots.append(seq.slot)
         seq.block_table, seq.slot = [], None
-
-    def retire_ahead(self, step: ScheduledStep) -> bool:
-        """`step` is launched and its tokens not read yet. When every row of it ends with it for
-        sure (its token is the row's max_tokens-th, or the row has finished), free their blocks
-        and slots now, so the next step can be formed and launched before `step`'s tokens are
-        read: nothing the next step feeds depends on them, and the device runs the steps in
-        order, so the next step's writes to those blocks and slots come after `step`'s. The
-        rows' tokens are appended by `postprocess` as usual. True when it retired them."""
-        if step.drafts is not None or not self.fast_path:  # (tensor parallelism: no step launched ahead)
-            return False
-        for seq, n in zip(step.seqs, step.num_new):
-            if seq.finished or seq.retired:
-                continue
-            draws = seq.num_computed + n >= len(seq.all_ids)
-            if (not draws or seq.request.n > 1  # (n > 1: the first token forks from the parent's blocks)
-                    or len(seq.all_ids) - len(seq.prompt_ids) + 1 < seq.request.max_tokens):
-                return False
-        if all(seq.finished or seq.retired for seq in step.seqs):
-            return False  # nothing left to retire (called twice)
-        for seq in step.seqs:
-            if not seq.finished and not seq.retired:
-                self._release(seq)
-                seq.retired = True
-                self._retired.add(seq)
-        return True
 
     def abort(self, request: Request) -> None:
         """Stop every unfinished sequence of `request` (with n > 1, each completion): running

@@ -5,7 +5,8 @@ metadata lives in one int64 tensor (`ints`) and the float sampling parameters in
 tensor (`floats`), each with a host staging twin (pinned on CUDA), so a step's inputs
 cross to the device in two copies. `dev` and `host` name every field (`StepFields`, views
 made once). `next_tokens` holds the last step's drawn tokens on the device, where the
-steady-state fast path gathers the next inputs from.
+steady-state fast path gathers the next inputs from: inside the decode keys' graphs, driven by
+`control` (FRESH / ADVANCE / AS_IS) and the staged `new_blocks` (kernels/advance.py).
 
 Per-sequence sampling state lives by slot (`Sequence.slot`; the last slot is scratch for
 rows that use no processor, and for padding): `token_counts` [slots + 1, V] int32 (generated
@@ -31,7 +32,8 @@ View = torch.Tensor | np.ndarray  # a device tensor (StepBuffers.dev) or a host 
 def _packed(size: str, group: str = "ints"):
     """A field of the packed storage: `group` (ints: int64, floats: fp32) and the limit that
     sizes it: "tokens" (max tokens), "rows" (max logit rows), "seqs" (max batch size),
-    "table" (max batch size x blocks per sequence, viewed [seqs, blocks per sequence])."""
+    "table" (max batch size x blocks per sequence, viewed [seqs, blocks per sequence]),
+    "control" (the decode keys' advance: CONTROL_SIZE values)."""
     return field(metadata={"size": size, "group": group})
 
 
@@ -53,6 +55,10 @@ class StepFields:
     prompt_lens: View = _packed("rows")  # tokens of the original prompt (for the prompt scan of prefill chunks)
     eos_until: View = _packed("rows")  # stop ids are masked while the drawn token's position is below this
     logprobs: View = _packed("rows")  # 1: compute the row's log-probabilities
+    # A decode key's graph begins with the advance (kernels/advance.py): [0] its mode (FRESH, which
+    # every upload writes; the graph leaves ADVANCE behind it), [1] the real rows of the step.
+    control: View = _packed("control")
+    gather_src: View = _packed("seqs")  # FRESH decode step: row r's input token is next_tokens[gather_src[r]] (-1: kept)
     temperature: View = _packed("rows", "floats")
     top_p: View = _packed("rows", "floats")
     min_p: View = _packed("rows", "floats")
@@ -60,6 +66,13 @@ class StepFields:
     presence_penalty: View = _packed("rows", "floats")
     frequency_penalty: View = _packed("rows", "floats")
 
+
+# The advance's modes (control[0]): FRESH: inputs just uploaded (gathered rows take their token from
+# next_tokens); ADVANCE: the same rows as the last replay, one position on (positions, input tokens
+# from next_tokens, slots, the staged new blocks); AS_IS: replay on the inputs as they are (a
+# repeated execute without new inputs: timing loops, replay-vs-eager checks).
+FRESH, ADVANCE, AS_IS = 0, 1, 2
+CONTROL_SIZE = 2
 
 # (name, group, size) of every packed field, in storage order (tests import this list)
 FIELDS = tuple((f.name, f.metadata["group"], f.metadata["size"]) for f in fields(StepFields))
@@ -85,12 +98,15 @@ class StepBuffers:
     dev: StepFields = field(init=False)  # named device views of `ints` / `floats`
     host: StepFields = field(init=False)  # named numpy views of the staging: write after staging_ready()
     next_tokens: torch.Tensor = field(init=False)  # [max_rows] int64: the step's drawn tokens, written in the graph
+    # [1 + 3 * max_seqs] int64: the fast path's new block entries for the next ADVANCE, a count then
+    # (row, column, block) each; staged by the host, consumed (count set to 0) by the advance
+    new_blocks: torch.Tensor = field(init=False)
     # [max_seqs] int64: drafts accepted per row, written by verify keys only (other keys leave it stale)
     accepted: torch.Tensor = field(init=False)
 
     def __post_init__(self):
         shapes = {"tokens": (self.max_tokens,), "rows": (self.max_rows,), "seqs": (self.max_seqs,),
-                  "table": (self.max_seqs, self.max_blocks_per_seq)}
+                  "table": (self.max_seqs, self.max_blocks_per_seq), "control": (CONTROL_SIZE,)}
         pin = self.device.type == "cuda"
         spans, ends = {}, {"ints": 0, "floats": 0}  # name -> (group, offset, shape); group -> elements
         for name, group, size in FIELDS:
@@ -108,6 +124,7 @@ class StepBuffers:
         self.host = StepFields(**{n: t.numpy() for n, t in views("_host").items()})
         self.next_tokens = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
         self.accepted = torch.zeros(self.max_seqs, dtype=torch.int64, device=self.device)
+        self.new_blocks = torch.zeros(1 + 3 * self.max_seqs, dtype=torch.int64, device=self.device)
         self._uploaded = torch.cuda.Event() if pin else None
         self.scratch_slot = self.num_slots
         S, dev = self.num_slots + 1, self.device
@@ -149,10 +166,11 @@ class StepBuffers:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every persistent tensor, by name, for the address snapshot."""
         return {"ints": self.ints, "floats": self.floats, "next_tokens": self.next_tokens,
-                "accepted": self.accepted, **self.state}
+                "accepted": self.accepted, "new_blocks": self.new_blocks, **self.state}
 
     def layout(self) -> list[dict]:
         """For the manifest: name, shape, dtype of every field."""
         named = [(n, getattr(self.dev, n)) for n, _, _ in FIELDS]
-        named += [("next_tokens", self.next_tokens), ("accepted", self.accepted), *self.state.items()]
+        named += [("next_tokens", self.next_tokens), ("accepted", self.accepted), ("new_blocks", self.new_blocks),
+                  *self.state.items()]
         return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in named]

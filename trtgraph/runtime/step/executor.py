@@ -1,7 +1,8 @@
 """The executor: model, paged KV cache, persistent buffers, per-key metadata and the graph
 runner, wired once. `capture` (used by the compiler and at runtime start-up) records a
 key; `prepare` writes one step's inputs (padding included) into the buffers; `execute`
-replays the key's graph, or runs the same step eagerly for A/B checks.
+replays the key's graph, or runs the same step eagerly for A/B checks. Input preparation
+(full and fast path) lives in `inputs.py`.
 
 The compiler and the runtime build exactly this object, so what was verified at capture
 is what serves.
@@ -10,10 +11,7 @@ is what serves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import attrgetter
 
-import numpy as np
 import torch
 
 from ...buckets import GREEDY, BucketPlan, GraphKey
@@ -24,45 +22,12 @@ from ...kernels import resolve as resolve_kernels
 from ...models import DTYPES, LoadedModel, load_model
 from ...models.parallel import TPGroup
 from ...kernels import sampler_reference as sampler
-from .buffers import ROW_DEFAULTS, StepBuffers
+from ...kernels.advance import choose as choose_advance
+from .buffers import StepBuffers
 from .graph_runner import CaptureStats, GraphRunner
-from .kv_cache import NULL_BLOCK, allocate_kv_caches, auto_num_blocks, blocks_for_tokens
+from .inputs import StepInputs, StepRow, advances  # noqa: F401 (StepRow: callers import it from here)
+from .kv_cache import allocate_kv_caches, auto_num_blocks, blocks_for_tokens
 from .metadata import AttentionMetadata
-
-
-@dataclass
-class StepRow:
-    """One sequence's part of a step."""
-    token_ids: list[int] | np.ndarray  # the real query tokens: q of them, or fewer in a prefill chunk's tail
-    start_pos: int  # position of token_ids[0] in its sequence
-    block_table: list[int]  # blocks covering positions 0 .. start_pos + len(token_ids) - 1
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    min_p: float = 0.0
-    # logits processors (kernels/sampler_reference.py); `processors` False leaves the logits untouched
-    processors: bool = False
-    slot: int | None = None  # the sequence's state slot (None: the scratch slot)
-    counted: bool = True  # whether the drawn token counts (False: a prefill chunk that is not the last)
-    prompt_len: int = 0
-    eos_until: int = 0  # stop ids masked while the drawn token's position is below this
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool = False
-
-
-# StepRow attribute -> per-row buffer field, integer fields then float fields
-ROW_FIELDS = {"top_k": "top_k", "seed": "seeds", "processors": "processors", "prompt_len": "prompt_lens",
-              "eos_until": "eos_until", "logprobs": "logprobs",
-              "temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
-              "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-              "frequency_penalty": "frequency_penalty"}
-_INT_FIELDS = tuple(ROW_FIELDS.values())[:6]
-_FLOAT_FIELDS = tuple(ROW_FIELDS.values())[6:]
-_int_values = attrgetter(*tuple(ROW_FIELDS)[:6])  # one row's integer fields as a tuple
-_float_values = attrgetter(*tuple(ROW_FIELDS)[6:])
 
 
 @dataclass
@@ -90,7 +55,7 @@ def backend_for(device: torch.device) -> str:
 
 
 @dataclass
-class Executor:
+class Executor(StepInputs):
     config: Config
     plan: BucketPlan
     loaded: LoadedModel
@@ -119,11 +84,10 @@ class Executor:
             num_slots=self.plan.max_batch_size,
         )
         pin = self.device.type == "cuda"
-        # the fast path's new block entries: (row, column, block, the row's new slot)
-        self._new_blocks_host = [torch.zeros((self.buffers.max_seqs, 4), dtype=torch.int64, pin_memory=pin)
+        # the fast path's new block entries (a count, then (row, column, block) each), staged in turn
+        self._new_blocks_host = [torch.zeros(self.buffers.new_blocks.shape, dtype=torch.int64, pin_memory=pin)
                                  for _ in range(3)]
         self._new_blocks_turn = 0
-        self._new_blocks_dev = torch.zeros((self.buffers.max_seqs, 4), dtype=torch.int64, device=self.device)
         self.runner = GraphRunner(backend_for(self.device), self.device, self.persistent_tensors, self.weight_tensors)
         self.metadata = {k: AttentionMetadata(
             q_len=k.q_len, batch_size=k.batch_size,
@@ -191,7 +155,8 @@ class Executor:
 
     # ---- the step ------------------------------------------------------------------
     def step_fn(self, key: GraphKey):
-        """The closure a graph records: model forward, logits, sampler, over buffer views."""
+        """The closure a graph records: (decode keys) the advance of the inputs, model forward,
+        logits, sampler, over buffer views."""
         model, bufs, meta = self.model, self.buffers, self.metadata[key]
         T, B, R = key.num_tokens, key.batch_size, key.num_logit_rows
         ids, pos = bufs.dev.input_ids[:T], bufs.dev.positions[:T]
@@ -199,8 +164,11 @@ class Executor:
         out, accepted = bufs.next_tokens[:R], bufs.accepted[:B]
         q = key.q_len
         draw = self._sampled_draw(key) if key.sampling != GREEDY else None
+        advance = self._advance_fn(key) if advances(key) else None
 
         def step():
+            if advance is not None:
+                advance()  # this step's inputs from what the last replay left (kernels/advance.py)
             hidden = model(ids, pos, meta)  # [T, H]
             if key.is_prefill:
                 hidden = hidden.index_select(0, rows)  # [B, H]: each sequence's last real token
@@ -218,6 +186,15 @@ class Executor:
             return logits, out, accepted
 
         return step
+
+    def _advance_fn(self, key: GraphKey):
+        """A decode key's first op: FRESH inputs (gathered rows take the drawn tokens), ADVANCE
+        (the fast path: one position on, the staged new blocks) or AS_IS, by `control`."""
+        d, B, bs = self.buffers.dev, key.batch_size, self.block_size
+        op = choose_advance(self.model.ops.name)
+        args = (d.control, self.buffers.new_blocks, d.input_ids[:B], d.positions[:B], d.slot_mapping[:B],
+                d.block_tables[:B], d.gather_src[:B], self.buffers.next_tokens)
+        return lambda: op(*args, bs)
 
     def _sampled_draw(self, key: GraphKey):
         """The sampled keys' draw: processors, filters, Gumbel-max, the token counts and the
@@ -255,16 +232,22 @@ class Executor:
         their size before any capture."""
         self.prepare(key, [])
         self.step_fn(key)()
+        self.inputs_used()
 
     def capture(self, key: GraphKey) -> CaptureStats:
         self.prepare(key, [])  # padding-only inputs: the capture run must not touch real blocks
-        return self.runner.capture(key, self.step_fn(key), self.metadata[key])
+        stats = self.runner.capture(key, self.step_fn(key), self.metadata[key])
+        self.inputs_used()
+        return stats
 
     def execute(self, key: GraphKey, eager: bool = False) -> StepOutputs:
+        """Replay `key` (or run it eagerly) on the inputs `prepare` or `advance_decode` set;
+        executed again without either, a decode key runs on the inputs as they are (AS_IS)."""
         pos = self.buffers.dev.positions[:key.num_tokens]
         if key not in self.metadata:
             raise ReplayMismatchError(f"{key} is not in this executor's bucket plan; planned keys: "
                                       f"{', '.join(str(k) for k in self.plan.keys)}")
+        self.before_execute(key)
         if eager:
             self.num_eager_steps += 1
             logits, tokens, accepted = self.step_fn(key)()
@@ -274,175 +257,3 @@ class Executor:
             return StepOutputs(logits, tokens, accepted)
         st, R = self.buffers.state, key.num_logit_rows
         return StepOutputs(logits, tokens, accepted, st["logprob_values"][:R], st["logprob_ids"][:R])
-
-    # ---- input preparation (full path) ------------------------------------------------
-    def prepare(self, key: GraphKey, rows: list[StepRow]) -> None:
-        """Pack `rows` into host staging, write every padding row explicitly, check what the
-        rows put there (a graph that reads an out-of-range block id corrupts memory
-        silently), copy once. Vectorised over rows: each field is one numpy write."""
-        q, B, bs, T = key.q_len, key.batch_size, self.block_size, key.num_tokens
-        if len(rows) > B:
-            raise ReplayMismatchError(f"{len(rows)} rows do not fit {key}")
-        n = len(rows)
-        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n)  # [n] query tokens per row
-        starts = np.fromiter((r.start_pos for r in rows), np.int64, n)
-        have = np.fromiter((len(r.block_table) for r in rows), np.int64, n)  # [n] blocks per table
-        self._check_row_shapes(key, rows, lens, starts, have)
-        b = self.buffers
-        b.staging_ready()
-        ids, pos, slots = b.host.input_ids, b.host.positions, b.host.slot_mapping
-        last, tables = b.host.logits_indices, b.host.block_tables
-        # Padding first (every row of the key), then the real rows on top.
-        ids[:T] = 0
-        slots[:T] = np.arange(T) % bs + NULL_BLOCK * bs
-        last[:B] = np.arange(B) * q
-        tables[:B] = NULL_BLOCK
-        table_row = np.repeat(np.arange(n), have)  # [sum(have)] the row of each table entry
-        table_col = np.arange(len(table_row)) - np.repeat(np.cumsum(have) - have, have)
-        tables[table_row, table_col] = np.fromiter(chain.from_iterable(r.block_table for r in rows), np.int64,
-                                                   len(table_row))
-        # Real tokens: row i's j-th at i * q + j. A prefill chunk's tail (j >= its length)
-        # repeats the last position and writes to the null block.
-        col = np.arange(q)
-        pos2 = starts[:, None] + np.minimum(col[None, :], lens[:, None] - 1)  # [n, q]
-        pos[:n * q] = pos2.ravel()
-        pos[n * q:T] = 0
-        real = col[None, :] < lens[:, None]  # [n, q]
-        flat = np.flatnonzero(real)  # where real tokens go, row-major: i * q + j
-        if q == 1:  # one token a row
-            ids[flat] = np.fromiter((r.token_ids[0] for r in rows), np.int64, n)
-        elif n:  # prefill chunks (the launcher hands numpy slices of the prompts) and verify rows
-            ids[flat] = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])
-        p, row_of = pos[flat], flat // q
-        slots[flat] = tables[row_of, p // bs] * bs + p % bs
-        last[:n] = np.arange(n) * q + lens - 1
-        self._pack_sampling(key, rows)
-        self._check_values(key, "token_ids", ids[:n * q], 0, self.loaded.config.vocab_size, q)
-        self._check_values(key, "block_table", tables[table_row, table_col], 1, self.num_blocks, None, table_row)
-        b.upload()
-
-    def _pack_sampling(self, key: GraphKey, rows: list[StepRow]) -> None:
-        """The per-row sampling fields: neutral values on every logit row of the key, then each
-        real row's values (one matrix per dtype built in one pass over the rows, one vector
-        write per field; a decode row covers its q logit rows)."""
-        b, R = self.buffers, key.num_logit_rows
-        per = 1 if key.is_prefill else key.q_len
-        n = len(rows) * per
-        scratch = b.scratch_slot
-        for fields, getter, dtype in ((_INT_FIELDS, _int_values, np.int64), (_FLOAT_FIELDS, _float_values, np.float64)):
-            values = np.array([getter(r) for r in rows], dtype=dtype).reshape(len(rows), len(fields))
-            if per > 1:
-                values = np.repeat(values, per, axis=0)
-            for j, name in enumerate(fields):
-                arr = getattr(b.host, name)
-                arr[:R] = ROW_DEFAULTS[name]
-                arr[:n] = values[:, j]
-        slot = np.fromiter((scratch if r.slot is None else r.slot for r in rows), np.int64, len(rows))
-        counted = np.fromiter((r.counted for r in rows), bool, len(rows))
-        b.host.slots[:R] = scratch
-        b.host.slots[:n] = np.repeat(slot, per)
-        b.host.count_slots[:R] = scratch
-        b.host.count_slots[:n] = np.repeat(np.where(counted, slot, scratch), per)
-
-    def _check_row_shapes(self, key: GraphKey, rows: list[StepRow], lens: np.ndarray, starts: np.ndarray,
-                          have: np.ndarray) -> None:
-        """What must hold before rows can be packed at all, checked at once; the first row
-        that fails is named by `_check_row_shape`."""
-        q, max_len = key.q_len, self.config.limits.max_seq_len
-        ends = starts + lens
-        need = (ends + self.block_size - 1) // self.block_size
-        bad = ((lens < 1) | (lens > q) | (starts < 0) | (ends > max_len) | (need > have)
-               | (have > self.max_blocks_per_seq))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            self._check_row_shape(key, i, rows[i], int(lens[i]))
-
-    def _check_row_shape(self, key: GraphKey, i: int, row: StepRow, n: int) -> None:
-        """What must hold before a row can be packed at all (scalar checks, one row)."""
-        q, max_len = key.q_len, self.config.limits.max_seq_len
-        if not 1 <= n <= q:
-            raise ReplayMismatchError(f"{key} row {i}: {n} query tokens; the key takes 1..{q}")
-        if not 0 <= row.start_pos <= max_len - n:
-            raise ReplayMismatchError(f"{key} row {i}: start_pos = {row.start_pos} with {n} tokens; positions "
-                                      f"must lie in [0, limits.max_seq_len = {max_len})")
-        need, have = blocks_for_tokens(row.start_pos + n, self.block_size), len(row.block_table)
-        if not need <= have <= self.max_blocks_per_seq:
-            raise ReplayMismatchError(f"{key} row {i}: block_table has {have} blocks; positions up to "
-                                      f"{row.start_pos + n - 1} need {need}, and a sequence holds at most "
-                                      f"{self.max_blocks_per_seq}")
-
-    @staticmethod
-    def _check_values(key: GraphKey, name: str, values: np.ndarray, lo: int, hi: int, per_row: int | None,
-                      row_of: np.ndarray | None = None) -> None:
-        """All `values` in [lo, hi), checked at once; the first one outside names its row."""
-        if values.size == 0 or (values.min() >= lo and values.max() < hi):
-            return
-        bad = int(np.flatnonzero((values < lo) | (values >= hi))[0])
-        row = bad // per_row if per_row else int(row_of[bad])
-        raise ReplayMismatchError(f"{key} row {row}: {name} holds {int(values[bad])}, outside [{lo}, {hi}); "
-                                  f"refusing to replay a graph on it (it would read or write memory it "
-                                  f"does not own)")
-
-    # ---- input preparation (steady-state fast path) -------------------------------------
-    def advance_decode(self, num_real: int, new_blocks: list[tuple[int, int, int]]) -> None:
-        """The same generation rows as the last step, in the same order: positions += 1 and
-        input tokens gathered from the last step's drawn tokens (`next_tokens`), all on the
-        device. A row's slot is its last one + 1, except where the row entered a new block
-        ((row, column, block) each): there the block table gets the block and the slot is
-        the block's first. Three small device ops per step, two more at a block boundary.
-        Padding rows keep what the last full path wrote."""
-        b, bs = self.buffers, self.block_size
-        entries = np.asarray(new_blocks, dtype=np.int64).reshape(-1, 3)  # [n, 3]: row, column, block
-        if len(entries):
-            self._check_new_blocks(num_real, entries)
-        b.dev.positions[:num_real] += 1
-        b.dev.input_ids[:num_real].copy_(b.next_tokens[:num_real])
-        slots = b.dev.slot_mapping
-        slots[:num_real] += 1
-        if len(entries):  # one small copy and two scatters, however many rows entered a new block
-            dev = self._staged(np.concatenate([entries, entries[:, 2:] * bs], axis=1))
-            tables = b.dev.block_tables
-            tables.view(-1).index_copy_(0, dev[:, 0] * tables.shape[1] + dev[:, 1], dev[:, 2])
-            slots.index_copy_(0, dev[:, 0], dev[:, 3])
-
-    def gather_inputs(self, pairs: list[tuple[int, int]]) -> None:
-        """After `prepare` of a decode step launched before the prefill step ahead of it was
-        read: input token of row r = that prefill's drawn token of row j, for each (r, j), on
-        the device (`next_tokens` holds it once the prefill has run; the device runs in order)."""
-        idx = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        R = self.buffers.next_tokens.shape[0]
-        if len(idx) and (idx.min() < 0 or idx[:, 0].max() >= self.buffers.max_seqs or idx[:, 1].max() >= R):
-            raise ReplayMismatchError(f"decode step after a prefill: gather pair {pairs} outside the step buffers")
-        ids, drawn = self.buffers.dev.input_ids, self.buffers.next_tokens
-        n = len(idx)
-        if n and (idx == np.arange(n)[:, None]).all():  # rows 0..n-1 from rows 0..n-1: one copy
-            ids[:n].copy_(drawn[:n])
-        elif n:
-            dev = self._staged(idx)
-            ids.index_copy_(0, dev[:, 0], drawn.index_select(0, dev[:, 1]))
-
-    def _staged(self, entries: np.ndarray) -> torch.Tensor:
-        """Small int64 rows ([n, <= 4]) on the device without a host sync: written to the next
-        of a ring of pinned staging slots and copied without blocking. A slot is rewritten only
-        two launches later, after the engine has waited for the step that copied from it."""
-        n, k = entries.shape
-        self._new_blocks_turn = (self._new_blocks_turn + 1) % len(self._new_blocks_host)
-        staged = self._new_blocks_host[self._new_blocks_turn].view(-1)[:n * k].view(n, k)  # contiguous
-        staged.numpy()[:] = entries
-        dev = self._new_blocks_dev.view(-1)[:n * k].view(n, k)
-        dev.copy_(staged, non_blocking=True)
-        return dev
-
-    def _check_new_blocks(self, num_real: int, entries: np.ndarray) -> None:
-        """The fast path's new (row, column, block) entries, checked at once on the host."""
-        lo = np.array([0, 0, 1])
-        hi = np.array([num_real, self.max_blocks_per_seq, self.num_blocks])
-        bad = (entries < lo) | (entries >= hi)  # [n, 3]
-        if not bad.any():
-            return
-        i, col = (int(v) for v in np.argwhere(bad)[0])
-        r, c, blk = (int(v) for v in entries[i])
-        what = ("row", "column", "block id")[col]
-        raise ReplayMismatchError(f"fast-path decode step: new block entry (row {r}, column {c}, block {blk}) "
-                                  f"has its {what} outside [{int(lo[col])}, {int(hi[col])}); refusing to write "
-                                  f"it into the block tables")
