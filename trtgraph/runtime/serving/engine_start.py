@@ -10,10 +10,11 @@ from pathlib import Path
 import torch
 
 from ... import startup
-from ...artifacts import Manifest
+from ...artifacts import Manifest, manifest_path
 from ...errors import ManifestError
 from ...models.parallel import TPGroup
 from ..distributed import agree
+from ..warmup import FirstLoads
 from ..step.executor import Executor
 
 # Re-recorded graphs may take a little more or less pool than at capture (allocator
@@ -52,20 +53,26 @@ def _check_kernel_choices(manifest: Manifest, ex: Executor, mpath: Path) -> None
 
 # ---- start-up: re-record exactly the manifest's keys ----------------------------
 def record(manifest: Manifest, ex: Executor, tp: TPGroup, eager: bool) -> float:
+    """Warm up the keys the capture found load every kernel and make every lazy buffer
+    (`totals.warmup_keys`; every key for a manifest without it), then re-record every key in
+    the capture order, refusing a start where a kernel first loads while a graph is recorded.
+    Returns the seconds it took."""
     t0 = time.perf_counter()
     order = manifest.capture_order
     with torch.inference_mode():
-        for key in order:
+        for key in warmup_keys(manifest):
             ex.warmup(key)
         startup.lap("warmup_triton_cache")
         if eager:
             return time.perf_counter() - t0
-        pool = 0
+        pool, loads = 0, FirstLoads(_first_load)
+        loads.before()
         for i, key in enumerate(order):
             agree(tp, f"graph key {i} and the buffer layout", f"{key}|{ex.buffers.layout()}")
             if ex.metadata[key].num_tokens != key.num_tokens:
                 raise ManifestError(f"{key}: token count {ex.metadata[key].num_tokens} != {key.num_tokens}")
             pool += ex.capture(key).pool_bytes
+            loads.after(str(key))
     startup.lap("re_record")
     expected = int(manifest.totals.get("pool_bytes", 0))
     if abs(pool - expected) > max(POOL_TOLERANCE_FRACTION * expected, POOL_TOLERANCE_BYTES):
@@ -74,6 +81,25 @@ def record(manifest: Manifest, ex: Executor, tp: TPGroup, eager: bool) -> float:
                             f"behave differently from capture time; recapture here.")
     ex.num_eager_steps = 0
     return time.perf_counter() - t0
+
+
+def warmup_keys(manifest: Manifest) -> list:
+    """The keys to run eagerly before the re-record, in the capture's warm order."""
+    names = manifest.totals.get("warmup_keys")
+    if names is None:  # captured before warmup_keys was recorded
+        return manifest.capture_order
+    by_name = {str(k): k for k in manifest.capture_order}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ManifestError(f"{manifest_path(manifest)}: totals.warmup_keys names {unknown[0]!r}, which is not one "
+                            f"of the manifest's keys. Recapture on this machine.")
+    return [by_name[n] for n in names]
+
+
+def _first_load(key: str, count: int):
+    raise ManifestError(f"{key}: recording its graph loaded {count} Triton kernel(s) that the warm-up of "
+                        f"totals.warmup_keys had not (a graph must not be recorded around a first load). "
+                        f"The kernels or their choice differ from the capture's; recapture on this machine.")
 
 
 def with_checkpoint(config, mpath: Path, model: str | Path | None):
