@@ -351,3 +351,25 @@ def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
     assert after_prefill.get(id(spec.scheduler), 0) == 0 < after_prefill[id(plain.scheduler)], after_prefill
     for r in reqs:
         assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_hope_alone_keeps_a_batch_probing_every_step_only_hope_limit_times():
+    """Pending proposals that would pay were they accepted call a probe at the next step; when
+    they keep doing so without the batch ever drafting (a verify step that costs more than
+    the accepted drafts bring), the probes back off after HOPE_LIMIT in a row, and a prefill
+    (new rows) gives hope its chances again."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import HOPE_LIMIT, SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    pol = SpeculationPolicy(plan, K, {GraphKey(2, 0, 0, "greedy"): 1.0, GraphKey(2, K, 0, "greedy"): 1.75})
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
+    proposals = {id(s): [7] * K for s in rows}  # never scored: their tokens are not drawn yet
+    intervals = []
+    for _ in range(HOPE_LIMIT + 3):
+        assert not pol.decide(rows, proposals)  # a = 0.25: 1.33 tokens per row do not pay 1.75
+        intervals.append(pol.interval)
+    assert intervals == [1] * HOPE_LIMIT + [2, 4, 8]
+    pol.handed_out(None)  # a prefill: new rows, hope counts again
+    assert pol.decide(rows, proposals) is False and pol.interval == 1
