@@ -25,6 +25,7 @@ class Parity:
     max_abs_logit_diff: float
     tokens_equal: bool
     ok: bool
+    eager_ms: float = 0.0  # the eager step's time (random valid inputs, one run: the manifest's eager_ms)
 
 
 def random_rows(ex: Executor, key: GraphKey, gen: torch.Generator) -> list[StepRow]:
@@ -59,12 +60,15 @@ def random_rows(ex: Executor, key: GraphKey, gen: torch.Generator) -> list[StepR
 
 def verify_key(ex: Executor, key: GraphKey, seed: int) -> Parity:
     """Eager then replay on identical inputs; compare the real rows' logits and tokens. The
-    comparison stays on the device and is read back once (one synchronisation per key)."""
+    comparison stays on the device and is read back once (one synchronisation per key); the
+    eager run is timed on the way (CUDA events, read after that read-back)."""
     gen = torch.Generator().manual_seed(seed)
     rows = random_rows(ex, key, gen)
     real = _real_logit_rows(key, len(rows))
     ex.prepare(key, rows)
+    clock = _StepClock(ex.device)
     eager = ex.execute(key, eager=True)
+    clock.stop()
     eager_logits, eager_tokens = eager.logits[real].clone(), eager.tokens[real].clone()
     eager_accepted = eager.accepted[:len(rows)].clone()
     ex.prepare(key, rows)
@@ -74,7 +78,29 @@ def verify_key(ex: Executor, key: GraphKey, seed: int) -> Parity:
     diff, same = torch.stack([diff, tokens_same.float()]).tolist()  # the one read-back
     tokens_equal = same == 1.0
     ok = tokens_equal and diff <= LOGIT_TOLERANCE[ex.config.dtype] and diff == diff  # NaN never passes
-    return Parity(diff, tokens_equal, ok)
+    return Parity(diff, tokens_equal, ok, clock.ms())
+
+
+class _StepClock:
+    """Milliseconds from construction to stop(): CUDA events (read once the device has passed
+    the second), or the host clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def ms(self) -> float:
+        return self.start.elapsed_time(self.end) if self.cuda else (self.t1 - self.t0) * 1e3
 
 
 def _real_logit_rows(key: GraphKey, num_rows: int) -> slice:
