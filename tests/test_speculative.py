@@ -373,3 +373,8 @@ def test_hope_alone_keeps_a_batch_probing_every_step_only_hope_limit_times():
     assert intervals == [1] * HOPE_LIMIT + [2, 4, 8]
     pol.handed_out(None)  # a prefill: new rows, hope counts again
     assert pol.decide(rows, proposals) is False and pol.interval == 1
+    pol.record(GraphKey(2, 0, 0, "greedy"), 1.0)  # measured: a verify step costs no more than a plain one
+    pol.record(GraphKey(2, K, 0, "greedy"), 0.9)
+    pol.hoped = HOPE_LIMIT  # then hope keeps the probes at every step, past the limit
+    proposals = {}  # no match now (so no draft), the earlier proposals still pending
+    assert [pol.decide(rows, proposals) or pol.interval for _ in range(3)] == [1, 1, 1]

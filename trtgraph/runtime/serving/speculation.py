@@ -26,8 +26,8 @@ a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a fu
 the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
 interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
 the proposals awaiting their outcome would make drafting pay were they accepted (at most
-HOPE_LIMIT probes in a row: a batch whose proposals keep looking hopeful but never pay, say
-with a verify key that costs several plain steps, does not make proposals at every step), and
+HOPE_LIMIT probes in a row where a verify step costs more than a plain one: a batch whose
+proposals keep looking hopeful but never pay does not make proposals at every step), and
 it returns to 1 while drafting and after a prefill step (new rows). Without replay times (a scheduler built without them) every
 step proposes, and every step with a match drafts. Which steps draft depends on measured
 times; what every row emits does not (verification).
@@ -49,6 +49,7 @@ WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
 PROBE_WINDOW = 16  # a probe indexes at most this many of a row's not yet indexed tokens
 PROBE_ROWS = 8  # a probe of a larger batch that does not draft samples about this many rows
 HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would pay if accepted) keeps every step
+#                where a verify step costs more than a plain one
 
 
 @dataclass
@@ -223,13 +224,19 @@ class SpeculationPolicy:
         # Probe again (all rows) at the next step while drafting, or while the proposals
         # awaiting their outcome would make drafting pay if accepted (HOPE_LIMIT times in a
         # row at most); else back off.
-        hopeful = draft or (self.hoped < HOPE_LIMIT and self.pays(
+        hopeful = draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
             probed, [s.accept.pending is not None for s in probed], hope=True, n=len(rows)))
         self.hoped = 0 if draft else self.hoped + hopeful
         self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
         self.full_probe = hopeful and not draft
         self.drafting = draft
         return draft
+
+    def _verify_is_cheap(self, rows: list) -> bool:
+        """A verify step over `rows` costs no more than a plain one (then probing at every step
+        that hope calls for is worth it however long it lasts)."""
+        costs = self.costs(rows)
+        return costs is not None and costs[1] <= costs[0]
 
     @property
     def probe_window(self) -> int | None:
