@@ -304,6 +304,24 @@ def test_probes_index_a_window_and_backfill_what_they_skipped():
     assert probed.following == full.following and probed.skipped == []
 
 
+def test_a_proposal_backfills_at_most_backfill_skipped_positions_the_newest_first():
+    """The first drafting step after probes does not index a whole long row at once: each
+    proposal backfills BACKFILL positions, newest first, until the index is the full one."""
+    from trtgraph.runtime.serving.drafter import BACKFILL
+
+    d = NgramDrafter(4, 1, 3)
+    ids = [(7 * j * j + 3 * j) % 97 for j in range(5 * BACKFILL)]
+    probed, full = NgramIndex(), NgramIndex()
+    d.propose(ids, probed, window=4)
+    assert probed.skipped == [(0, len(ids) - 5)]
+    d.propose(ids, probed)
+    assert probed.skipped == [(0, len(ids) - 5 - BACKFILL)]  # the newest BACKFILL positions are in
+    for _ in range(5):
+        d.propose(ids, probed)
+    d.propose(ids, full)
+    assert probed.skipped == [] and probed.following == full.following
+
+
 def test_a_large_batch_that_does_not_draft_probes_a_turning_sample_of_rows():
     from trtgraph.runtime.serving.speculation import PROBE_ROWS, SpeculationPolicy
 
