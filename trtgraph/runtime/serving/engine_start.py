@@ -31,10 +31,10 @@ def check_built(manifest: Manifest, ex: Executor, mpath: Path):
     if ex.buffers.layout() != manifest.buffers:
         raise ManifestError(f"{mpath}: the persistent buffer layout built here differs "
                             f"from the manifest's `buffers`. Recapture on this machine.")
-    _check_kernel_choices(manifest, ex, mpath)
+    check_kernel_choices(manifest, ex, mpath)
 
 
-def _check_kernel_choices(manifest: Manifest, ex: Executor, mpath: Path) -> None:
+def check_kernel_choices(manifest: Manifest, ex: Executor, mpath: Path) -> None:
     """The GEMM backends and fused-or-composed ops chosen here are the ones the capture chose
     and verified (the graphs re-recorded here replay exactly that choice)."""
     if ex.model.ops.name != "triton":
