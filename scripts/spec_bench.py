@@ -73,13 +73,16 @@ PROMPTS = {1: 2, 8: 8} if SMOKE else {1: 16, 8: 32, 64: 128}  # requests per cel
 
 
 def timed(engine, groups):
-    """One pass over the cell's groups: (tokens, seconds, token ids by request, per-group speculative stats)."""
+    """One pass over the cell's groups: (tokens, seconds, token ids by request, per-group speculative
+    stats, each with the policy's probes: the steps that made proposals)."""
     start, tokens, sp, ids = time.perf_counter(), 0, [], []
+    pol = engine.scheduler.speculation
     for group in groups:
+        probes = pol.probes if pol else 0
         results = list(engine.generate(group))
         tokens += sum(len(r.token_ids) for r in results)
         ids += [r.token_ids for r in sorted(results, key=lambda r: r.id)]
-        sp.append(engine.stats.to_json().get("speculative"))
+        sp.append({**(engine.stats.to_json().get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes})
     return tokens, time.perf_counter() - start, ids, sp
 
 
@@ -109,7 +112,7 @@ for set_name, make in sets.items():
         ratios = [(ts / ss) / (tp / sp_) for (ts, ss, _, _), (tp, sp_, _, _) in zip(runs["speculative"], runs["plain"])]
         row.update(ratio_median=median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
         sp = runs["speculative"][-1][3]
-        row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows")})
+        row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows", "probes")})
         fed = [s for s in sp if s["verify_steps"]]
         row["acceptance_rate"] = sum(s["acceptance_rate"] for s in fed) / len(fed) if fed else None
         rows.append(row)
@@ -124,11 +127,12 @@ out_dir.mkdir(parents=True, exist_ok=True)
 print(f"\n{REPEATS} runs per cell, speculative and plain alternating; tok/s: median (min-max); ratio: median of "
       f"the paired runs' speculative / plain (min-max); steps and acceptance: the last speculative run")
 print("| prompts | batch | tokens | speculative tok/s | plain tok/s | speculative / plain | verify steps "
-      "| plain decode steps | draft acceptance |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| plain decode steps | probes | draft acceptance |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     s, p = r["speculative"], r["plain"]
     acc = f"{100 * r['acceptance_rate']:.1f}%" if r["acceptance_rate"] is not None else "no drafts"
     print(f"| {r['prompts']} | {r['batch']} | {r['tokens']} | {s['tokens_per_second']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
           f"| {p['tokens_per_second']:,.0f} ({p['min']:,.0f}-{p['max']:,.0f}) | {r['ratio_median']:.3f} "
-          f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['verify_steps']} | {r['plain_decode_steps']} | {acc} |")
+          f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['verify_steps']} | {r['plain_decode_steps']} | {r['probes']} "
+          f"| {acc} |")

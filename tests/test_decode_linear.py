@@ -251,20 +251,20 @@ def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp
 
     from trtgraph.errors import ManifestError
     from trtgraph.kernels import linear
-    from trtgraph.runtime.serving.engine import Engine
+    from trtgraph.runtime.serving.engine_start import check_kernel_choices
 
     dl.choose_fused([("norm_linear", 72, 48)], {}, torch.device("cpu"), False, False, dtype=BF16)
     linear.choose_backends({}, BF16, torch.device("cpu"), False)
 
-    def engine(totals):
+    def check(totals, path):
         ex = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(name="triton")))
-        return SimpleNamespace(executor=ex, manifest=SimpleNamespace(totals=totals))
+        check_kernel_choices(SimpleNamespace(totals=totals), ex, path)
 
     path = tmp_path / "manifest.json"
-    Engine._check_kernel_choices(engine({"fused_ops": {"norm_linear:72x48": "composed"}}), path)
-    Engine._check_kernel_choices(engine({}), path)
+    check({"fused_ops": {"norm_linear:72x48": "composed"}}, path)
+    check({}, path)
     with pytest.raises(ManifestError, match=r"manifest.json: totals.fused_ops .*norm_linear:72x48.*Recapture"):
-        Engine._check_kernel_choices(engine({"fused_ops": {"norm_linear:72x48": "fused"}}), path)
+        check({"fused_ops": {"norm_linear:72x48": "fused"}}, path)
     with pytest.raises(ManifestError, match=r"totals.linear_backends .*2048x2048.*Recapture"):
-        Engine._check_kernel_choices(engine({"linear_backends": {"2048x2048": "cublas"}}), path)
+        check({"linear_backends": {"2048x2048": "cublas"}}, path)
     dl.choose_fused([], {}, torch.device("cpu"), False, False, dtype=BF16)

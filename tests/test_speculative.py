@@ -304,6 +304,24 @@ def test_probes_index_a_window_and_backfill_what_they_skipped():
     assert probed.following == full.following and probed.skipped == []
 
 
+def test_a_proposal_backfills_at_most_backfill_skipped_positions_the_newest_first():
+    """The first drafting step after probes does not index a whole long row at once: each
+    proposal backfills BACKFILL positions, newest first, until the index is the full one."""
+    from trtgraph.runtime.serving.drafter import BACKFILL
+
+    d = NgramDrafter(4, 1, 3)
+    ids = [(7 * j * j + 3 * j) % 97 for j in range(5 * BACKFILL)]
+    probed, full = NgramIndex(), NgramIndex()
+    d.propose(ids, probed, window=4)
+    assert probed.skipped == [(0, len(ids) - 5)]
+    d.propose(ids, probed)
+    assert probed.skipped == [(0, len(ids) - 5 - BACKFILL)]  # the newest BACKFILL positions are in
+    for _ in range(5):
+        d.propose(ids, probed)
+    d.propose(ids, full)
+    assert probed.skipped == [] and probed.following == full.following
+
+
 def test_a_large_batch_that_does_not_draft_probes_a_turning_sample_of_rows():
     from trtgraph.runtime.serving.speculation import PROBE_ROWS, SpeculationPolicy
 
@@ -351,3 +369,30 @@ def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
     assert after_prefill.get(id(spec.scheduler), 0) == 0 < after_prefill[id(plain.scheduler)], after_prefill
     for r in reqs:
         assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_hope_alone_keeps_a_batch_probing_every_step_only_hope_limit_times():
+    """Pending proposals that would pay were they accepted call a probe at the next step; when
+    they keep doing so without the batch ever drafting (a verify step that costs more than
+    the accepted drafts bring), the probes back off after HOPE_LIMIT in a row, and a prefill
+    (new rows) gives hope its chances again."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import HOPE_LIMIT, SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    pol = SpeculationPolicy(plan, K, {GraphKey(2, 0, 0, "greedy"): 1.0, GraphKey(2, K, 0, "greedy"): 1.75})
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
+    proposals = {id(s): [7] * K for s in rows}  # never scored: their tokens are not drawn yet
+    intervals = []
+    for _ in range(HOPE_LIMIT + 3):
+        assert not pol.decide(rows, proposals)  # a = 0.25: 1.33 tokens per row do not pay 1.75
+        intervals.append(pol.interval)
+    assert intervals == [1] * HOPE_LIMIT + [2, 4, 8]
+    pol.handed_out(None)  # a prefill: new rows, hope counts again
+    assert pol.decide(rows, proposals) is False and pol.interval == 1
+    pol.record(GraphKey(2, 0, 0, "greedy"), 1.0)  # measured: a verify step costs no more than a plain one
+    pol.record(GraphKey(2, K, 0, "greedy"), 0.9)
+    pol.hoped = HOPE_LIMIT  # then hope keeps the probes at every step, past the limit
+    proposals = {}  # no match now (so no draft), the earlier proposals still pending
+    assert [pol.decide(rows, proposals) or pol.interval for _ in range(3)] == [1, 1, 1]

@@ -17,7 +17,7 @@ from .buckets import GraphKey
 from .config import DTYPE_NAMES, SAMPLING_MODES, Config
 from .errors import ConfigError, ManifestError, TrtgraphError
 from .fields import FieldChecker
-from .inputs import int_problem, is_int, short, text_problem
+from .inputs import int_problem, is_int, is_number, short, text_problem
 
 TOP_LEVEL = ("format_version", "format_changelog", "trtgraph_version", "created", "environment", "model",
              "config", "limits", "kv_cache", "buffers", "keys", "totals", "paths", "parallel", "digest")
@@ -253,8 +253,9 @@ def key_record_fields(v: FieldReader, i: int, raw: Any) -> dict:
 def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     """Totals agree with the keys they sum up."""
     v.obj(totals, "totals", ("num_keys", "warmup_seconds", "capture_seconds", "pool_bytes",
-                             "largest_key_pool_bytes", "all_parity_ok", "linear_backends", "fused_ops", "notes"),
-          optional=("all_parity_ok", "linear_backends", "fused_ops", "notes"))
+                             "largest_key_pool_bytes", "all_parity_ok", "linear_backends", "fused_ops", "notes",
+                             "warmup_keys", "replay_timing"),
+          optional=("all_parity_ok", "linear_backends", "fused_ops", "notes", "warmup_keys", "replay_timing"))
     if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(pool_bytes):
         v.fail("totals.num_keys", totals["num_keys"], f"{len(pool_bytes)}, the number of keys")
     if v.int_field(totals, "totals.pool_bytes", lo=0, hi=MAX_BYTES) != sum(pool_bytes):
@@ -274,6 +275,14 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
             not isinstance(k, str) or not re.fullmatch(r"[0-9]{1,7}x[0-9]{1,7}", k) or b not in ("triton", "cublas")
             for k, b in backends.items()):
         v.fail("totals.linear_backends", backends, 'an object {"NxK": "triton" | "cublas"} per GEMM shape')
+    warm = totals.get("warmup_keys")  # the keys a start warms, each named by str(GraphKey); absent: all
+    if warm is not None and (not isinstance(warm, list) or not 0 < len(warm) <= len(pool_bytes) or any(
+            not isinstance(k, str) or text_problem(k) or len(k) > 200 for k in warm)):
+        v.fail("totals.warmup_keys", warm, "a list of 1 to num_keys key names (the keys a start warms up)")
+    timing = totals.get("replay_timing", {})
+    if not isinstance(timing, dict) or len(timing) > 8 or any(
+            not isinstance(k, str) or not is_number(x) for k, x in timing.items()):
+        v.fail("totals.replay_timing", timing, "an object of numbers (repeats and spread of the replay timings)")
     fused = totals.get("fused_ops", {})
     if not isinstance(fused, dict) or len(fused) > 64 or any(
             not isinstance(k, str) or not re.fullmatch(r"[a-z_]{1,32}:[0-9]{1,7}x[0-9]{1,7}", k)

@@ -3,10 +3,12 @@
 1. Plan: every key the config asks for, and a proof that they cover every batch the
    scheduler may form (or a CaptureError listing the uncovered shapes).
 2. Warm up: one eager run of every key, before any capture, so lazy library state and
-   workspaces reach their final size.
+   workspaces reach their final size; the keys that loaded a kernel or made a buffer no
+   earlier key had are what a start warms (`totals.warmup_keys`, runtime/warmup.py).
 3. Capture: keys in descending token count, all into one shared pool.
 4. Verify: each key replayed against the eager path on fresh random valid inputs.
-5. Measure: median replay and eager step times.
+5. Measure: median replay time (events in bulk, one read-back per batch); the eager time is
+   the verification's eager run.
 6. Manifest: written atomically, only once everything above passed.
 """
 
@@ -30,9 +32,10 @@ from ..models.parallel import TPGroup
 from ..runtime.distributed import agree, gather
 from ..runtime.step.executor import Executor, resolve_device
 from ..runtime.step.kv_cache import kv_bytes_per_block
+from ..runtime.warmup import allocated_bytes, loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
-from .verify import verify_key, time_step
+from .verify import StepTiming, time_step, verify_key
 
 # progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
 Progress = Callable[[str, GraphKey | None, int, int], None]
@@ -88,7 +91,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
 
     with torch.inference_mode():
         t0 = time.perf_counter()
-        order = _warm_up(ex, plan, progress, tp)
+        order, warm_keys = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
         stats = {}
@@ -96,15 +99,20 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
             agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
             stats[key] = _guard(key, "capture", lambda: ex.capture(key))
             progress("capture", key, i + 1, len(order))
-        records = []
+        records, timings, t1 = [], [], time.perf_counter()
         for i, key in enumerate(order):
-            records.append(_verify_and_time(ex, key, i, stats[key], repeats))
+            record, timing = _verify_and_time(ex, key, i, stats[key], repeats)
+            records.append(record)
+            timings.append(timing)
             progress("verify", key, i + 1, len(order))
+        verify_seconds = time.perf_counter() - t1
 
     ranks = gather(tp, {"rank": tp.rank, "device": str(ex.device),
                         "parameter_count": sum(p.numel() for p in ex.model.parameters()),
                         "kv_cache_bytes": sum(t.numel() * t.element_size() for t in ex.kv_caches)})
     manifest = _manifest(config, ex, records, warmup_seconds)
+    manifest.totals["warmup_keys"] = [str(k) for k in warm_keys]
+    manifest.totals["replay_timing"] = {**_timing_summary(timings), "verify_seconds": round(verify_seconds, 3)}
     if notes:
         manifest.totals["notes"] = notes
     manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
@@ -142,34 +150,51 @@ def _local_model_config(config: Config, tp: TPGroup):
     return local_config(model_config(config.model), tp)
 
 
-def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress, tp: TPGroup) -> list[GraphKey]:
-    """Run every key eagerly once; return the capture order: largest first (by the memory its
-    eager step peaked at), so later keys reuse its pool. Ranks order by the largest peak any
-    rank saw, so all capture in the same order."""
+def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
+             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey]]:
+    """Run every key eagerly once. Returns the capture order: largest first (by the memory its
+    eager step peaked at), so later keys reuse its pool; ranks order by the largest peak any
+    rank saw, so all capture in the same order. And the keys a start warms, in warm order:
+    the first, and each whose run loaded a Triton kernel or kept device memory that no
+    earlier key had (on any rank)."""
     warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
-    peak = {}
+    seen = []  # per key: (peak bytes, whether a start must warm it)
     for i, key in enumerate(warm):
-        peak[key] = _guard(key, "warm-up", lambda: _warmup_peak_bytes(ex, key))
+        kernels = loaded_kernels()
+        peak, kept = _guard(key, "warm-up", lambda: _warmup_peak_bytes(ex, key))
+        now = loaded_kernels()
+        seen.append((peak, i == 0 or kernels is None or now is None or now > kernels or kept > 0))
         progress("warmup", key, i + 1, len(warm))
     _sync(ex.device)
-    peaks = gather(tp, [peak[k] for k in warm])
-    peak = {k: max(p[i] for p in peaks) for i, k in enumerate(warm)}
-    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k))
+    ranks = gather(tp, seen)
+    peak = {k: max(r[i][0] for r in ranks) for i, k in enumerate(warm)}
+    starts = [k for i, k in enumerate(warm) if any(r[i][1] for r in ranks)]
+    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts
 
 
-def _verify_and_time(ex: Executor, key: GraphKey, index: int, stats, repeats: int) -> KeyRecord:
-    """Replay vs eager on random inputs (a difference fails the capture), then step timings."""
+def _verify_and_time(ex: Executor, key: GraphKey, index: int, stats,
+                     repeats: int) -> tuple[KeyRecord, StepTiming]:
+    """Replay vs eager on random inputs (a difference fails the capture; the eager run's time is
+    eager_ms), then the replay's timing (returned too, for its spread)."""
     parity = _guard(key, "verification", lambda: verify_key(ex, key, seed=index))
     if not parity.ok:
         raise CaptureError(f"{key}: replay differs from eager on the same inputs "
                            f"(max |logit diff| = {parity.max_abs_logit_diff:.3g}, tokens equal: "
                            f"{parity.tokens_equal}). No manifest was written.")
-    replay_ms = time_step(ex, key, eager=False, repeats=repeats)
-    eager_ms = time_step(ex, key, eager=True, repeats=max(2, repeats // 4))
+    replay = time_step(ex, key, eager=False, repeats=repeats)
     return KeyRecord(key=key, num_tokens=key.num_tokens, capture_index=index,
                      capture_seconds=stats.capture_seconds, pool_bytes=stats.pool_bytes,
-                     replay_ms=replay_ms, eager_ms=eager_ms,
-                     max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal)
+                     replay_ms=replay.median_ms, eager_ms=parity.eager_ms,  # the verification's eager run
+                     max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal), replay
+
+
+def _timing_summary(timings: list[StepTiming]) -> dict:
+    """How many runs each key's replay time is the median of, and their spread ((slowest -
+    fastest) / median): the median and the largest over keys. (With verify_seconds: the
+    verification and timing of every key.)"""
+    spreads = sorted(t.spread for t in timings)
+    return {"repeats_min": min(t.repeats for t in timings), "repeats_max": max(t.repeats for t in timings),
+            "spread_median": round(spreads[len(spreads) // 2], 4), "spread_max": round(spreads[-1], 4)}
 
 
 def _guard(key: GraphKey, stage: str, fn):
@@ -195,17 +220,17 @@ def _memory(exc: BaseException) -> str:
     return "device memory" if isinstance(exc, torch.cuda.OutOfMemoryError) else "host memory"
 
 
-def _warmup_peak_bytes(ex: Executor, key: GraphKey) -> int:
-    """Run the key's eager warm-up; on CUDA return how far it raised allocated memory."""
+def _warmup_peak_bytes(ex: Executor, key: GraphKey) -> tuple[int, int]:
+    """Run the key's eager warm-up; on CUDA return how far it raised allocated memory, and
+    how much of that it kept (buffers made lazily by a kernel)."""
     if ex.device.type != "cuda":
         ex.warmup(key)
-        return 0
-    torch.cuda.synchronize(ex.device)
+        return 0, 0
+    base = allocated_bytes(ex.device)
     torch.cuda.reset_peak_memory_stats(ex.device)
-    base = torch.cuda.memory_allocated(ex.device)
     ex.warmup(key)
-    torch.cuda.synchronize(ex.device)
-    return torch.cuda.max_memory_allocated(ex.device) - base
+    kept = allocated_bytes(ex.device) - base
+    return torch.cuda.max_memory_allocated(ex.device) - base, kept
 
 
 def _sync(device: torch.device) -> None:

@@ -15,6 +15,9 @@ from ..runtime.step.kv_cache import blocks_for_tokens
 
 # Replay and eager run the same kernels on the same inputs; any gap beyond this is a bug.
 LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+# Step timing: at least MIN_REPEATS runs of a key, more while they fit in TIMING_BUDGET_MS.
+MIN_REPEATS = 3
+TIMING_BUDGET_MS = 25.0
 
 
 @dataclass
@@ -22,6 +25,7 @@ class Parity:
     max_abs_logit_diff: float
     tokens_equal: bool
     ok: bool
+    eager_ms: float = 0.0  # the eager step's time (random valid inputs, one run: the manifest's eager_ms)
 
 
 def random_rows(ex: Executor, key: GraphKey, gen: torch.Generator) -> list[StepRow]:
@@ -55,42 +59,103 @@ def random_rows(ex: Executor, key: GraphKey, gen: torch.Generator) -> list[StepR
 
 
 def verify_key(ex: Executor, key: GraphKey, seed: int) -> Parity:
-    """Eager then replay on identical inputs; compare the real rows' logits and tokens."""
+    """Eager then replay on identical inputs; compare the real rows' logits and tokens. The
+    comparison stays on the device and is read back once (one synchronisation per key); the
+    eager run is timed on the way (CUDA events, read after that read-back)."""
     gen = torch.Generator().manual_seed(seed)
     rows = random_rows(ex, key, gen)
     real = _real_logit_rows(key, len(rows))
     ex.prepare(key, rows)
+    clock = _StepClock(ex.device)
     eager = ex.execute(key, eager=True)
+    clock.stop()
     eager_logits, eager_tokens = eager.logits[real].clone(), eager.tokens[real].clone()
     eager_accepted = eager.accepted[:len(rows)].clone()
     ex.prepare(key, rows)
     out = ex.execute(key)
-    diff = float((out.logits[real] - eager_logits).abs().max())
-    tokens_equal = bool(torch.equal(out.tokens[real], eager_tokens)) and bool(
-        torch.equal(out.accepted[:len(rows)], eager_accepted))
+    diff = (out.logits[real] - eager_logits).abs().max().float()
+    tokens_same = (out.tokens[real] == eager_tokens).all() & (out.accepted[:len(rows)] == eager_accepted).all()
+    diff, same = torch.stack([diff, tokens_same.float()]).tolist()  # the one read-back
+    tokens_equal = same == 1.0
     ok = tokens_equal and diff <= LOGIT_TOLERANCE[ex.config.dtype] and diff == diff  # NaN never passes
-    return Parity(diff, tokens_equal, ok)
+    return Parity(diff, tokens_equal, ok, clock.ms())
+
+
+class _StepClock:
+    """Milliseconds from construction to stop(): CUDA events (read once the device has passed
+    the second), or the host clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def ms(self) -> float:
+        return self.start.elapsed_time(self.end) if self.cuda else (self.t1 - self.t0) * 1e3
 
 
 def _real_logit_rows(key: GraphKey, num_rows: int) -> slice:
     return slice(0, num_rows if key.is_prefill else num_rows * key.q_len)
 
 
-def time_step(ex: Executor, key: GraphKey, eager: bool, repeats: int) -> float:
-    """Median milliseconds of one step (replay or eager) on padding-only inputs."""
+@dataclass
+class StepTiming:
+    """Milliseconds of one step over `repeats` runs: the median (what the manifest records),
+    and the fastest and slowest run (the spread)."""
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    repeats: int
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median."""
+        return (self.max_ms - self.min_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+def time_step(ex: Executor, key: GraphKey, eager: bool, repeats: int, budget_ms: float = TIMING_BUDGET_MS,
+              least: int = MIN_REPEATS) -> StepTiming:
+    """One step (replay or eager) on padding-only inputs, timed. No warm-up run: the key has
+    run eagerly (warm-up, verification) and been replayed (verification) before. On CUDA the
+    runs go back to back, each between two events, read after one synchronisation per batch:
+    first `least` runs, then as many more (up to `repeats` in all) as fit in `budget_ms` at
+    the first batch's median, so a 40 ms prefill key runs `least` times and a 0.2 ms decode
+    key `repeats` times."""
     ex.prepare(key, [])
-    cuda = ex.device.type == "cuda"
-    times = []
-    for _ in range(repeats + 1):  # the first run is a warm-up
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            ex.execute(key, eager=eager)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
+    least = min(least, repeats)
+    if ex.device.type != "cuda":
+        times = []
+        for _ in range(repeats):
             t0 = time.perf_counter()
             ex.execute(key, eager=eager)
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[1:])
+        return _timing(times)
+    times = _timed_batch(ex, key, eager, least)
+    more = min(repeats - least, int(budget_ms / max(statistics.median(times), 1e-3)) - least)
+    if more > 0:
+        times += _timed_batch(ex, key, eager, more)
+    return _timing(times)
+
+
+def _timed_batch(ex: Executor, key: GraphKey, eager: bool, n: int) -> list[float]:
+    """n runs back to back, each between two CUDA events; one synchronisation at the end."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in events:
+        start.record()
+        ex.execute(key, eager=eager)
+        end.record()
+    events[-1][1].synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def _timing(times: list[float]) -> StepTiming:
+    return StepTiming(statistics.median(times), min(times), max(times), len(times))

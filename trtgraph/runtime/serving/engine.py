@@ -24,17 +24,12 @@ from ..distributed import StepBroadcast, agree
 from ..step.executor import Executor, resolve_device
 from .admission import Admission
 from .drafter import NgramDrafter
+from .engine_start import check_built, mismatch_message, record, with_checkpoint
 from .launcher import InFlight, StepLauncher
 from .requests import Request, Result, parse_request
 from .scheduler import Scheduler, Sequence
 from .stats import RunStats
 from .streaming import RequestOutput, TextStream, final_result
-
-# Re-recorded graphs may take a little more or less pool than at capture (allocator
-# rounding, library versions); more than this means the plan or the machine changed.
-POOL_TOLERANCE_FRACTION = 0.10
-POOL_TOLERANCE_BYTES = 32 << 20
-
 
 class Engine:
     def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
@@ -53,17 +48,17 @@ class Engine:
         self.tp = tp
         agree(tp, "the manifest", self.manifest.to_json()["digest"])
         self.artifacts_dir = manifest_path(path).parent
-        config = _with_checkpoint(self.manifest.app_config(), manifest_path(path), model)
+        config = with_checkpoint(self.manifest.app_config(), manifest_path(path), model)
         device = resolve_device(config.device)
         diffs = check_manifest(self.manifest, device, weights=False)
         if diffs:
-            raise ManifestError(_mismatch_message(manifest_path(path), diffs))
+            raise ManifestError(mismatch_message(manifest_path(path), diffs))
         use_triton_cache(self.manifest.paths["triton_cache"])
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp)
         startup.lap("kv_cache_and_buffers")
-        self._check_built(manifest_path(path))
-        self.record_seconds = self._record()
+        check_built(self.manifest, ex, manifest_path(path))
+        self.record_seconds = record(self.manifest, ex, tp, eager)
         ex.runner.lock()
         self.broadcast = StepBroadcast(tp, ex, self.manifest.capture_order) if tp.active else None
         self.tokenizer = load_tokenizer(ex.loaded.checkpoint_dir, ex.loaded.config.vocab_size,
@@ -96,60 +91,9 @@ class Engine:
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
         startup.lap("tokenizer_and_scheduler")
 
-    def _check_built(self, mpath: Path):
-        """The model and the buffer layout built here are the ones the manifest recorded."""
-        model_diffs = _model_differences(self.manifest, self.executor.loaded.fingerprint)
-        if model_diffs:
-            raise ManifestError(_mismatch_message(mpath, model_diffs))
-        if self.executor.buffers.layout() != self.manifest.buffers:
-            raise ManifestError(f"{mpath}: the persistent buffer layout built here differs "
-                                f"from the manifest's `buffers`. Recapture on this machine.")
-        self._check_kernel_choices(mpath)
-
-    def _check_kernel_choices(self, mpath: Path) -> None:
-        """The GEMM backends and fused-or-composed ops chosen here are the ones the capture chose
-        and verified (the graphs re-recorded here replay exactly that choice)."""
-        if self.executor.model.ops.name != "triton":
-            return
-        from ...kernels.decode_linear import installed_choice
-        from ...kernels.linear import installed_backends
-
-        for field, built in (("linear_backends", installed_backends()), ("fused_ops", installed_choice())):
-            recorded = self.manifest.totals.get(field)
-            if recorded is not None and recorded != built:
-                changed = sorted(k for k in set(recorded) | set(built) if recorded.get(k) != built.get(k))
-                raise ManifestError(f"{mpath}: totals.{field} records another kernel choice than this build "
-                                    f"makes ({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}: "
-                                    f"the kernel tables changed since the capture). Recapture on this machine.")
-
     @property
     def config(self):
         return self.executor.config
-
-    # ---- start-up: re-record exactly the manifest's keys ----------------------------
-    def _record(self) -> float:
-        ex, t0 = self.executor, time.perf_counter()
-        order = self.manifest.capture_order
-        with torch.inference_mode():
-            for key in order:
-                ex.warmup(key)
-            startup.lap("warmup_triton_cache")
-            if self.eager:
-                return time.perf_counter() - t0
-            pool = 0
-            for i, key in enumerate(order):
-                agree(self.tp, f"graph key {i} and the buffer layout", f"{key}|{ex.buffers.layout()}")
-                if ex.metadata[key].num_tokens != key.num_tokens:
-                    raise ManifestError(f"{key}: token count {ex.metadata[key].num_tokens} != {key.num_tokens}")
-                pool += ex.capture(key).pool_bytes
-        startup.lap("re_record")
-        expected = int(self.manifest.totals.get("pool_bytes", 0))
-        if abs(pool - expected) > max(POOL_TOLERANCE_FRACTION * expected, POOL_TOLERANCE_BYTES):
-            raise ManifestError(f"re-recorded graphs took {pool / 2**20:.1f} MiB of pool, the manifest says "
-                                f"{expected / 2**20:.1f} MiB (tolerance 10% or 32 MiB). The machine or libraries "
-                                f"behave differently from capture time; recapture here.")
-        ex.num_eager_steps = 0
-        return time.perf_counter() - t0
 
     # ---- the incremental core: add, abort, step -----------------------------------------
     def add_request(self, request: Request | dict, where: str = "request", stream: bool = True) -> None:
@@ -392,34 +336,3 @@ class _Live:
     text: TextStream
     stream: bool = True  # whether each step's new tokens and text are handed out (else only the end)
     num_sent: int = 0  # output tokens already handed out
-
-
-def _with_checkpoint(config, mpath: Path, model: str | Path | None):
-    """The manifest's config, with the checkpoint at `model` when given. A checkpoint directory
-    that is gone is refused here, naming the field and the option that points elsewhere."""
-    from ...config import ModelSource
-
-    if model is not None:
-        ckpt = Path(model).expanduser()
-        if not ckpt.is_dir():
-            raise ManifestError(f"--model {model}: no such checkpoint directory. Pass the directory that holds "
-                                f"the checkpoint captured into {mpath}.")
-        return config.replace(model=ModelSource(path=str(ckpt.resolve())))
-    if config.model.path is not None and not Path(config.model.path).is_dir():
-        raise ManifestError(f"{mpath}: config.model.path = {config.model.path} does not exist; the checkpoint "
-                            f"was moved or deleted after capture. Pass its new location with `trtgraph run "
-                            f"--model PATH` or `trtgraph serve --model PATH` (or LLM(..., model=PATH)); its files are checked against the "
-                            f"manifest's sizes and sha256.")
-    return config
-
-
-def _model_differences(manifest, fingerprint: dict):
-    from ...artifacts import compare_model
-    from ..step.checks import Difference
-
-    return [Difference(*d) for d in compare_model(manifest, fingerprint)]
-
-
-def _mismatch_message(path: Path, diffs) -> str:
-    return (f"{path}: this manifest does not match this machine: " + "; ".join(str(d) for d in diffs)
-            + f". Recapture here with `trtgraph capture --config <your model.yaml> --out {path.parent}`.")

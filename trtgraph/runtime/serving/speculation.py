@@ -25,8 +25,10 @@ so far, without waiting for the last one's) only every `interval` generation ste
 a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a full probe at
 the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
 interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
-the proposals awaiting their outcome would make drafting pay were they accepted, and it
-returns to 1 while drafting and after a prefill step (new rows). Without replay times (a scheduler built without them) every
+the proposals awaiting their outcome would make drafting pay were they accepted (at most
+HOPE_LIMIT probes in a row where a verify step costs more than a plain one: a batch whose
+proposals keep looking hopeful but never pay does not make proposals at every step), and
+it returns to 1 while drafting and after a prefill step (new rows). Without replay times (a scheduler built without them) every
 step proposes, and every step with a match drafts. Which steps draft depends on measured
 times; what every row emits does not (verification).
 """
@@ -46,6 +48,8 @@ MAX_INTERVAL = 64  # generation steps between probes of a batch that does not dr
 WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
 PROBE_WINDOW = 16  # a probe indexes at most this many of a row's not yet indexed tokens
 PROBE_ROWS = 8  # a probe of a larger batch that does not draft samples about this many rows
+HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would pay if accepted) keeps every step
+#                where a verify step costs more than a plain one
 
 
 @dataclass
@@ -114,6 +118,7 @@ class SpeculationPolicy:
         self.interval = 1  # generation steps from one decision to the next
         self.since = 0  # generation steps handed out since the last decision
         self.full_probe = False  # the next probe makes proposals for every row (a sample was hopeful)
+        self.hoped = 0  # probes in a row since the last draft or prefill that hope alone kept at interval 1
         self._last: tuple[GraphKey, float] | None = None  # the last generation step's key, when handed out
 
     @property
@@ -127,7 +132,7 @@ class SpeculationPolicy:
         probes start again from an interval of 1 (its new rows have no estimate yet). With `measure`, the time
         since the generation step before this one is that step's wall time, when both generate."""
         if key is None:  # new rows (a prefill): probe at the next generation step, backing off afresh
-            self.interval, self.since = 1, 0
+            self.interval, self.since, self.hoped = 1, 0, 0
         if not self.measure:
             return
         now = time.perf_counter()
@@ -217,13 +222,21 @@ class SpeculationPolicy:
         self.probes += 1
         self.since = 0
         # Probe again (all rows) at the next step while drafting, or while the proposals
-        # awaiting their outcome would make drafting pay if accepted; else back off.
-        hopeful = draft or self.pays(probed, [s.accept.pending is not None for s in probed], hope=True,
-                                     n=len(rows))
+        # awaiting their outcome would make drafting pay if accepted (HOPE_LIMIT times in a
+        # row at most); else back off.
+        hopeful = draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
+            probed, [s.accept.pending is not None for s in probed], hope=True, n=len(rows)))
+        self.hoped = 0 if draft else self.hoped + hopeful
         self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
         self.full_probe = hopeful and not draft
         self.drafting = draft
         return draft
+
+    def _verify_is_cheap(self, rows: list) -> bool:
+        """A verify step over `rows` costs no more than a plain one (then probing at every step
+        that hope calls for is worth it however long it lasts)."""
+        costs = self.costs(rows)
+        return costs is not None and costs[1] <= costs[0]
 
     @property
     def probe_window(self) -> int | None:

@@ -1,0 +1,145 @@
+"""Start-up warms only the keys the capture found load a kernel or make a buffer
+(`totals.warmup_keys`, trtgraph/runtime/warmup.py), and refuses a start where a kernel first
+loads while a graph is recorded; the capture's step timings (compiler/verify.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import types
+
+import pytest
+import torch
+
+from trtgraph.artifacts import MANIFEST_NAME, _digest, load_manifest
+from trtgraph.compiler import pipeline
+from trtgraph.compiler.verify import time_step
+from trtgraph.errors import ManifestError
+from trtgraph.runtime import warmup
+from trtgraph.runtime.serving.engine import Engine
+from trtgraph.runtime.step.executor import Executor
+
+from conftest import tiny_config
+
+
+def _warm_order(manifest) -> list:
+    return sorted(manifest.graph_keys, key=lambda k: (-k.num_tokens, k))
+
+
+def _warmed(monkeypatch) -> list:
+    """Every key Executor.warmup runs from now on, in order."""
+    seen, real = [], Executor.warmup
+
+    def spy(self, key):
+        seen.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(Executor, "warmup", spy)
+    return seen
+
+
+def _edited_copy(src, dst, edit):
+    shutil.copytree(src, dst)
+    body = json.loads((dst / MANIFEST_NAME).read_text())
+    edit(body["totals"])
+    body["digest"] = _digest(body)
+    (dst / MANIFEST_NAME).write_text(json.dumps(body, indent=2))
+    return dst
+
+
+def test_capture_records_the_first_key_and_the_replay_timing(default_artifacts):
+    m = load_manifest(default_artifacts)
+    # Static backend: no Triton kernel loads, no device memory: the first key of the warm order alone.
+    assert m.totals["warmup_keys"] == [str(_warm_order(m)[0])]
+    t = m.totals["replay_timing"]
+    assert 1 <= t["repeats_min"] <= t["repeats_max"] and 0 <= t["spread_median"] <= t["spread_max"]
+
+
+def test_capture_records_each_key_that_loaded_a_new_kernel(tmp_path, monkeypatch):
+    """A fake kernel count: the decode keys of batch 2 share one kernel, the prefill keys one
+    per sampling mode. The first key of the warm order, and each key that loaded one of these
+    first, are warmup_keys; the keys that only reuse them are not."""
+    loads, real = set(), Executor.warmup
+
+    def kernel_of(key):
+        return "prefill " + key.sampling if key.is_prefill else "decode bs2" if key.batch_size == 2 else None
+
+    def warm(self, key):
+        if kernel_of(key):
+            loads.add(kernel_of(key))
+        return real(self, key)
+
+    monkeypatch.setattr(Executor, "warmup", warm)
+    monkeypatch.setattr(pipeline, "loaded_kernels", lambda: len(loads))
+    pipeline.capture(tiny_config(), tmp_path)
+    order = _warm_order(load_manifest(tmp_path))
+    firsts = {}
+    for k in order:
+        firsts.setdefault(kernel_of(k), k)
+    firsts.pop(None)
+    expected = [order[0]] + [k for k in order[1:] if k in firsts.values()]
+    assert load_manifest(tmp_path).totals["warmup_keys"] == [str(k) for k in expected]
+    assert len(expected) >= 3 and any(not k.is_prefill for k in expected)
+
+
+def test_a_start_warms_only_the_recorded_keys(default_artifacts, monkeypatch):
+    seen = _warmed(monkeypatch)
+    engine = Engine(default_artifacts)
+    assert [str(k) for k in seen] == engine.manifest.totals["warmup_keys"]
+    assert len(seen) < len(engine.manifest.keys)
+    assert len(engine.executor.runner._graphs) == len(engine.manifest.keys)  # every key re-recorded
+    [result] = engine.generate([{"id": "a", "prompt": "warm enough", "max_tokens": 5}])
+    assert len(result.token_ids) == 5
+
+
+def test_a_manifest_without_warmup_keys_warms_every_key(default_artifacts, tmp_path, monkeypatch):
+    art = _edited_copy(default_artifacts, tmp_path / "art", lambda t: t.pop("warmup_keys"))
+    seen = _warmed(monkeypatch)
+    engine = Engine(art)
+    assert seen == engine.manifest.capture_order
+
+
+def test_a_warmup_key_not_in_the_manifest_is_refused(default_artifacts, tmp_path):
+    art = _edited_copy(default_artifacts, tmp_path / "art",
+                       lambda t: t.__setitem__("warmup_keys", ["(bs=3, decode draft=0, greedy)"]))
+    with pytest.raises(ManifestError, match=r"totals\.warmup_keys names '\(bs=3, decode draft=0, greedy\)'"):
+        Engine(art)
+
+
+def test_malformed_warmup_keys_are_refused_by_the_reader(default_artifacts, tmp_path):
+    art = _edited_copy(default_artifacts, tmp_path / "art", lambda t: t.__setitem__("warmup_keys", "all"))
+    with pytest.raises(ManifestError, match=r"totals\.warmup_keys"):
+        load_manifest(art)
+
+
+def test_a_kernel_first_loaded_while_a_graph_is_recorded_refuses_the_start(default_artifacts, monkeypatch):
+    count = iter(range(1000))
+    monkeypatch.setattr(warmup, "loaded_kernels", lambda: next(count))  # one more load at every look
+    with pytest.raises(ManifestError, match=r"recording its graph loaded 1 Triton kernel\(s\) that the warm-up"):
+        Engine(default_artifacts)
+
+
+def test_loaded_kernels_counts_every_specialisation_of_the_kernels_package(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    def kernel(x):
+        pass
+
+    before = warmup.loaded_kernels()
+    fn = JITFunction(kernel)
+    fn.device_caches = {0: ({"spec a": object(), "spec b": object()}, None)}
+    module = types.ModuleType("trtgraph.kernels._test_fake")
+    module.kernel = fn
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert warmup.loaded_kernels() == (before or 0) + 2
+    fn.device_caches = {0: "another layout"}  # another Triton's: unknown, so every key is warmed
+    assert warmup.loaded_kernels() is None
+
+
+def test_time_step_on_the_cpu_runs_the_asked_repeats(default_artifacts):
+    engine = Engine(default_artifacts)
+    key = engine.manifest.capture_order[-1]
+    with torch.inference_mode():
+        t = time_step(engine.executor, key, eager=False, repeats=4)
+    assert t.repeats == 4 and 0 < t.min_ms <= t.median_ms <= t.max_ms and t.spread >= 0
