@@ -138,7 +138,7 @@ def test_choice_and_dispatch(monkeypatch):
     monkeypatch.setattr(dl, "_WIDE", {("norm_linear", 72, 48)})
     wide = {(72, 48): [1, 8, dl.WIDE_MAX_ROWS], (48, 40): [1, 8, dl.WIDE_MAX_ROWS]}
     assert dl.choose_fused(shapes, wide, cuda, True, False, dtype=BF16) == {"linear_residual:48x40": "composed",
-                                                                "norm_linear:72x48": "fused"}
+                                                                "norm_linear:72x48": "fused<=64"}
     calls.clear()
     ops.norm_linear(torch.zeros(dl.WIDE_MAX_ROWS, 48), None, 0.0, w)
     ops.norm_linear(torch.zeros(dl.WIDE_MAX_ROWS + 1, 48), None, 0.0, w)
@@ -243,7 +243,7 @@ def test_pipeline_depth_fits_shared_memory(monkeypatch):
     assert dl._fit_stages(cfg, 1, 4, torch.device("cpu")) == 4
 
 
-def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp_path):
+def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp_path, monkeypatch):
     """The engine replays exactly the capture's choice: a manifest whose totals record another
     fused-or-composed choice (or GEMM backend) than this build installs is refused with
     "Recapture"; the same choice, or a manifest without the field, passes."""
@@ -267,4 +267,11 @@ def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp
         check({"fused_ops": {"norm_linear:72x48": "fused"}}, path)
     with pytest.raises(ManifestError, match=r"totals.linear_backends .*2048x2048.*Recapture"):
         check({"linear_backends": {"2048x2048": "cublas"}}, path)
+    # a shape fused for more rows (WIDE) than when the manifest was captured: refused too
+    dl.choose_fused([("norm_linear", 72, 48)], {}, torch.device("cuda"), False, False, dtype=BF16)
+    assert dl.installed_choice() == {"norm_linear:72x48": "fused"}
+    monkeypatch.setattr(dl, "_WIDE", {("norm_linear", 72, 48)})
+    check({"fused_ops": {"norm_linear:72x48": "fused<=64"}}, path)
+    with pytest.raises(ManifestError, match=r"totals.fused_ops .*norm_linear:72x48.*Recapture"):
+        check({"fused_ops": {"norm_linear:72x48": "fused"}}, path)
     dl.choose_fused([], {}, torch.device("cpu"), False, False, dtype=BF16)

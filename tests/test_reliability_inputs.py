@@ -428,7 +428,7 @@ MANIFEST_CASES = [
     ("key-unknown-field", lambda b: b["keys"][0].update(note="x"), ["keys[0] has unknown key(s) 'note'"]),
     ("totals-pool-disagrees", _first_key_pool, ["totals.pool_bytes", "sum of the keys' pool_bytes"]),
     ("totals-fused-ops-value", _set("totals", "fused_ops", {"norm_linear:72x48": "fast"}),
-     ["totals.fused_ops", '"fused" | "composed"']),
+     ["totals.fused_ops", '"fused" | "fused<=ROWS" | "composed"']),
     ("parallel-ranks-missing", _set("parallel", "ranks", []), ["parallel.ranks = []", "1 rank records"]),
     ("parallel-rank-number", lambda b: b["parallel"]["ranks"][0].update(rank=3), ["parallel.ranks[0].rank = 3"]),
     ("paths-extra", _set("paths", "weights", "w"), ["paths = "]),

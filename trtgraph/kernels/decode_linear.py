@@ -245,7 +245,7 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
     T: the fused kernel is invariant, but past max_rows the composition would take over
     with another reduction order). A pure function of its arguments (a fixed table, no timing), so
     the compiler and the runtime install the same choice; the compiler records it in the
-    manifest. Returns {"op:NxK": "fused" | "composed"}."""
+    manifest. Returns `installed_choice()`."""
     _CHOICE.clear()
     for op, n, k in shapes:
         ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER and dtype.itemsize == 2
@@ -257,7 +257,13 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
 
 
 def installed_choice() -> dict[str, str]:
-    return {f"{op}:{n}x{k}": c for (op, n, k), c in sorted(_CHOICE.items())}
+    """The installed choice as the manifest records it: "composed", "fused" (steps of <=
+    FUSED_MAX_ROWS rows), or "fused<=64" for a WIDE shape, so that a manifest captured when the
+    shape was fused for fewer rows is refused (Recapture) rather than replayed another way."""
+    def name(op: str, n: int, k: int, c: str) -> str:
+        rows = max_rows(op, n, k)
+        return f"{FUSED}<={rows}" if c == FUSED and rows != FUSED_MAX_ROWS else c
+    return {f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}
 
 
 def dispatch(composed: FusedOps) -> FusedOps:
