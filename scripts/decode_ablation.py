@@ -31,6 +31,7 @@ from trtgraph.config import Config
 from trtgraph.kernels import decode_linear as dl
 from trtgraph.kernels import decode_tuned
 from trtgraph.kernels import linear as lin
+from trtgraph.kernels import attention
 from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import compose
 from trtgraph.runtime.step.executor import Executor
@@ -58,7 +59,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
-    t.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"]
+    attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"]
     dl._TUNED = dict(v["tuned"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED

@@ -22,6 +22,12 @@ def _tri():
     return triton_ops
 
 
+def _attn():
+    from trtgraph.kernels import attention
+
+    return attention
+
+
 def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
@@ -83,7 +89,7 @@ def run_attention(device, dtype, q_len, batch, seed=0):
         positions += list(range(length - q_len, length))
     tables, positions = tables.to(device), torch.tensor(positions, dtype=torch.int64, device=device)
     q = torch.randn((batch * q_len, hq, d), generator=g).to(device, dtype)
-    got = _tri().paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
+    got = _attn().paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
     want = ref.paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
     _close(got, want, dtype)
 
@@ -101,8 +107,8 @@ def run_attention_batch_invariance(device, dtype, q_len=1, first=70):
     positions = torch.tensor([p for n in lengths for p in range(n - q_len, n)], device=device)
     q = torch.randn((5 * q_len, hq, d), generator=g).to(device, dtype)
     scale = d ** -0.5
-    crowd = _tri().paged_attention(q, cache, tables, positions, q_len, scale)[:q_len]
-    alone = _tri().paged_attention(q[:q_len], cache, tables[:1, :-(-first // bs) + 2], positions[:q_len], q_len,
+    crowd = _attn().paged_attention(q, cache, tables, positions, q_len, scale)[:q_len]
+    alone = _attn().paged_attention(q[:q_len], cache, tables[:1, :-(-first // bs) + 2], positions[:q_len], q_len,
                                    scale)
     assert torch.equal(alone, crowd)
 
@@ -178,7 +184,7 @@ def test_rope_write_kv(device, dtype):
 @pytest.mark.parametrize("q_len,batch", [(1, 1), (1, 3), (3, 2), (8, 2)])
 def test_paged_attention(q_len, batch, invariant):
     """Both split-KV modes (deterministic: true / false) equal the torch reference."""
-    from trtgraph.kernels.triton_ops import set_attention_invariant
+    from trtgraph.kernels.attention import set_attention_invariant
 
     set_attention_invariant(invariant)
     try:

@@ -61,13 +61,14 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
 def _triton_set() -> KernelSet:
     from . import decode_linear as dl
     from . import linear as lin
+    from . import attention as at
     from . import triton_ops as t
 
     from . import processors as pr
     from . import sampling as s
 
     return KernelSet(name="triton", rms_norm=t.rms_norm, silu_and_mul=t.silu_and_mul,
-                     rope_write_kv=t.rope_write_kv, paged_attention=t.paged_attention, linear=lin.linear,
+                     rope_write_kv=t.rope_write_kv, paged_attention=at.paged_attention, linear=lin.linear,
                      **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                                                           lin.linear_residual))._asdict(),
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-FRESH, ADVANCE, AS_IS = 0, 1, 2  # the same values as runtime/step/buffers.py's (kernels import nothing above them)
+FRESH, ADVANCE, AS_IS = 0, 1, 2  # control[0]'s modes (runtime/step/buffers.py imports them)
 
 
 def advance_reference(control: torch.Tensor, new_blocks: torch.Tensor, input_ids: torch.Tensor,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
+from ...kernels.advance import ADVANCE, AS_IS, FRESH  # noqa: F401 (re-exported: the runtime's names)
 from ...limits import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_IDS
 
 View = torch.Tensor | np.ndarray  # a device tensor (StepBuffers.dev) or a host staging view (StepBuffers.host)
@@ -67,11 +68,11 @@ class StepFields:
     frequency_penalty: View = _packed("rows", "floats")
 
 
-# The advance's modes (control[0]): FRESH: inputs just uploaded (gathered rows take their token from
-# next_tokens); ADVANCE: the same rows as the last replay, one position on (positions, input tokens
-# from next_tokens, slots, the staged new blocks); AS_IS: replay on the inputs as they are (a
-# repeated execute without new inputs: timing loops, replay-vs-eager checks).
-FRESH, ADVANCE, AS_IS = 0, 1, 2
+# The advance's modes (control[0], defined with the op in kernels/advance.py): FRESH: inputs just
+# uploaded (gathered rows take their token from next_tokens); ADVANCE: the same rows as the last
+# replay, one position on (positions, input tokens from next_tokens, slots, the staged new blocks);
+# AS_IS: replay on the inputs as they are (a repeated execute without new inputs: timing loops,
+# replay-vs-eager checks).
 CONTROL_SIZE = 2
 
 # (name, group, size) of every packed field, in storage order (tests import this list)

@@ -106,7 +106,7 @@ class Executor(StepInputs):
         if loaded.model.ops.name == "triton":  # GEMM backends, fused GEMVs, attention splits, invariant where asked
             from ...kernels.decode_linear import choose_fused
             from ...kernels.linear import choose_backends
-            from ...kernels.triton_ops import set_attention_invariant
+            from ...kernels.attention import set_attention_invariant
 
             set_attention_invariant(config.deterministic)
 
