@@ -123,6 +123,38 @@ def test_interrupted_run_keeps_finished_outputs_and_resume_completes_it(default_
     assert {r["id"]: r["token_ids"] for r in final} == want
 
 
+def test_an_interruption_right_after_a_line_is_written_counts_that_line(tmp_path, monkeypatch):
+    """The signal lands between a result's write and its count (the window a subprocess test
+    hits only by chance under load): the summary still counts every line on disk."""
+    from types import SimpleNamespace
+
+    from trtgraph.runtime.serving import file_run
+
+    ids = [f"r{i}" for i in range(6)]
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=str), generate=lambda reqs: iter(
+        SimpleNamespace(ttft_ms=1.0, rid=r) for r in reqs), stats=SimpleNamespace(to_json=dict))
+    requests = SimpleNamespace(ids=ids, requests=ids,
+                               lines=lambda results, text: ((r.rid, {"id": r.rid}) for r in results))
+    real_write = file_run._write_line
+
+    def write_then_signal(out, line, output, num_written, num_requests):
+        real_write(out, line, output, num_written, num_requests)
+        if num_written == 2:  # the third line is on disk; the signal arrives before it is counted
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(file_run, "_write_line", write_then_signal)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    logged = []
+    try:
+        stats = file_run.serve_file(engine, requests, str(tmp_path / "out.jsonl"), resume=False,
+                                    ascii_only=True, log=logged.append)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    lines = (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
+    assert stats is None and len(lines) == 3
+    assert "interrupted: 3 of 6 requests finished" in logged[0] and "3 did not finish: r3, r4, r5" in logged[0]
+
+
 def test_resume_repairs_a_line_cut_short_by_a_hard_kill(tmp_path):
     from trtgraph.runtime.serving.requests import finished_ids
 

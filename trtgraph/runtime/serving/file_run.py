@@ -8,6 +8,7 @@ or OpenAI batch lines); this module only needs its `ids`, `requests` and `lines(
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -33,8 +34,9 @@ def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: b
     token_text = lambda t: engine.tokenizer.decode([t])  # noqa: E731
     try:
         for rid, line in requests.lines(_first_token_timed(engine.generate(requests.requests)), token_text):
-            _write_line(out, json.dumps(line, ensure_ascii=ascii_only), output, len(written), len(ids))
-            written.add(rid)
+            with _signals_held():  # a line on disk is a line counted: the summary must match the file
+                _write_line(out, json.dumps(line, ensure_ascii=ascii_only), output, len(written), len(ids))
+                written.add(rid)
             on_result()
     except KeyboardInterrupt:
         restore = ignore_interrupts()  # a second signal must not cut this summary short
@@ -89,6 +91,27 @@ def _write_line(out, line: str, output: str | None, num_written: int, num_reques
         raise OutputPathError(f"--output {output}: writing failed ({exc.strerror or exc}) after {num_written} of "
                               f"{num_requests} results; the lines before are whole. Free space (or fix the "
                               f"device) and continue with --resume --output {output}.") from None
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM arriving inside the block are recorded and delivered, through the
+    handlers in place before it, when the block ends normally, so an interruption never falls
+    between a line's write and its count. (Blocking them with a signal mask would not do: the
+    kernel hands a process signal to any thread that does not block it, and Python acts on it
+    in the main thread all the same.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda sig, _frame: caught.append(sig)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        signal.raise_signal(caught[0])
 
 
 def ignore_interrupts() -> Callable[[], None]:
