@@ -280,6 +280,21 @@ def test_pipeline_depth_fits_shared_memory(monkeypatch):
     assert dl._fit_stages(cfg, 1, 4, torch.device("cpu")) == 4
 
 
+def test_two_programs_per_sm_where_the_grid_has_two_waves(monkeypatch):
+    """A grid of >= 2 programs per SM (the LM head: 1002 N-tiles) gets the depth at which two
+    programs of its row tile share an SM (never under 2 stages); a grid of under two waves keeps
+    the tuned depth at every row tile."""
+    monkeypatch.setattr(dl, "_shared_memory_bytes", lambda index: 232448)
+    monkeypatch.setattr(dl, "_sm_resources", lambda index: (132, 233472))  # the H200
+    cuda = torch.device("cuda", 0)
+    lm = dl.DecodeConfig(128, 128, 1, 8, 3)
+    assert [dl._fit_stages(lm, 1, 2, cuda, rows, 1002) for rows in (16, 32, 64)] == [3, 2, 2]
+    assert [dl._fit_stages(lm, 1, 2, cuda, rows, 200) for rows in (16, 32, 64)] == [3, 3, 3]
+    assert dl._fit_stages(dl.DecodeConfig(64, 256, 1, 4, 4), 1, 2, cuda, 64, 1002) == 2  # 3 fit one: never under 2
+    monkeypatch.setattr(dl, "_TWO_PER_SM", False)
+    assert dl._fit_stages(lm, 1, 2, cuda, 64, 1002) == 3
+
+
 def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp_path, monkeypatch):
     """The engine replays exactly the capture's choice: a manifest whose totals record another
     fused-or-composed choice (or GEMM backend) than this build installs is refused with
