@@ -14,11 +14,10 @@ a variant's two results):
 - `new-o-fused`: `new` with the o projection fused too (the table says the composition);
 - `pdl`: `new` + PDL for every fused op, `pdl-<op>`: for that op alone, `pdl-no-prefetch`:
   every op, waiting at the start with no L2 prefetch;
-- `no-preload`: `new` with the split-K epilogue's inputs loaded after the arrival
-  (decode_linear._PRELOAD off; every variant above preloads); `one-per-sm`: `new` with the LM
-  head's tuned depth at 32 and 64-row tiles (decode_linear._TWO_PER_SM off), at bs 32-64;
-  `main81`: both off, main 81adfc0's kernels;
-- `wide-qkv-down`, `wide-all`: `new` with qkv and down (and o) fused up to 64 rows too, at bs 40, 64.
+- `one-per-sm`: `new` with the LM head's tuned depth at 32 and 64-row tiles
+  (decode_linear._TWO_PER_SM off), at bs 32-64;
+- `main81`: main 81adfc0's kernels (qkv and down composed past 32 rows, `one-per-sm`); `narrow`:
+  `new` with qkv and down composed past 32 rows; `wide-all`: `new` with o fused up to 64 rows too.
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...]
@@ -50,15 +49,14 @@ MAIN_TUNED = {(2048, 2048): (64, 128, 4, 4, 4, False), (2048, 8192): (64, 256, 4
               (3072, 2048): (64, 128, 4, 8, 3, True), (16384, 2048): (64, 128, 1, 8, 3, True),
               (128256, 2048): (128, 128, 1, 8, 3, False)}
 NEW = dict(epilogue=True, wide=set(decode_tuned.WIDE), pdl=frozenset(), prefetch=0, tuned=dict(decode_tuned.TUNED),
-           slower=set(decode_tuned.SLOWER), batches=BATCHES, preload=True, two_per_sm=True)
+           slower=set(decode_tuned.SLOWER), batches=BATCHES, two_per_sm=True)
 QKV, O, DOWN = ("norm_qkv_rope", 3072, 2048), ("linear_residual", 2048, 2048), ("linear_residual", 2048, 8192)
-VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "preload": False,
-                     "two_per_sm": False},
-            "no-preload": {**NEW, "preload": False},
+NARROW = set(decode_tuned.WIDE) - {QKV, DOWN}  # main 81adfc0's WIDE: gate_up and the LM head
+VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "two_per_sm": False},
             "one-per-sm": {**NEW, "two_per_sm": False, "batches": (32, 40, 64)},
-            "main81": {**NEW, "preload": False, "two_per_sm": False},
-            "wide-qkv-down": {**NEW, "wide": set(decode_tuned.WIDE) | {QKV, DOWN}, "batches": (40, 64)},
-            "wide-all": {**NEW, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "batches": (40, 64)},
+            "main81": {**NEW, "wide": NARROW, "two_per_sm": False},
+            "narrow": {**NEW, "wide": NARROW, "batches": (40, 64)},
+            "wide-all": {**NEW, "wide": set(decode_tuned.WIDE) | {O}, "batches": (40, 64)},
             "separate-add": {**NEW, "epilogue": False, "wide": set()},
             "epilogue": {**NEW, "wide": set()},
             "new": NEW,
@@ -72,7 +70,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
-    dl._PRELOAD, dl._TWO_PER_SM = v["preload"], v["two_per_sm"]
+    dl._TWO_PER_SM = v["two_per_sm"]
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"]
     dl._TUNED = dict(v["tuned"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower

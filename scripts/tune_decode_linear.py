@@ -7,9 +7,8 @@ Prints per shape the best configs (us at T = 1, 8, 40, 64 and fraction of the me
 bandwidth, counting the weight bytes) and the composition's, whether the fused kernel is faster
 at T <= 32 (else the shape goes to SLOWER) and at both T = 40 and 64 (then to WIDE: fused up to
 64 rows), and whether row 0 is bitwise equal at T = 1, 8, 17, 40, 64. `--quick`: a short list of candidates per shape (the best of earlier
-full runs, and stacked paired rows); `--current`: the table's own config only, also timed with
-the split-K epilogue's inputs loaded after the arrival (decode_linear._PRELOAD off), so a run
-gives the WIDE verdict of today's kernel; `--write`: merge the results into
+full runs, and stacked paired rows); `--current`: the table's own config only (a run gives the
+WIDE verdict of today's table and kernel); `--write`: merge the results into
 trtgraph/kernels/decode_tuned.py (the table the kernels use).
 Usage: python scripts/tune_decode_linear.py OUT.json [--quick | --current] [--write] [SHAPE ...]
 """
@@ -131,11 +130,6 @@ def tune_shape(name, op, n, k, bw, out, quick, current=False):
     print(f"\n{name} {op} N={n} K={k} ({nbytes / 1e6:.1f} MB): composition (cuBLAS) {fmt(comp)}")
     for _, cfg, tm in rows[:4]:
         print(f"  {cfg}: {fmt(tm)}")
-    if current:  # the same config with the epilogue's inputs loaded after the arrival
-        dl._TUNED[(n, k)], dl._PRELOAD = rows[0][1], False
-        late = {m: graph_time(make_call(op, n, k, m, ws, True), calls) for m in ROWS}
-        dl._PRELOAD = True
-        print(f"  {rows[0][1]} without preload: {fmt(late)}")
     best, tm = tuple(rows[0][1]) + (False,) * (6 - len(rows[0][1])), rows[0][2]
     dl._TUNED[(n, k)] = best
     faster = sum(tm[m] for m in NARROW) < sum(comp[m] for m in NARROW)
@@ -150,8 +144,7 @@ def tune_shape(name, op, n, k, bw, out, quick, current=False):
     out[name] = {"invariant": same, "rel_err": err, "op": op, "n": n, "k": k, "config": best, "wide": wide,
                  "fused_us": {m: v * 1e6 for m, v in tm.items()},
                  "composed_us": {m: v * 1e6 for m, v in comp.items()},
-                 "bw_frac": {m: nbytes / v / bw for m, v in tm.items()}, "faster": faster,
-                 "no_preload_us": {m: v * 1e6 for m, v in late.items()} if current else None}
+                 "bw_frac": {m: nbytes / v / bw for m, v in tm.items()}, "faster": faster}
 
 
 def invariant(op, n, k, w):

@@ -90,14 +90,6 @@ def test_fused_ops_match_the_references(monkeypatch, T, row_tiles, split, stack)
     _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
 
 
-@pytest.mark.parametrize("stack", [False, True])
-def test_fused_ops_match_the_references_without_preload(monkeypatch, stack):
-    """The split-K epilogue's inputs loaded after the arrival (`_PRELOAD` off, main 81adfc0's
-    kernel and the ablation's `no-preload` variant): the same ops."""
-    monkeypatch.setattr(dl, "_PRELOAD", False)
-    test_fused_ops_match_the_references(monkeypatch, 17, (16, 32, 64), 3, stack)
-
-
 def test_row_tiles():
     assert [dl.row_tile(t) for t in (1, 16, 17, 32, 33, 64, 65, 500)] == [16, 16, 32, 32, 64, 64, 64, 64]
 
@@ -195,35 +187,6 @@ def test_fused_ops_batch_invariant_gpu():
     for T in range(2, 65):
         for a, b in zip(first, row0(T)):
             assert torch.equal(a, b), f"row 0 differs at T={T}"
-
-
-@pytest.mark.gpu
-def test_preload_changes_no_bit_gpu(monkeypatch):
-    """Loading the epilogue's inputs before the split-K arrival (`_PRELOAD`) moves loads, not
-    arithmetic: every op's outputs (and the KV cache) bitwise equal with it on and off, on the
-    1B shapes (split K for qkv, o and down) at T = 1, 5 and 64."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    H, inter, _, heads = LLAMA_1B
-    g, x, nw = _inputs(64, H, dt, dev, seed=3)
-    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
-    qkv, o, down = _weight(g, n_qkv, H, dt, dev), _weight(g, H, H, dt, dev), _weight(g, H, inter, dt, dev)
-    act = torch.randn((64, inter), generator=g).to(dev, dt)
-    cos_sin, positions, cache, slots = _rope_case(g, 64, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
-
-    def ops(T):
-        c = cache.clone()
-        q = dl.norm_qkv_rope(x[:T], nw, 1e-5, qkv, None, heads, cos_sin, positions[:T], c, slots[:T])
-        return (q, c, dl.linear_residual(q.view(T, -1), o, x[:T].clone()),
-                dl.linear_residual(act[:T], down, x[:T].clone()))
-
-    for T in (1, 5, 64):
-        monkeypatch.setattr(dl, "_PRELOAD", True)
-        early = ops(T)
-        monkeypatch.setattr(dl, "_PRELOAD", False)
-        for a, b in zip(early, ops(T)):
-            assert torch.equal(a, b), f"T={T}"
 
 
 @pytest.mark.gpu

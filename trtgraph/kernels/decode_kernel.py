@@ -10,33 +10,11 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _epilogue_inputs(rows, row_ok, cols, col_ok, res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr,
-                     MODE: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
-    """What the epilogue reads besides the accumulators -> (residual, cos, sin [BLOCK_N, BLOCK_T]
-    fp32, the rows' cache slots [BLOCK_T]); zeros where MODE reads none. A split-K program loads
-    them before its arrival (PRELOAD), so the last one's loads are no longer behind the reduce."""
-    mask = col_ok[:, None] & row_ok[None, :]
-    r = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    cos = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    sin = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    slot = tl.zeros([BLOCK_T], tl.int64)
-    if MODE == 1:
-        r = tl.load(res_ptr + rows[None, :] * res_stride + cols[:, None], mask=mask, other=0.0).to(tl.float32)
-    elif MODE == 3:
-        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
-        cs = cs_ptr + pos[None, :] * (2 * HALF) + (cols % HALF)[:, None]
-        cos = tl.load(cs, mask=mask, other=0.0).to(tl.float32)
-        sin = tl.load(cs + HALF, mask=mask, other=0.0).to(tl.float32)
-        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    return r, cos, sin, slot
-
-
-@triton.jit
 def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
-              r, cos, sin, slot, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads,
-              num_kv_heads, MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr):
-    """acc [BLOCK_N (output columns), BLOCK_T (rows)] and _epilogue_inputs' (r, cos, sin, slot)
-    -> the op's outputs."""
+              res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+              cache_head_stride, num_q_heads, num_kv_heads,
+              MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr):
+    """acc [BLOCK_N (output columns), BLOCK_T (rows)] -> the op's outputs."""
     if HAS_NORM:
         rstd = tl.rsqrt(ss / K + eps)
         acc1 = acc1 * rstd[None, :]
@@ -51,6 +29,7 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
     if MODE == 0:
         tl.store(dst, acc1.to(out_ptr.dtype.element_ty), mask=mask)
     elif MODE == 1:
+        r = tl.load(res_ptr + rows[None, :] * res_stride + cols[:, None], mask=mask, other=0.0).to(tl.float32)
         tl.store(dst, (r + acc1).to(out_ptr.dtype.element_ty), mask=mask)
     elif MODE == 2:
         tl.store(dst, (acc1 / (1.0 + tl.exp(-acc1)) * acc2).to(out_ptr.dtype.element_ty), mask=mask)
@@ -58,6 +37,10 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
         # cols index (head, d) for d < D/2; acc1 the first halves, acc2 their partners
         head = cols // HALF
         d = cols % HALF
+        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
+        cs = cs_ptr + pos[None, :] * (2 * HALF) + d[:, None]
+        cos = tl.load(cs, mask=mask, other=0.0)
+        sin = tl.load(cs + HALF, mask=mask, other=0.0)
         is_v = head >= num_q_heads + num_kv_heads
         r1 = tl.where(is_v[:, None], acc1, acc1 * cos - acc2 * sin)
         r2 = tl.where(is_v[:, None], acc2, acc2 * cos + acc1 * sin)
@@ -66,6 +49,7 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
         qm = mask & is_q[:, None]
         tl.store(qd, r1.to(out_ptr.dtype.element_ty), mask=qm)
         tl.store(qd + HALF, r2.to(out_ptr.dtype.element_ty), mask=qm)
+        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
         kvh = tl.where(is_v, head - num_q_heads - num_kv_heads, head - num_q_heads)
         kd = (kv_ptr + tl.where(is_v, cache_kv_stride, 0)[:, None] + slot[None, :] * cache_slot_stride
               + (kvh * cache_head_stride + d)[:, None])
@@ -159,13 +143,11 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
                    MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, PRELOAD: tl.constexpr):
+                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K).
     PDL (launched with programmatic dependent launch): let the next kernel launch now, put the
     first PREFETCH bytes of each of this program's weight rows on their way to L2 (the weights
-    do not depend on the previous kernel), then wait for the previous kernel's writes.
-    PRELOAD (split-K): every program loads the epilogue's inputs before its arrival, so the
-    last one's residual / rope table / slot loads are not behind the arrival and the reduce."""
+    do not depend on the previous kernel), then wait for the previous kernel's writes."""
     if PDL:
         gdc_launch_dependents()
     pid_m = tl.program_id(0)
@@ -206,11 +188,9 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
         acc1, acc2, ss = _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi,
                                  x_stride, w_stride, MODE, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
     if SPLIT_K == 1:
-        r, cos, sin, slot = _epilogue_inputs(rows, row_ok, cols, col_ok, res_ptr, res_stride, cs_ptr, pos_ptr,
-                                             slot_ptr, MODE, HALF, BLOCK_N, BLOCK_T)
         _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
-                  r, cos, sin, slot, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads,
-                  num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
+                  res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+                  cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
     else:
         # workspace [tiles, SPLIT_K, (acc1 | acc2 | ss)]: acc as [BLOCK_N, BLOCK_T], ss as [BLOCK_T]
         SLOT: tl.constexpr = (NACC * BLOCK_N + 1) * BLOCK_T
@@ -221,9 +201,6 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
         if MODE >= 2:
             tl.store(base + BLOCK_N * BLOCK_T + idx, acc2)
         tl.store(base + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), ss)
-        if PRELOAD:  # the residual is read before any program writes it: the last arrives after every read
-            r, cos, sin, slot = _epilogue_inputs(rows, row_ok, cols, col_ok, res_ptr, res_stride, cs_ptr, pos_ptr,
-                                                 slot_ptr, MODE, HALF, BLOCK_N, BLOCK_T)
         # the split that arrives last sums all of them, in split order, and resets the counter
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
@@ -237,10 +214,8 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
                 if MODE >= 2:
                     acc2 += tl.load(b + BLOCK_N * BLOCK_T + idx, cache_modifier=".cg")
                 ss += tl.load(b + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), cache_modifier=".cg")
-            if not PRELOAD:
-                r, cos, sin, slot = _epilogue_inputs(rows, row_ok, cols, col_ok, res_ptr, res_stride, cs_ptr,
-                                                     pos_ptr, slot_ptr, MODE, HALF, BLOCK_N, BLOCK_T)
             _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr,
-                      out_stride, r, cos, sin, slot, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
-                      num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
+                      out_stride, res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride,
+                      cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS,
+                      HALF)
             tl.atomic_xchg(cnt_ptr + tile, 0)

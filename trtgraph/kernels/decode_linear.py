@@ -20,8 +20,6 @@ weights fill the MMA's M side and are streamed from HBM once; rows past 64 are m
   tiles, so the epilogue has both operands in registers.
 - Epilogues: plain store (fp32 logits for the LM head), residual add (o, down), silu(g) * u,
   RoPE with q written out and the rotated k and the v written to the paged cache.
-- The epilogue's other inputs (residual, rope table, cache slots) are loaded by every split
-  before its arrival (`_PRELOAD`), off the last program's critical path.
 - Programmatic dependent launch, per op (`_PDL_MODES`, off: it did not pay on the H200): the
   kernel launches while its predecessor drains, prefetches its weight slice into L2, then waits.
 
@@ -143,7 +141,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRELOAD=_PRELOAD,
+        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
         num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
                                                         grid[0] * grid[1] * grid[2]), **extra)
@@ -158,10 +156,6 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
 # branch h/k4; scripts/decode_ablation.py measures it per op).
 _PDL_MODES: frozenset[int] = frozenset()
 _PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
-# Split-K programs load the epilogue's residual / rope table / cache slots before their arrival
-# (the kernel's PRELOAD), so the last arriving program's loads are not behind the reduce. The
-# same arithmetic either way (the ablation's `no-preload` variant turns it off).
-_PRELOAD = True
 
 
 def _uses_pdl(mode: int, device: torch.device) -> bool:

@@ -12,6 +12,12 @@ fourth session's tuner picked qkv (64, 128, 8, 8, 3, stacked) and o (64, 256, 4,
 composition (cuBLAS addmm_) faster alone, but the replayed step with those picks was 20-80 us
 slower at bs 1-32 (scripts/decode_ablation.py; docs/performance.md, branch h/k4). A --write
 run rewrites the tables below: check the step with decode_ablation.py before committing it.
+
+qkv (norm_qkv_rope 3072 x 2048) and down (linear_residual 2048 x 8192) are WIDE by the replayed
+step, not by the op alone (fifth session, branch h/k5): alone each is ~1 us slower than its
+composition at 40 and 64 rows, but fusing both removes RMSNorm, RoPE and cuBLAS's split-K reduce
+(bs 64: 133 -> 85 kernels per step) and the step did not get slower (docs/performance.md).
+o stays composed past 32 rows (fused, the bs 40-64 step was ~30 us slower).
 """
 
 TUNED = {
@@ -24,6 +30,8 @@ TUNED = {
 SLOWER = {
 }
 WIDE = {
+    ('linear_residual', 2048, 8192),
     ('norm_gate_up_silu', 16384, 2048),
     ('norm_linear', 128256, 2048),
+    ('norm_qkv_rope', 3072, 2048),
 }
