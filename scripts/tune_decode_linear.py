@@ -65,7 +65,8 @@ def candidates(op, n, k):
 
 # the best configs of the full runs (docs/performance.md) and stacked paired-row variants
 QUICK = {
-    "lm_head": [(128, 128, 1, 4, 3), (128, 128, 1, 8, 3), (128, 256, 1, 8, 2), (64, 128, 1, 4, 4)],
+    "lm_head": [(128, 128, 1, 4, 3), (128, 128, 1, 8, 3), (128, 256, 1, 8, 2), (64, 128, 1, 4, 4),
+                (128, 128, 1, 8, 3, False, True)],
     "qkv": [(64, 128, 4, 4, 4, False), (64, 128, 4, 8, 3, True), (32, 128, 4, 4, 4, True),
             (32, 128, 8, 4, 4, False), (64, 128, 8, 4, 3, True), (64, 128, 8, 8, 3, True),
             (32, 128, 8, 4, 4, True), (32, 256, 4, 4, 3, True), (64, 64, 8, 4, 4, True)],
@@ -130,7 +131,7 @@ def tune_shape(name, op, n, k, bw, out, quick, current=False):
     print(f"\n{name} {op} N={n} K={k} ({nbytes / 1e6:.1f} MB): composition (cuBLAS) {fmt(comp)}")
     for _, cfg, tm in rows[:4]:
         print(f"  {cfg}: {fmt(tm)}")
-    best, tm = tuple(rows[0][1]) + (False,) * (6 - len(rows[0][1])), rows[0][2]
+    best, tm = tuple(rows[0][1]) + (False,) * (7 - len(rows[0][1])), rows[0][2]
     dl._TUNED[(n, k)] = best
     faster = sum(tm[m] for m in NARROW) < sum(comp[m] for m in NARROW)
     wide = faster and all(tm[m] < comp[m] for m in ROWS if m not in NARROW)

@@ -11,6 +11,8 @@ weights fill the MMA's M side and are streamed from HBM once; rows past 64 are m
 - RMSNorm in the prologue at no extra pass: the x tile is multiplied by norm_weight[k] as it
   is loaded and sum(x^2) is accumulated alongside; rmsnorm is linear in x given the row's
   rstd, so rstd = rsqrt(ss / K + eps) scales the accumulator in the epilogue.
+- PRENORM shapes (a config flag) norm x in a row pass first (`_prenorm`: x * norm_weight and
+  each row's rstd) and stream it straight to shared memory; the epilogue applies the rstd.
 - Split-K where a shape has too few N-blocks to fill the GPU: fp32 partials (and partial sums
   of squares) go to a workspace and an arrival counter per output tile (triton_ops'
   `arrival_counters`); the program that arrives last sums the partials in split order (fixed:
@@ -44,7 +46,7 @@ import triton
 
 from . import decode_tuned
 from .composed import FusedOps, QKVHeads
-from .decode_kernel import _decode_kernel
+from .decode_kernel import _decode_kernel, _prenorm_kernel
 from .triton_ops import arrival_counters, pdl_capable
 
 # The fused kernels run for steps of at most this many rows. They take any row count (64-row
@@ -67,6 +69,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     stack: bool = False  # paired rows (gate_up, qkv): both halves in one tile, one MMA twice as tall
+    prenorm: bool = False  # RMSNorm ops: x normed once by a row pass, not in every program (_prenorm)
 
 
 # (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, stack]), measured on the H200 with
@@ -127,12 +130,16 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         cnt = arrival_counters(tiles, x.device)
     else:
         ws = cnt = out
+    rs = out
+    if cfg.prenorm and norm_weight is not None:  # x normed once here, rstd applied in the epilogue
+        x, rs = _prenorm(x, norm_weight, eps)
+        norm_weight = None
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
     pdl = _uses_pdl(mode, x.device)
     extra = {"launch_pdl": True} if pdl else {}
     _decode_kernel[grid](
-        x, norm_weight if norm_weight is not None else weight, weight, bias if bias is not None else weight, out,
+        x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight, out,
         residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
         T, n_cols, K, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
         residual.stride(0) if residual is not None else 0, float(eps), pair_offset,
@@ -141,11 +148,23 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl,
+        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
         num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
                                                         grid[0] * grid[1] * grid[2]), **extra)
     return out
+
+
+def _prenorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x * norm_weight in x's dtype [T, K], rsqrt(mean(x^2) + eps) [T] fp32): one program per row,
+    so a row's values do not depend on T. For PRENORM shapes (the LM head), whose 1002 programs
+    would each norm the step's whole x tile again, which at 32-64 rows costs more than the row pass."""
+    T, K = x.shape
+    xs = torch.empty((T, K), dtype=x.dtype, device=x.device)
+    rs = torch.empty(T, dtype=torch.float32, device=x.device)
+    _prenorm_kernel[(T,)](x, norm_weight, xs, rs, K, x.stride(0), float(eps),
+                          BLOCK_K=min(triton.next_power_of_2(K), 2048), num_warps=4)
+    return xs, rs
 
 
 # Programmatic dependent launch: the ops (by MODE) whose kernel is launched with it, so that it

@@ -2,8 +2,8 @@
 measured on the H200 by `python scripts/tune_decode_linear.py OUT.json --write` (which rewrites
 this file; docs/performance.md has the numbers).
 
-TUNED: (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, stack), one per weight shape for
-every row count. SLOWER: (op, N, K) whose fused kernel lost to the composition (summed over
+TUNED: (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, stack[, prenorm]), one per weight
+shape for every row count. SLOWER: (op, N, K) whose fused kernel lost to the composition (summed over
 T = 1, 8), so the composition runs there. WIDE: (op, N, K) whose fused kernel also beat
 the composition at T = 40 and 64, so it runs for steps of up to 64 rows (32 elsewhere).
 
@@ -18,6 +18,7 @@ step, not by the op alone (fifth session, branch h/k5): alone each is ~1 us slow
 composition at 40 and 64 rows, but fusing both removes RMSNorm, RoPE and cuBLAS's split-K reduce
 (bs 64: 133 -> 85 kernels per step) and the step did not get slower (docs/performance.md).
 o stays composed past 32 rows (fused, the bs 40-64 step was ~30 us slower).
+The LM head is PRENORM (x normed by one row pass, not again in each of its 1002 programs).
 """
 
 TUNED = {
@@ -25,7 +26,7 @@ TUNED = {
     (2048, 8192): (64, 256, 4, 4, 3, False),
     (3072, 2048): (64, 128, 4, 8, 3, True),
     (16384, 2048): (64, 128, 1, 8, 3, True),
-    (128256, 2048): (128, 128, 1, 8, 3, False),
+    (128256, 2048): (128, 128, 1, 8, 3, False, True),
 }
 SLOWER = {
 }
