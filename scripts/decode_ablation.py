@@ -16,9 +16,9 @@ a variant's two results):
   every op, waiting at the start with no L2 prefetch;
 - `one-per-sm`: `new` with the LM head's tuned depth at 32 and 64-row tiles
   (decode_linear._TWO_PER_SM off), at bs 32-64;
-- `main81`: main 81adfc0's kernels (qkv and down composed past 32 rows, `one-per-sm`, the LM
-  head normed in every program); `no-prenorm`: `new` with that LM head; `narrow`:
-  `new` with qkv and down composed past 32 rows; `wide-all`: `new` with o fused up to 64 rows too.
+- `main81`: main 81adfc0's kernels (`one-per-sm`, the LM head normed in every program);
+  `no-prenorm`: `new` with that LM head; `wide-qkv-down`, `wide-all`: `new` with qkv and down
+  (and o) fused up to 64 rows too, at bs 40 and 64.
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...]
@@ -52,14 +52,13 @@ MAIN_TUNED = {(2048, 2048): (64, 128, 4, 4, 4, False), (2048, 8192): (64, 256, 4
 NEW = dict(epilogue=True, wide=set(decode_tuned.WIDE), pdl=frozenset(), prefetch=0, tuned=dict(decode_tuned.TUNED),
            slower=set(decode_tuned.SLOWER), batches=BATCHES, two_per_sm=True)
 QKV, O, DOWN = ("norm_qkv_rope", 3072, 2048), ("linear_residual", 2048, 2048), ("linear_residual", 2048, 8192)
-NARROW = set(decode_tuned.WIDE) - {QKV, DOWN}  # main 81adfc0's WIDE: gate_up and the LM head
 LM, LM_PLAIN = (128256, 2048), (128, 128, 1, 8, 3, False)  # main 81adfc0's LM head config: no PRENORM
 VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "two_per_sm": False},
             "one-per-sm": {**NEW, "two_per_sm": False, "batches": (32, 40, 64)},
-            "main81": {**NEW, "wide": NARROW, "two_per_sm": False, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
+            "main81": {**NEW, "two_per_sm": False, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
             "no-prenorm": {**NEW, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
-            "narrow": {**NEW, "wide": NARROW, "batches": (40, 64)},
-            "wide-all": {**NEW, "wide": set(decode_tuned.WIDE) | {O}, "batches": (40, 64)},
+            "wide-qkv-down": {**NEW, "wide": set(decode_tuned.WIDE) | {QKV, DOWN}, "batches": (40, 64)},
+            "wide-all": {**NEW, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "batches": (40, 64)},
             "separate-add": {**NEW, "epilogue": False, "wide": set()},
             "epilogue": {**NEW, "wide": set()},
             "new": NEW,

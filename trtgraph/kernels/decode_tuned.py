@@ -13,12 +13,13 @@ composition (cuBLAS addmm_) faster alone, but the replayed step with those picks
 slower at bs 1-32 (scripts/decode_ablation.py; docs/performance.md, branch h/k4). A --write
 run rewrites the tables below: check the step with decode_ablation.py before committing it.
 
-qkv (norm_qkv_rope 3072 x 2048) and down (linear_residual 2048 x 8192) are WIDE by the replayed
-step, not by the op alone (fifth session, branch h/k5): alone each is ~1 us slower than its
-composition at 40 and 64 rows, but fusing both removes RMSNorm, RoPE and cuBLAS's split-K reduce
-(bs 64: 133 -> 85 kernels per step) and the step did not get slower (docs/performance.md).
-o stays composed past 32 rows (fused, the bs 40-64 step was ~30 us slower).
-The LM head is PRENORM (x normed by one row pass, not again in each of its 1002 programs).
+Fifth session (branch h/k5; docs/performance.md): qkv, o and down stay composed past 32 rows.
+Fused up to 64 rows (WIDE), qkv and down take bs 64 from 134 to 86 kernels per step, but the
+replayed step was 14-22 us slower at bs 40-64 (alone, at 40-64 rows: qkv 11.8 vs 11.0 us,
+down 15.4-16.0 vs 14.8); with o as well, 33-37 us slower (measured with a since withdrawn
+epilogue preload). The LM head is PRENORM (x normed once
+by a row pass, not again in each of its 1002 programs): 150.8 vs 160.0 us alone at 64 rows,
+the step 7.5 us faster at bs 40-64 and 2-3.5 us slower at bs 1-8 (the row pass's launch).
 """
 
 TUNED = {
@@ -31,8 +32,6 @@ TUNED = {
 SLOWER = {
 }
 WIDE = {
-    ('linear_residual', 2048, 8192),
     ('norm_gate_up_silu', 16384, 2048),
     ('norm_linear', 128256, 2048),
-    ('norm_qkv_rope', 3072, 2048),
 }
