@@ -13,8 +13,14 @@ a variant's two results):
 - `new`: `epilogue` + the WIDE shapes fused up to 64 rows: the shipped default (no PDL);
 - `new-o-fused`: `new` with the o projection fused too (the table says the composition);
 - `pdl`: `new` + PDL for every fused op, `pdl-<op>`: for that op alone, `pdl-no-prefetch`:
-  every op, waiting at the start with no L2 prefetch.
-Each replay's logits are checked bitwise against the eager run of the same variant.
+  every op, waiting at the start with no L2 prefetch;
+- `one-per-sm`: `new` with the LM head's tuned depth at 32 and 64-row tiles
+  (decode_linear._TWO_PER_SM off), at bs 32-64;
+- `main81`: main 81adfc0's kernels (`one-per-sm`, the LM head normed in every program);
+  `no-prenorm`: `new` with that LM head; `wide-qkv-down`, `wide-all`: `new` with qkv and down
+  (and o) fused up to 64 rows too, at bs 40 and 64.
+Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
+per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...]
 """
 
@@ -44,8 +50,15 @@ MAIN_TUNED = {(2048, 2048): (64, 128, 4, 4, 4, False), (2048, 8192): (64, 256, 4
               (3072, 2048): (64, 128, 4, 8, 3, True), (16384, 2048): (64, 128, 1, 8, 3, True),
               (128256, 2048): (128, 128, 1, 8, 3, False)}
 NEW = dict(epilogue=True, wide=set(decode_tuned.WIDE), pdl=frozenset(), prefetch=0, tuned=dict(decode_tuned.TUNED),
-           slower=set(decode_tuned.SLOWER), batches=BATCHES)
-VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set()},
+           slower=set(decode_tuned.SLOWER), batches=BATCHES, two_per_sm=True)
+QKV, O, DOWN = ("norm_qkv_rope", 3072, 2048), ("linear_residual", 2048, 2048), ("linear_residual", 2048, 8192)
+LM, LM_PLAIN = (128256, 2048), (128, 128, 1, 8, 3, False)  # main 81adfc0's LM head config: no PRENORM
+VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "two_per_sm": False},
+            "one-per-sm": {**NEW, "two_per_sm": False, "batches": (32, 40, 64)},
+            "main81": {**NEW, "two_per_sm": False, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
+            "no-prenorm": {**NEW, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
+            "wide-qkv-down": {**NEW, "wide": set(decode_tuned.WIDE) | {QKV, DOWN}, "batches": (40, 64)},
+            "wide-all": {**NEW, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "batches": (40, 64)},
             "separate-add": {**NEW, "epilogue": False, "wide": set()},
             "epilogue": {**NEW, "wide": set()},
             "new": NEW,
@@ -59,6 +72,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
+    dl._TWO_PER_SM = v["two_per_sm"]
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"]
     dl._TUNED = dict(v["tuned"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
@@ -73,6 +87,16 @@ def floor_ms(ex, batch, bw):
     cfg, elt = ex.loaded.config, ex.loaded.model.lm_head_weight.element_size()
     kv_bytes = batch * 129 * cfg.num_layers * 2 * cfg.kv_size * elt
     return (cfg.parameter_count() * elt + kv_bytes) / bw * 1e3
+
+
+def kernels_per_step(ex, key):
+    """CUDA kernels one eager step of the prepared key launches (what its graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+    ex.prepare(key, decode_rows(ex, key.batch_size, 128))
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ex.execute(key, eager=True)
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def measure(ex, key):
@@ -105,6 +129,10 @@ def main():
         tag = f"{name}#{1 + (i >= len(names))}"
         try:
             results[tag] = {b: measure(ex, keys[b]) for b in v["batches"]}
+            if i < len(names) and ex.device.type == "cuda":
+                counts = {b: kernels_per_step(ex, keys[b]) for b in (1, 64) if b in v["batches"]}
+                results[tag + " kernels"] = counts
+                print(f"{tag:20s} kernels per step: {counts}", flush=True)
         except Exception as e:  # a variant that does not run is a result too
             results[tag] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(f"{tag:20s} " + "  ".join(f"bs {b}: {r[0]:.3f} ms ({r[0] / floors[b]:.2f}x)"

@@ -7,9 +7,10 @@ Prints per shape the best configs (us at T = 1, 8, 40, 64 and fraction of the me
 bandwidth, counting the weight bytes) and the composition's, whether the fused kernel is faster
 at T <= 32 (else the shape goes to SLOWER) and at both T = 40 and 64 (then to WIDE: fused up to
 64 rows), and whether row 0 is bitwise equal at T = 1, 8, 17, 40, 64. `--quick`: a short list of candidates per shape (the best of earlier
-full runs, and stacked paired rows); `--write`: merge the results into
+full runs, and stacked paired rows); `--current`: the table's own config only (a run gives the
+WIDE verdict of today's table and kernel); `--write`: merge the results into
 trtgraph/kernels/decode_tuned.py (the table the kernels use).
-Usage: python scripts/tune_decode_linear.py OUT.json [--quick] [--write] [SHAPE ...]
+Usage: python scripts/tune_decode_linear.py OUT.json [--quick | --current] [--write] [SHAPE ...]
 """
 
 import json
@@ -64,7 +65,8 @@ def candidates(op, n, k):
 
 # the best configs of the full runs (docs/performance.md) and stacked paired-row variants
 QUICK = {
-    "lm_head": [(128, 128, 1, 4, 3), (128, 128, 1, 8, 3), (128, 256, 1, 8, 2), (64, 128, 1, 4, 4)],
+    "lm_head": [(128, 128, 1, 4, 3), (128, 128, 1, 8, 3), (128, 256, 1, 8, 2), (64, 128, 1, 4, 4),
+                (128, 128, 1, 8, 3, False, True)],
     "qkv": [(64, 128, 4, 4, 4, False), (64, 128, 4, 8, 3, True), (32, 128, 4, 4, 4, True),
             (32, 128, 8, 4, 4, False), (64, 128, 8, 4, 3, True), (64, 128, 8, 8, 3, True),
             (32, 128, 8, 4, 4, True), (32, 256, 4, 4, 3, True), (64, 64, 8, 4, 4, True)],
@@ -98,13 +100,14 @@ def make_call(op, n, k, m, ws, fused):
     return lambda i: ops.norm_linear(x, nw, 1e-5, ws[i % len(ws)], None, torch.float32)
 
 
-def tune_shape(name, op, n, k, bw, out, quick):
+def tune_shape(name, op, n, k, bw, out, quick, current=False):
     copies = max(2, -(-(256 << 20) // (n * k * 2)))
     ws = [torch.randn((n, k), device=DEV, dtype=DT) / k ** 0.5 for _ in range(copies)]
     calls = max(copies, 8)
     nbytes = n * k * 2
     screened = []
-    for cfg in QUICK[name] if quick else candidates(op, n, k):  # screened at T = 1, the best three at every T
+    listed = [decode_tuned.TUNED[(n, k)]] if current else QUICK[name] if quick else candidates(op, n, k)
+    for cfg in listed:  # screened at T = 1, the best three at every T
         dl._TUNED[(n, k)] = cfg
         try:
             screened.append((graph_time(make_call(op, n, k, 1, ws, True), calls), cfg))
@@ -128,7 +131,7 @@ def tune_shape(name, op, n, k, bw, out, quick):
     print(f"\n{name} {op} N={n} K={k} ({nbytes / 1e6:.1f} MB): composition (cuBLAS) {fmt(comp)}")
     for _, cfg, tm in rows[:4]:
         print(f"  {cfg}: {fmt(tm)}")
-    best, tm = tuple(rows[0][1]) + (False,) * (6 - len(rows[0][1])), rows[0][2]
+    best, tm = tuple(rows[0][1]) + (False,) * (7 - len(rows[0][1])), rows[0][2]
     dl._TUNED[(n, k)] = best
     faster = sum(tm[m] for m in NARROW) < sum(comp[m] for m in NARROW)
     wide = faster and all(tm[m] < comp[m] for m in ROWS if m not in NARROW)
@@ -182,13 +185,13 @@ def parity(op, n, k, m, w):
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    quick, write = "--quick" in sys.argv, "--write" in sys.argv
+    quick, write, current = "--quick" in sys.argv, "--write" in sys.argv, "--current" in sys.argv
     bw = measure_bandwidth(DEV)
     out = {"bandwidth_GBps": bw / 1e9}
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     dest = args[0] if args else "tune_decode.json"
     for name in args[1:] or SHAPES:
-        tune_shape(name, *SHAPES[name], bw, out, quick)
+        tune_shape(name, *SHAPES[name], bw, out, quick, current)
         sys.stdout.flush()
         with open(dest, "w") as f:
             json.dump(out, f, indent=1)

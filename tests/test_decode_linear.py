@@ -77,17 +77,34 @@ TINY = (48, 40, 72, QKVHeads(4, 2, 8))  # hidden 48, intermediate 40, vocabulary
 @pytest.mark.parametrize("split,stack", [(1, False), (3, False), (1, True), (3, True)])
 @pytest.mark.parametrize("T,row_tiles", [(1, (16, 32, 64)), (3, (16, 32, 64)), (17, (16, 32, 64)),
                                          (40, (16, 32, 64)), (70, (16, 32, 64)), (40, None)])
-def test_fused_ops_match_the_references(monkeypatch, T, row_tiles, split, stack):
+def test_fused_ops_match_the_references(monkeypatch, T, row_tiles, split, stack, prenorm=False):
     """Every fused op, with split-K 1 and 3, paired rows in two tiles or stacked in one, row
     tiles of 16 / 32 / 64 and several m-tiles (70 rows in 64-row tiles; 40 rows in 16-row
     tiles), columns not a multiple of BLOCK_N (fp32: the interpreter's dot is exact enough for 1e-4)."""
     tuned = {}
     for n, k in ((72, 48), (80, 48), (48, 40), (64, 48)):  # lm head, gate_up, down, qkv
-        tuned[(n, k)] = (16, 16, split, 1, 1, stack)
-    tuned[(64, 48)] = (32, 16, split, 1, 1, stack)  # qkv: 32 pairs of 8 heads x 4 in full tiles (unmasked)
+        tuned[(n, k)] = (16, 16, split, 1, 1, stack, prenorm)
+    tuned[(64, 48)] = (32, 16, split, 1, 1, stack, prenorm)  # qkv: 32 pairs of 8 heads x 4 in full tiles (unmasked)
     monkeypatch.setattr(dl, "_TUNED", tuned)
     monkeypatch.setattr(dl, "_ROW_TILES", row_tiles)
     _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
+
+
+@pytest.mark.parametrize("T,split", [(3, 1), (40, 3)])
+def test_fused_ops_with_prenorm_match_the_references(monkeypatch, T, split):
+    """PRENORM configs (x normed by the row pass, rstd applied in the epilogue) on the three
+    RMSNorm ops: the same results as the references."""
+    test_fused_ops_match_the_references(monkeypatch, T, (16, 32, 64), split, True, prenorm=True)
+
+
+def test_prenorm_row_pass_does_not_depend_on_the_rows_beside():
+    """The row pass's output for row 0 is bitwise the same alone and among 40 rows."""
+    g, x, nw = _inputs(40, 48, torch.float32, torch.device("cpu"))
+    xs1, rs1 = dl._prenorm(x[:1], nw, 1e-5)
+    xs, rs = dl._prenorm(x, nw, 1e-5)
+    assert torch.equal(xs1[0], xs[0]) and torch.equal(rs1[0], rs[0])
+    torch.testing.assert_close(rs, torch.rsqrt(x.pow(2).mean(-1) + 1e-5))
+    torch.testing.assert_close(xs, x * nw)
 
 
 def test_row_tiles():
@@ -241,6 +258,21 @@ def test_pipeline_depth_fits_shared_memory(monkeypatch):
         c = dl.DecodeConfig(*tuned)
         assert dl._fit_stages(c, 2 if c.stack else 1, 2, cuda) == c.num_stages
     assert dl._fit_stages(cfg, 1, 4, torch.device("cpu")) == 4
+
+
+def test_two_programs_per_sm_where_the_grid_has_two_waves(monkeypatch):
+    """A grid of >= 2 programs per SM (the LM head: 1002 N-tiles) gets the depth at which two
+    programs of its row tile share an SM (never under 2 stages); a grid of under two waves keeps
+    the tuned depth at every row tile."""
+    monkeypatch.setattr(dl, "_shared_memory_bytes", lambda index: 232448)
+    monkeypatch.setattr(dl, "_sm_resources", lambda index: (132, 233472))  # the H200
+    cuda = torch.device("cuda", 0)
+    lm = dl.DecodeConfig(128, 128, 1, 8, 3)
+    assert [dl._fit_stages(lm, 1, 2, cuda, rows, 1002) for rows in (16, 32, 64)] == [3, 2, 2]
+    assert [dl._fit_stages(lm, 1, 2, cuda, rows, 200) for rows in (16, 32, 64)] == [3, 3, 3]
+    assert dl._fit_stages(dl.DecodeConfig(64, 256, 1, 4, 4), 1, 2, cuda, 64, 1002) == 2  # 3 fit one: never under 2
+    monkeypatch.setattr(dl, "_TWO_PER_SM", False)
+    assert dl._fit_stages(lm, 1, 2, cuda, 64, 1002) == 3
 
 
 def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp_path, monkeypatch):

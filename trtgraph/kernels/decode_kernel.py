@@ -1,7 +1,8 @@
 """The fused decode GEMV's Triton kernel (kernels/decode_linear.py launches it and describes
 it): the swap-AB K loops (paired rows in two tiles or stacked in one), RMSNorm's sum of
 squares alongside, split-K merged by the last arriving program, the four epilogues, and the
-programmatic-dependent-launch prologue (an L2 prefetch of the weights before the wait).
+programmatic-dependent-launch prologue (an L2 prefetch of the weights before the wait); and
+the row pass that norms x ahead of the GEMV for PRENORM shapes (`_prenorm_kernel`).
 MODE: 0 plain store, 1 residual add, 2 SiLU-and-mul, 3 RoPE + KV write."""
 
 import triton
@@ -10,13 +11,18 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
+def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, rs_ptr, b_ptr, out_ptr, out_stride,
               res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
               cache_head_stride, num_q_heads, num_kv_heads,
-              MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr):
-    """acc [BLOCK_N (output columns), BLOCK_T (rows)] -> the op's outputs."""
-    if HAS_NORM:
-        rstd = tl.rsqrt(ss / K + eps)
+              MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
+              PRENORM: tl.constexpr):
+    """acc [BLOCK_N (output columns), BLOCK_T (rows)] -> the op's outputs. PRENORM: x came normed
+    but for its rstd, which rs_ptr holds per row."""
+    if HAS_NORM or PRENORM:
+        if PRENORM:
+            rstd = tl.load(rs_ptr + rows, mask=row_ok, other=0.0)
+        else:
+            rstd = tl.rsqrt(ss / K + eps)
         acc1 = acc1 * rstd[None, :]
         if MODE >= 2:
             acc2 = acc2 * rstd[None, :]
@@ -56,6 +62,23 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
         km = mask & (~is_q)[:, None]
         tl.store(kd, r1.to(kv_ptr.dtype.element_ty), mask=km)
         tl.store(kd + HALF, r2.to(kv_ptr.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _prenorm_kernel(x_ptr, nw_ptr, xs_ptr, rs_ptr, K, x_stride, eps, BLOCK_K: tl.constexpr):
+    """One row of x per program: xs = x * norm_weight (fp32 product, rounded to xs's dtype, as the
+    K loop's HAS_NORM tile is) and rs = rsqrt(mean(x^2) + eps), for a GEMV that streams xs
+    straight into shared memory instead of norming its x tile in every program (PRENORM)."""
+    row = tl.program_id(0)
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        ok = kk < K
+        xt = tl.load(x_ptr + row * x_stride + kk, mask=ok, other=0.0).to(tl.float32)
+        ss += xt * xt
+        nw = tl.load(nw_ptr + kk, mask=ok, other=0.0).to(tl.float32)
+        tl.store(xs_ptr + row * K + kk, (xt * nw).to(xs_ptr.dtype.element_ty), mask=ok)
+    tl.store(rs_ptr + row, tl.rsqrt(tl.sum(ss, axis=0) / K + eps))
 
 
 @triton.jit
@@ -137,13 +160,13 @@ def _prefetch_l2(ptrs, NBYTES: tl.constexpr):
 
 
 @triton.jit
-def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
+def _decode_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
                    cnt_ptr, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
                    cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
                    MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, PRENORM: tl.constexpr):
     """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K).
     PDL (launched with programmatic dependent launch): let the next kernel launch now, put the
     first PREFETCH bytes of each of this program's weight rows on their way to L2 (the weights
@@ -188,9 +211,10 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
         acc1, acc2, ss = _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi,
                                  x_stride, w_stride, MODE, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
     if SPLIT_K == 1:
-        _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr, out_stride,
+        _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, rs_ptr, b_ptr, out_ptr,
+                  out_stride,
                   res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
-                  cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF)
+                  cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF, PRENORM)
     else:
         # workspace [tiles, SPLIT_K, (acc1 | acc2 | ss)]: acc as [BLOCK_N, BLOCK_T], ss as [BLOCK_T]
         SLOT: tl.constexpr = (NACC * BLOCK_N + 1) * BLOCK_T
@@ -214,8 +238,8 @@ def _decode_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_pt
                 if MODE >= 2:
                     acc2 += tl.load(b + BLOCK_N * BLOCK_T + idx, cache_modifier=".cg")
                 ss += tl.load(b + NACC * BLOCK_N * BLOCK_T + tl.arange(0, BLOCK_T), cache_modifier=".cg")
-            _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, b_ptr, out_ptr,
+            _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, rs_ptr, b_ptr, out_ptr,
                       out_stride, res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride,
                       cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads, MODE, HAS_NORM, HAS_BIAS,
-                      HALF)
+                      HALF, PRENORM)
             tl.atomic_xchg(cnt_ptr + tile, 0)

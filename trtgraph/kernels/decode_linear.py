@@ -11,6 +11,8 @@ weights fill the MMA's M side and are streamed from HBM once; rows past 64 are m
 - RMSNorm in the prologue at no extra pass: the x tile is multiplied by norm_weight[k] as it
   is loaded and sum(x^2) is accumulated alongside; rmsnorm is linear in x given the row's
   rstd, so rstd = rsqrt(ss / K + eps) scales the accumulator in the epilogue.
+- PRENORM shapes (a config flag) norm x in a row pass first (`_prenorm`: x * norm_weight and
+  each row's rstd) and stream it straight to shared memory; the epilogue applies the rstd.
 - Split-K where a shape has too few N-blocks to fill the GPU: fp32 partials (and partial sums
   of squares) go to a workspace and an arrival counter per output tile (triton_ops'
   `arrival_counters`); the program that arrives last sums the partials in split order (fixed:
@@ -44,7 +46,7 @@ import triton
 
 from . import decode_tuned
 from .composed import FusedOps, QKVHeads
-from .decode_kernel import _decode_kernel
+from .decode_kernel import _decode_kernel, _prenorm_kernel
 from .triton_ops import arrival_counters, pdl_capable
 
 # The fused kernels run for steps of at most this many rows. They take any row count (64-row
@@ -67,6 +69,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     stack: bool = False  # paired rows (gate_up, qkv): both halves in one tile, one MMA twice as tall
+    prenorm: bool = False  # RMSNorm ops: x normed once by a row pass, not in every program (_prenorm)
 
 
 # (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, stack]), measured on the H200 with
@@ -127,12 +130,16 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         cnt = arrival_counters(tiles, x.device)
     else:
         ws = cnt = out
+    rs = out
+    if cfg.prenorm and norm_weight is not None:  # x normed once here, rstd applied in the epilogue
+        x, rs = _prenorm(x, norm_weight, eps)
+        norm_weight = None
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
     pdl = _uses_pdl(mode, x.device)
     extra = {"launch_pdl": True} if pdl else {}
     _decode_kernel[grid](
-        x, norm_weight if norm_weight is not None else weight, weight, bias if bias is not None else weight, out,
+        x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight, out,
         residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
         T, n_cols, K, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
         residual.stride(0) if residual is not None else 0, float(eps), pair_offset,
@@ -141,10 +148,23 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl,
+        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
-        num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device), **extra)
+        num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
+                                                        grid[0] * grid[1] * grid[2]), **extra)
     return out
+
+
+def _prenorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x * norm_weight in x's dtype [T, K], rsqrt(mean(x^2) + eps) [T] fp32): one program per row,
+    so a row's values do not depend on T. For PRENORM shapes (the LM head), whose 1002 programs
+    would each norm the step's whole x tile again, which at 32-64 rows costs more than the row pass."""
+    T, K = x.shape
+    xs = torch.empty((T, K), dtype=x.dtype, device=x.device)
+    rs = torch.empty(T, dtype=torch.float32, device=x.device)
+    _prenorm_kernel[(T,)](x, norm_weight, xs, rs, K, x.stride(0), float(eps),
+                          BLOCK_K=min(triton.next_power_of_2(K), 2048), num_warps=4)
+    return xs, rs
 
 
 # Programmatic dependent launch: the ops (by MODE) whose kernel is launched with it, so that it
@@ -161,19 +181,41 @@ def _uses_pdl(mode: int, device: torch.device) -> bool:
     return mode in _PDL_MODES and pdl_capable(device)
 
 
-def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.device) -> int:
+def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.device, rows: int = _ROW_TILES_MAX,
+                programs: int = 0) -> int:
     """The config's pipeline depth, cut until the staged weight and x tiles fit the device's
-    shared memory (fp32 weights need twice bf16's; the table was tuned in bf16). A function
-    of the shape, dtype and device only; the depth never changes what a row sums, or in what
-    order."""
+    shared memory (fp32 weights need twice bf16's; the table was tuned in bf16); and where the
+    grid has at least two programs per SM (the LM head's 1002), cut (to no fewer than 2 stages)
+    until two programs of `rows`-row tiles share an SM (`_TWO_PER_SM`), so that one's epilogue
+    and start overlap the other's weight stream. The depth never changes what a row sums, or in
+    what order: a function of the shape, dtype, device and row tile, never of the results."""
     if device.type != "cuda":
         return cfg.num_stages
+    index = device.index if device.index is not None else torch.cuda.current_device()
     per_stage = (nacc * cfg.block_n + _ROW_TILES_MAX) * cfg.block_k * elem_bytes
-    budget = int(0.85 * _shared_memory_bytes(device.index if device.index is not None else torch.cuda.current_device()))
+    budget = int(0.85 * _shared_memory_bytes(index))
     stages = cfg.num_stages
     while stages > 1 and stages * per_stage > budget:
         stages -= 1
+    sms, per_sm = _sm_resources(index) if _TWO_PER_SM and programs else (1, 0)
+    if _TWO_PER_SM and programs >= 2 * sms:
+        per_stage = (nacc * cfg.block_n + rows) * cfg.block_k * elem_bytes
+        while stages > 2 and stages * per_stage > per_sm // 2 - 3072:  # 1 KB per program reserved, 2 KB spare
+            stages -= 1
     return stages
+
+
+# Two programs per SM where the grid has two waves or more (see _fit_stages; the ablation's
+# `one-per-sm` variant turns it off). On the H200 it changes the LM head's depth at 32 and 64-row
+# tiles only (3 -> 2 stages); 16-row tiles already fit two.
+_TWO_PER_SM = True
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_resources(index: int) -> tuple[int, int]:
+    """(SMs, shared memory bytes per SM) of the device."""
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count, getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
 
 
 @functools.lru_cache(maxsize=None)

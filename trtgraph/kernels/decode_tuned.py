@@ -2,8 +2,8 @@
 measured on the H200 by `python scripts/tune_decode_linear.py OUT.json --write` (which rewrites
 this file; docs/performance.md has the numbers).
 
-TUNED: (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, stack), one per weight shape for
-every row count. SLOWER: (op, N, K) whose fused kernel lost to the composition (summed over
+TUNED: (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, stack[, prenorm]), one per weight
+shape for every row count. SLOWER: (op, N, K) whose fused kernel lost to the composition (summed over
 T = 1, 8), so the composition runs there. WIDE: (op, N, K) whose fused kernel also beat
 the composition at T = 40 and 64, so it runs for steps of up to 64 rows (32 elsewhere).
 
@@ -12,6 +12,14 @@ fourth session's tuner picked qkv (64, 128, 8, 8, 3, stacked) and o (64, 256, 4,
 composition (cuBLAS addmm_) faster alone, but the replayed step with those picks was 20-80 us
 slower at bs 1-32 (scripts/decode_ablation.py; docs/performance.md, branch h/k4). A --write
 run rewrites the tables below: check the step with decode_ablation.py before committing it.
+
+Fifth session (branch h/k5; docs/performance.md): qkv, o and down stay composed past 32 rows.
+Fused up to 64 rows (WIDE), qkv and down take bs 64 from 134 to 86 kernels per step, but the
+replayed step was 14-22 us slower at bs 40-64 (alone, at 40-64 rows: qkv 11.8 vs 11.0 us,
+down 15.4-16.0 vs 14.8); with o as well, 33-37 us slower (measured with a since withdrawn
+epilogue preload). The LM head is PRENORM (x normed once
+by a row pass, not again in each of its 1002 programs): 150.8 vs 160.0 us alone at 64 rows,
+the step 7.5 us faster at bs 40-64 and 2-3.5 us slower at bs 1-8 (the row pass's launch).
 """
 
 TUNED = {
@@ -19,7 +27,7 @@ TUNED = {
     (2048, 8192): (64, 256, 4, 4, 3, False),
     (3072, 2048): (64, 128, 4, 8, 3, True),
     (16384, 2048): (64, 128, 1, 8, 3, True),
-    (128256, 2048): (128, 128, 1, 8, 3, False),
+    (128256, 2048): (128, 128, 1, 8, 3, False, True),
 }
 SLOWER = {
 }
