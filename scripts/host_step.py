@@ -124,11 +124,23 @@ def gaps(engine: Engine, prompts: list[dict]) -> None:
     next), by the kind of the step that waited: the timeline of where the device waits. Read
     when each step is waited for (the launcher's events are a ring reused a few launches later)."""
     per: dict[str, list[float]] = defaultdict(list)
-    wait = StepLauncher.wait
+    wait, launch, start_run = StepLauncher.wait, StepLauncher.launch, Engine.start_run
     last_end = []  # the end event of the step waited for before
+    host = {}  # perf_counter: the run's start, the first launch's return, the last wait's return
+
+    def started(eng, *args, **kwargs):
+        host.clear()
+        start_run(eng, *args, **kwargs)
+        host["start"] = eng._run_start
+
+    def launched(self, step, stats):
+        f = launch(self, step, stats)
+        host.setdefault("first", time.perf_counter())
+        return f
 
     def recorded(self, f, stats):
         out = wait(self, f, stats)  # the steps are waited for once each, in launch order
+        host["last"] = time.perf_counter()
         kind = "fast" if f.step.repeats else ("prefill" if f.step.is_prefill else "full decode")
         kind += " (gathered)" if getattr(f.step, "gather", None) else ""
         if last_end:
@@ -136,18 +148,20 @@ def gaps(engine: Engine, prompts: list[dict]) -> None:
         last_end[:] = [f.events[1]]
         return out
 
-    StepLauncher.wait = recorded
+    StepLauncher.wait, StepLauncher.launch, Engine.start_run = recorded, launched, started
     try:
         list(engine.generate(prompts, gpu_timing=True))
     finally:
-        StepLauncher.wait = wait
+        StepLauncher.wait, StepLauncher.launch, Engine.start_run = wait, launch, start_run
     st = engine.stats
     inside = sum(sum(v) for v in per.values()) / 1e6
     print(f"GPU idle before each step, by kind (µs): "
           + "; ".join(f"{k}: {len(v)} steps, mean {sum(v) / len(v):.1f}, max {max(v):.1f}, total {sum(v) / 1e3:.2f} ms"
                       for k, v in sorted(per.items()))
           + f"; before the first and after the last step (admission, the last results): "
-            f"{1e3 * (st.seconds - st.gpu_busy_seconds - inside):.2f} ms of {1e3 * st.seconds:.1f} ms")
+            f"{1e3 * (st.seconds - st.gpu_busy_seconds - inside):.2f} ms of {1e3 * st.seconds:.1f} ms "
+          f"(host clock: run start to the first launch's return {1e3 * (host['first'] - host['start']):.2f} ms, "
+          f"the last wait's return to the run's end {1e3 * (host['start'] + st.seconds - host['last']):.2f} ms)")
 
 
 CLOCK = time.thread_time_ns  # the host's clock for --timeline: this thread's CPU time (robust to a shared CPU)
