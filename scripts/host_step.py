@@ -15,7 +15,15 @@ of Engine._complete before it existed: stop strings, the loop over rows), other 
 Engine.step()).
 
 Usage: PYTHONPATH=$PWD python3 scripts/host_step.py [--rows 64 --prompt 128 --out 128 --repeats 3]
-(the best of REPEATS runs per phase). On a GPU: --manifest ART --prompts FILE.jsonl runs a
+(the best of REPEATS runs per phase). --timeline N: the H200 workload's shape on the CPU (the
+Llama plan's chunk 64 prefill of up to 64 rows, N requests of PROMPT/OUT tokens through
+Engine.generate) with a virtual device: each step runs --decode-ms (a prefill step its tokens at
+--prefill-tps) after the host launched it and the step before it ended; the host's waits (the
+token read-back, the staging's upload event) advance the host's clock to when that work ends;
+the tiny model's CPU time is not counted; the host's clock is its thread's CPU time, so time
+the machine gave other processes is not counted either. It prints where that device would idle, by the kind of
+step that waited, and before the first / after the last step: the host's critical path, measured
+with this CPU's host times. On a GPU: --manifest ART --prompts FILE.jsonl runs a
 captured manifest instead and reports tokens/s, step time and GPU idle per step too.
 """
 
@@ -34,6 +42,7 @@ from trtgraph.config import Config
 from trtgraph.runtime.serving.engine import Engine
 from trtgraph.runtime.serving.launcher import StepLauncher
 from trtgraph.runtime.serving.scheduler import Scheduler
+from trtgraph.runtime.step.buffers import StepBuffers
 from trtgraph.runtime.step.executor import Executor
 
 PHASES = ("schedule", "ahead", "prepare", "launch", "wait", "postprocess", "stops", "news", "other", "model")
@@ -115,11 +124,23 @@ def gaps(engine: Engine, prompts: list[dict]) -> None:
     next), by the kind of the step that waited: the timeline of where the device waits. Read
     when each step is waited for (the launcher's events are a ring reused a few launches later)."""
     per: dict[str, list[float]] = defaultdict(list)
-    wait = StepLauncher.wait
+    wait, launch, start_run = StepLauncher.wait, StepLauncher.launch, Engine.start_run
     last_end = []  # the end event of the step waited for before
+    host = {}  # perf_counter: the run's start, the first launch's return, the last wait's return
+
+    def started(eng, *args, **kwargs):
+        host.clear()
+        start_run(eng, *args, **kwargs)
+        host["start"] = eng._run_start
+
+    def launched(self, step, stats):
+        f = launch(self, step, stats)
+        host.setdefault("first", time.perf_counter())
+        return f
 
     def recorded(self, f, stats):
         out = wait(self, f, stats)  # the steps are waited for once each, in launch order
+        host["last"] = time.perf_counter()
         kind = "fast" if f.step.repeats else ("prefill" if f.step.is_prefill else "full decode")
         kind += " (gathered)" if getattr(f.step, "gather", None) else ""
         if last_end:
@@ -127,18 +148,136 @@ def gaps(engine: Engine, prompts: list[dict]) -> None:
         last_end[:] = [f.events[1]]
         return out
 
-    StepLauncher.wait = recorded
+    StepLauncher.wait, StepLauncher.launch, Engine.start_run = recorded, launched, started
     try:
         list(engine.generate(prompts, gpu_timing=True))
     finally:
-        StepLauncher.wait = wait
+        StepLauncher.wait, StepLauncher.launch, Engine.start_run = wait, launch, start_run
     st = engine.stats
     inside = sum(sum(v) for v in per.values()) / 1e6
     print(f"GPU idle before each step, by kind (µs): "
           + "; ".join(f"{k}: {len(v)} steps, mean {sum(v) / len(v):.1f}, max {max(v):.1f}, total {sum(v) / 1e3:.2f} ms"
                       for k, v in sorted(per.items()))
           + f"; before the first and after the last step (admission, the last results): "
-            f"{1e3 * (st.seconds - st.gpu_busy_seconds - inside):.2f} ms of {1e3 * st.seconds:.1f} ms")
+            f"{1e3 * (st.seconds - st.gpu_busy_seconds - inside):.2f} ms of {1e3 * st.seconds:.1f} ms "
+          f"(host clock: run start to the first launch's return {1e3 * (host['first'] - host['start']):.2f} ms, "
+          f"the last wait's return to the run's end {1e3 * (host['start'] + st.seconds - host['last']):.2f} ms)")
+
+
+CLOCK = time.thread_time_ns  # the host's clock for --timeline: this thread's CPU time (robust to a shared CPU)
+
+
+class VirtualDevice:
+    """A device that runs each launched step for a fixed time, in launch order, against the
+    host's clock less the tiny model's CPU time (module doc: --timeline)."""
+
+    def __init__(self, decode_ms: float, prefill_tps: float):
+        self.decode_ns, self.prefill_ns_per_token = decode_ms * 1e6, 1e9 / prefill_tps
+        self.skip = 0  # ns taken out of the host clock: the model's CPU time, and virtual waits
+        self.end = 0.0  # when the last launched step ends on the device
+        self.ends: dict[int, float] = {}  # step id -> its end
+        self.steps: list = []  # every launched step (kept: their ids key `ends`)
+        self.run_start = None  # the virtual time of Engine.start_run (where stats.seconds begins)
+        self.upload_done = 0.0  # when the last full-path upload has left the host staging
+        self.idle: dict[str, list[float]] = defaultdict(list)
+        self.first_start = self.start = None
+
+    def now(self) -> float:
+        return CLOCK() - self.skip
+
+    def wait_until(self, t: float) -> None:
+        self.skip -= max(0.0, t - self.now())
+
+    def patch(self, mp) -> None:
+        dev = self
+        execute, launch, wait, ready, upload = (Executor.execute, StepLauncher.launch, StepLauncher.wait,
+                                                StepBuffers.staging_ready, StepBuffers.upload)
+
+        def executed(ex, key, eager=False):
+            t0 = CLOCK()
+            try:
+                return execute(ex, key, eager)
+            finally:
+                dev.skip += CLOCK() - t0
+
+        def launched(launcher, step, stats):
+            f = launch(launcher, step, stats)
+            t, start = dev.now(), None
+            start = max(t, dev.end) if dev.ends else t
+            kind = "fast" if step.repeats else ("prefill" if step.is_prefill else "full decode")
+            kind += " (gathered)" if step.gather else ""
+            if dev.ends:
+                dev.idle[kind].append(start - dev.end)
+            else:
+                dev.first_start = start
+            took = step.key.num_tokens * dev.prefill_ns_per_token if step.is_prefill else dev.decode_ns
+            dev.end = start + took
+            dev.ends[id(step)] = dev.end
+            dev.steps.append(step)
+            return f
+
+        def waited(launcher, f, stats):
+            dev.wait_until(dev.ends[id(f.step)])
+            return wait(launcher, f, stats)
+
+        def uploaded(buffers):
+            dev.upload_done = dev.end  # the copy runs after every step launched before it
+            return upload(buffers)
+
+        def staging_ready(buffers):
+            dev.wait_until(dev.upload_done)
+            return ready(buffers)
+
+        start_run = Engine.start_run
+
+        def started(engine, *args, **kwargs):
+            dev.run_start = dev.now()
+            return start_run(engine, *args, **kwargs)
+
+        mp.setattr(Engine, "start_run", started)
+        mp.setattr(Executor, "execute", executed)
+        mp.setattr(StepLauncher, "launch", launched)
+        mp.setattr(StepLauncher, "wait", waited)
+        mp.setattr(StepBuffers, "upload", uploaded)
+        mp.setattr(StepBuffers, "staging_ready", staging_ready)
+
+
+def timeline(n: int, prompt: int, out: int, decode_ms: float, prefill_tps: float, repeats: int) -> None:
+    """The H200 workload's step sequence on the CPU with a virtual device (module doc)."""
+    import pytest
+
+    torch.set_num_threads(1)
+    d = Config.default().to_dict()
+    d["device"] = "cpu"
+    d["limits"].update(max_batch_size=64, max_seq_len=prompt + out + 16, max_num_tokens=4096)
+    d["buckets"].update(sampling=["greedy"], chunk_sizes=[64], batch_sizes=[1, 2, 4, 8, 16, 32, 48, 64],
+                        context_batch_sizes=[64])
+    art = tempfile.mkdtemp(prefix="host-step-")
+    capture(Config.from_dict(d, source="host_step --timeline"), art)
+    engine = Engine(art)
+    prompts = [{"id": f"p{i}", "prompt_token_ids": [(7 * i + j) % 300 + 3 for j in range(prompt)],
+                "max_tokens": out, "ignore_eos": True} for i in range(n)]
+    list(engine.generate(prompts))  # warm
+    runs = []
+    for _ in range(repeats):
+        dev = VirtualDevice(decode_ms, prefill_tps)
+        with pytest.MonkeyPatch.context() as mp:
+            dev.patch(mp)
+            t0 = dev.now()
+            list(engine.generate(prompts))
+            t1 = dev.now()
+        inside = sum(sum(v) for v in dev.idle.values())
+        runs.append((inside + (dev.first_start - dev.run_start) + (t1 - dev.end), dev, t0, t1))
+    total, dev, t0, t1 = min(runs, key=lambda r: r[0])
+    steps = len(dev.steps)
+    print(f"{n} x ({prompt} in, {out} out), 64 rows, greedy, {steps} steps; virtual device: decode {decode_ms} ms, "
+          f"prefill {prefill_tps:.0f} tokens/s; host times of this CPU; best of {repeats}:")
+    print(f"  device idle {total / 1e3 / steps:.1f} µs per step ({total / 1e6:.2f} ms in all)")
+    for k, v in sorted(dev.idle.items()):
+        print(f"  before {k} steps: {len(v)}, mean {sum(v) / len(v) / 1e3:.1f} µs, max {max(v) / 1e3:.1f}, "
+              f"total {sum(v) / 1e6:.2f} ms" + (f" ({', '.join(f'{x / 1e3:.0f}' for x in v)})" if len(v) <= 8 else ""))
+    print(f"  before the first step: {(dev.first_start - dev.run_start) / 1e6:.2f} ms (and {(dev.run_start - t0) / 1e6:.2f} "
+          f"ms before the run's clock starts: parsing the requests); after the last: {(t1 - dev.end) / 1e6:.2f} ms")
 
 
 def gpu(manifest: str, prompt_file: str, repeats: int, dump: str | None) -> None:
@@ -175,8 +314,13 @@ if __name__ == "__main__":
     a.add_argument("--manifest", help="a captured CUDA manifest: time its run instead of the CPU tiny model")
     a.add_argument("--prompts", help="with --manifest: a JSONL of native requests")
     a.add_argument("--dump", help="with --manifest: write the first run's token ids by request id here (JSON)")
+    a.add_argument("--timeline", type=int, metavar="N", help="N requests on the CPU with a virtual device")
+    a.add_argument("--decode-ms", type=float, default=1.457, help="with --timeline: a decode step's device time")
+    a.add_argument("--prefill-tps", type=float, default=257000, help="with --timeline: prefill tokens per second")
     o = a.parse_args()
-    if o.manifest:
+    if o.timeline:
+        timeline(o.timeline, o.prompt, o.out, o.decode_ms, o.prefill_tps, o.repeats)
+    elif o.manifest:
         gpu(o.manifest, o.prompts, o.repeats, o.dump)
     else:
         cpu(o.rows, o.prompt, o.out, o.repeats)

@@ -196,3 +196,42 @@ def test_streamed_text_with_a_stop_string_adds_up_to_the_result(engine):
         shown += o.text
         assert stop not in shown
     assert shown == result.text
+
+
+def test_admission_in_slices_changes_no_step(default_artifacts, one_torch_thread, monkeypatch):
+    """Submitted requests are admitted in slices while steps run (Engine._admit_slice) and topped
+    up before every scheduler decision: every step (key and rows) and every token equal those of
+    an engine that admits everything at the first step; a refusal late in the batch still comes
+    back as an error Result, a request aborted before its admission never runs and is counted,
+    and a request added with add_request while others wait for admission joins after them."""
+    rows = Engine(default_artifacts).scheduler.plan.max_batch_size
+    reqs = [{"id": f"a{i}", "prompt_token_ids": [(3 * i + j) % 300 + 2 for j in range(5 + i % 7)],
+             "max_tokens": 3 + i % 5, "temperature": 0.8 if i % 3 else 0.0, "seed": i} for i in range(3 * rows)]
+    reqs[2 * rows + 1] = {"id": "too-long", "prompt_token_ids": [5] * 300, "max_tokens": 4}
+
+    def serve(admit_all: bool):
+        engine = Engine(default_artifacts)
+        if admit_all:
+            monkeypatch.setattr(engine, "_admit_slice", lambda: engine._admit_pending(len(engine._pending)))
+        steps, launch = [], engine.launcher.launch
+        monkeypatch.setattr(engine.launcher, "launch", lambda step, stats: (
+            steps.append((step.key, [s.request.id for s in step.seqs])), launch(step, stats))[1])
+        engine.submit(reqs)
+        assert len(engine._pending) == 2 * rows  # the first step's rows admitted, the rest wait
+        engine.abort(f"a{3 * rows - 1}")  # not admitted yet
+        engine.add_request({"id": "late", "prompt_token_ids": [7, 8, 9], "max_tokens": 2})
+        outputs = {}
+        drain(engine, outputs)
+        news = {rid: [(o.token_ids, o.text, o.finished, o.finish_reason) for o in outs] for rid, outs in outputs.items()}
+        return steps, news, engine.stats, outputs
+
+    sliced, whole = serve(False), serve(True)
+    assert sliced[0] == whole[0], "a step differs"
+    assert sliced[1] == whole[1]
+    out = sliced[3]
+    assert out["too-long"][-1].finish_reason == "error" and "max_seq_len" in out["too-long"][-1].result.error
+    assert f"a{3 * rows - 1}" not in out and out["late"][-1].finished
+    assert sliced[2].requests == whole[2].requests == 3 * rows + 1
+    assert sliced[2].aborted == 1 and sliced[2].refused == 1
+    first_step = {rid: next(i for i, (_, ids) in enumerate(sliced[0]) if rid in ids) for rid in ("late", f"a{3 * rows - 2}")}
+    assert first_step["late"] >= first_step[f"a{3 * rows - 2}"]

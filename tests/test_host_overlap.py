@@ -45,9 +45,10 @@ def test_the_next_step_launches_before_the_finished_requests_text(engine, monkey
 def test_a_wave_that_ends_together_hands_over_before_its_last_tokens_are_read(engine, monkeypatch):
     """Rows that all reach max_tokens in one step: the waiting requests' step is launched before
     that step's tokens are read (no bubble at the wave's end), and no step is launched for rows
-    that had all finished. The first step is launched before every request is admitted."""
+    that had all finished. The first step is launched before every request is admitted (the rest
+are admitted in slices while the device runs)."""
     log: list[tuple[str, set]] = []
-    launch, wait, add = StepLauncher.launch, StepLauncher.wait, Engine.add_request
+    launch, wait, admit = StepLauncher.launch, StepLauncher.wait, Engine._admit
 
     def logged_launch(self, step, stats):
         log.append(("launch", {s.request.id for s in step.seqs}))
@@ -57,13 +58,13 @@ def test_a_wave_that_ends_together_hands_over_before_its_last_tokens_are_read(en
         log.append(("wait", {s.request.id for s in f.step.seqs}, all(s.finished for s in f.step.seqs)))
         return wait(self, f, stats)
 
-    def logged_add(self, request, where="request", stream=True):
+    def logged_admit(self, request, stream, arrived):
         log.append(("add", {request.id}))
-        return add(self, request, where, stream)
+        return admit(self, request, stream, arrived)
 
     monkeypatch.setattr(StepLauncher, "launch", logged_launch)
     monkeypatch.setattr(StepLauncher, "wait", logged_wait)
-    monkeypatch.setattr(Engine, "add_request", logged_add)
+    monkeypatch.setattr(Engine, "_admit", logged_admit)
     rows = engine.scheduler.plan.max_batch_size
     prompts = [{"id": f"r{i}", "prompt_token_ids": [5 + i, 6, 7], "max_tokens": 3, "ignore_eos": True}
                for i in range(2 * rows)]

@@ -216,3 +216,52 @@ def test_a_fast_path_step_is_one_replay_and_the_token_copy(engine):
     assert gathered, "no decode step was launched after a prefill"
     for step, ops in gathered:
         assert ops == ["copy_ (to device)"] * 2 + [copy_back], f"gathered decode step: {ops}"
+
+
+def test_waves_admission_and_block_boundaries_keep_the_device_busy(engine):
+    """Issue 14, the whole run of three waves (3 x max_batch_size requests, 32-token prompts in
+    two prefill chunks, outputs across a KV block boundary; each wave's rows end together):
+    after the first launch every step is launched while an earlier one is still in flight (the
+    device always has the next step queued: the wave's first step goes with the last step of
+    the wave before, two ahead; its second chunk while the first runs; the decode step while the
+    second runs), every request submitted after the first step is admitted while a step is in
+    flight, in slices, and the host synchronises once per step: the read-back of its tokens."""
+    rows = engine.scheduler.plan.max_batch_size
+    block = engine.executor.block_size
+    reqs = [{"id": f"v{i}", "prompt_token_ids": [(5 * i + j) % 300 + 3 for j in range(2 * block)],
+             "max_tokens": block + 4, "ignore_eos": True} for i in range(3 * rows)]
+    admitted_in_flight, admitted_idle = [], []
+    launched_idle = []  # launches (after the first) with no step in flight: the device would wait
+    with pytest.MonkeyPatch.context() as mp:
+        watch = SyncWatch(engine, mp)
+        admit, launch = Engine._admit, StepLauncher.launch
+
+        def admitted(eng, req, stream, arrived):
+            (admitted_in_flight if watch.in_flight else admitted_idle).append(req.id)
+            return admit(eng, req, stream, arrived)
+
+        def launched(launcher, step, stats):
+            if not watch.in_flight and watch.log:
+                launched_idle.append(step)
+            return launch(launcher, step, stats)
+
+        mp.setattr(Engine, "_admit", admitted)
+        mp.setattr(StepLauncher, "launch", launched)  # inside SyncWatch's wrapper: sees in_flight before it
+        results = list(engine.generate(reqs))
+    assert sorted(r.id for r in results) == sorted(r["id"] for r in reqs)
+    assert all(len(r.token_ids) == block + 4 for r in results)
+    assert not watch.stray, watch.stray[:5]
+    launches = [s for what, s in watch.log if what == "launch"]
+    waits = [s for what, s in watch.log if what == "wait"]
+    assert len(launches) == len(waits) == engine.stats.steps
+    assert watch.staging_behind_running_work == 0
+    assert not launched_idle, [(s.key, s.is_prefill) for s in launched_idle]
+    assert len(admitted_idle) == rows and len(admitted_in_flight) == 2 * rows, (admitted_idle, admitted_in_flight)
+    prefills = [s for s in launches if s.is_prefill]
+    assert len(prefills) == 6 and any(s.new_blocks for s in launches if s.repeats)
+    # each later wave's first step was launched before the host waited for the step before the
+    # last step of the wave it follows
+    where = {(what, id(s)): i for i, (what, s) in enumerate(watch.log)}
+    for first in prefills[2::2]:
+        i = launches.index(first)
+        assert where[("launch", id(first))] < where[("wait", id(launches[i - 2]))]

@@ -5,12 +5,14 @@ the reason no recorded key of this engine can serve it, which comes back as an e
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import PromptError
 from ...limits import MAX_STOP_IDS
 from .requests import Request, Result, resolve_sampling_defaults
 from .scheduler import Sequence
+
+RESOLVED_CACHE = 4096  # distinct sampling fields kept resolved (then the cache starts afresh)
 
 
 @dataclass
@@ -23,12 +25,15 @@ class Admission:
     max_seq_len: int
     has_sampled: bool  # the manifest holds sampled keys
     tensor_parallel: bool
+    # SamplingParams as sent -> resolved with the model's defaults: requests mostly share their
+    # sampling fields, and resolving (a validated copy) costs more than the rest of admission
+    _resolved: dict = field(default_factory=dict, repr=False)
 
     def admit(self, req: Request, arrival: float, speculative: bool) -> Sequence | Result:
         """A Sequence, or an error Result when no recorded key can serve the request. Sampling
         fields the request left out take the model's generation_config.json defaults.
         speculative: whether a drafter proposes tokens now."""
-        req = resolve_sampling_defaults(req, self.generation)
+        req = self._resolve(req)
         ids, fail = self._prompt_ids(req)
         if fail is None:
             fail = self._refusal(req, ids, speculative)
@@ -36,6 +41,20 @@ class Admission:
             return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
         return Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
+
+    def _resolve(self, req: Request) -> Request:
+        """resolve_sampling_defaults(req, generation), its resolved sampling fields kept by value."""
+        try:
+            sampling = self._resolved.get(req.sampling)
+        except TypeError:  # a field that does not hash (never from parse_request): resolve it each time
+            return resolve_sampling_defaults(req, self.generation)
+        if sampling is None:
+            if len(self._resolved) >= RESOLVED_CACHE:
+                self._resolved.clear()
+            sampling = self._resolved[req.sampling] = resolve_sampling_defaults(req, self.generation).sampling
+        out = object.__new__(Request)  # req with the resolved fields (no second copy of its prompt)
+        out.__dict__.update(req.__dict__, sampling=sampling)
+        return out
 
     def _sampling_refusal(self, req: Request, speculative: bool) -> str | None:
         """Why this engine cannot serve the request's sampling fields exactly, or None."""

@@ -105,13 +105,15 @@ class LaunchAhead:
         step.settled = True
         return True
 
-    def retire_ahead(self, step: ScheduledStep) -> bool:
+    def retire_ahead(self, step: ScheduledStep, ahead: int = 0) -> bool:
         """`step` is launched and its tokens not read yet. When every row of it ends with it for
         sure (its token is the row's max_tokens-th, or the row has finished), free their blocks
         and slots now, so the next step can be formed and launched before `step`'s tokens are
         read: nothing the next step feeds depends on them, and the device runs the steps in
         order, so the next step's writes to those blocks and slots come after `step`'s. The
-        rows' tokens are appended by `postprocess` as usual. True when it retired them."""
+        rows' tokens are appended by `postprocess` as usual. True when it retired them.
+        ahead: tokens each row draws before `step` that are not appended yet (1: `step` was
+        launched ahead of the step before it, whose tokens are not read either)."""
         if step.drafts is not None or not self.fast_path:  # (tensor parallelism: no step launched ahead)
             return False
         for seq, n in zip(step.seqs, step.num_new):
@@ -119,7 +121,7 @@ class LaunchAhead:
                 continue
             draws = seq.num_computed + n >= len(seq.all_ids)
             if (not draws or seq.request.n > 1  # (n > 1: the first token forks from the parent's blocks)
-                    or len(seq.all_ids) - len(seq.prompt_ids) + 1 < seq.request.max_tokens):
+                    or len(seq.all_ids) - len(seq.prompt_ids) + ahead + 1 < seq.request.max_tokens):
                 return False
         if all(seq.finished or seq.retired for seq in step.seqs):
             return False  # nothing left to retire (called twice)

@@ -7,6 +7,7 @@ never imports the compiler.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -30,6 +31,8 @@ from .requests import Request, Result, parse_request
 from .scheduler import Scheduler, Sequence
 from .stats import RunStats
 from .streaming import RequestOutput, TextStream, final_result
+
+ADMIT_SLICE = 8  # submitted requests admitted per step() while the device runs (Engine._admit_slice)
 
 class Engine:
     def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
@@ -87,7 +90,11 @@ class Engine:
         self._undelivered: list[RequestOutput] = []  # refusals, and outputs handed back
         self._aborts: set[str] = set()  # applied at the next step
         self._arrivals = 0  # requests added so far: each sequence's arrival order
-        self._inflight: InFlight | None = None  # a launched step whose tokens are not read yet
+        self._flight: deque[InFlight] = deque()  # launched steps whose tokens are not read yet, in launch order
+        # Submitted, not admitted yet: (request, stream, when it was submitted), in order; admitted
+        # in slices while the device runs, and always before the scheduler could take them.
+        self._pending: deque[tuple[Request, bool, float]] = deque()
+        self._pending_ids: set[str] = set()
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
         startup.lap("tokenizer_and_scheduler")
 
@@ -106,6 +113,18 @@ class Engine:
         if self._is_live(req.id):
             raise PromptError(f"{where}: duplicate id {req.id!r}: a request with that id is still being "
                               f"served; ids must be unique, results are keyed by them.")
+        if self._pending:  # after the submitted ones still waiting for admission, in order
+            self._queue(req, stream)
+            return
+        self._admit(req, stream, time.perf_counter())
+
+    def _queue(self, req: Request, stream: bool) -> None:
+        self._pending.append((req, stream, time.perf_counter()))
+        self._pending_ids.add(req.id)
+
+    def _admit(self, req: Request, stream: bool, arrived: float) -> None:
+        """Admission: the request's Sequence joins the scheduler's queue, or its refusal waits
+        to be handed out. arrived: when it was submitted (its time to first token counts from there)."""
         if not self.has_unfinished():
             self.executor.runner.check_weights()
         if self._run_start is None:
@@ -118,12 +137,34 @@ class Engine:
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
             return
         self.stats.prompt_tokens += len(item.prompt_ids)
-        self._live[req.id] = _Live(item, time.perf_counter(), TextStream(self.tokenizer, req.stop_strings), stream)
+        self._live[req.id] = _Live(item, arrived, TextStream(self.tokenizer, req.stop_strings), stream)
         self.scheduler.add(item)
 
+    def _admit_pending(self, most: int) -> None:
+        """Admit up to `most` of the submitted requests, in order."""
+        while self._pending and most > 0:
+            req, stream, arrived = self._pending.popleft()
+            self._pending_ids.discard(req.id)
+            self._admit(req, stream, arrived)
+            most -= 1
+
+    def _top_up(self) -> None:
+        """Before the scheduler decides anything that depends on its queue: admit submitted
+        requests until the queue holds every one the next step could take (the rows free in
+        the batch), so that every step is the one it would be with all of them admitted at
+        submit (admission in slices never changes a step, and so never a token)."""
+        sched = self.scheduler
+        while self._pending and len(sched.waiting) < max(sched.plan.max_batch_size - len(sched.running), 0):
+            self._admit_pending(1)
+
+    def _admit_slice(self) -> None:
+        """A slice of the submitted requests, admitted after a launch while the device runs."""
+        self._admit_pending(ADMIT_SLICE)
+
     def _is_live(self, request_id: str) -> bool:
-        """Being served, or finished with its last output not yet handed out."""
-        return request_id in self._live or any(o.id == request_id for o in self._undelivered)
+        """Submitted, being served, or finished with its last output not yet handed out."""
+        return (request_id in self._live or request_id in self._pending_ids
+                or any(o.id == request_id for o in self._undelivered))
 
     def abort(self, request_id: str) -> bool:
         """Stop serving a live request at the next step: it leaves the scheduler, its KV
@@ -135,39 +176,47 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         """Whether step() has anything left to do or hand out."""
-        return bool(self._live or self._undelivered or self._inflight is not None)
+        return bool(self._live or self._undelivered or self._flight or self._pending)
 
     def step(self) -> list[RequestOutput]:
         """Advance by one step: apply aborts, launch a step if none is in flight (and, in
-        steady decoding, the next one before reading this one's tokens), read its tokens
-        back. Returns every request's news: outputs handed back by other consumers first,
-        then refusals, then this step's."""
+        steady decoding, the next one before reading this one's tokens; where every row ends
+        with that one, the next wave's first step too), admit a slice of the submitted
+        requests while the device runs, read the oldest step's tokens back. Returns every
+        request's news: outputs handed back by other consumers first, then refusals, then
+        this step's."""
         self._apply_aborts()
-        outputs, self._undelivered = self._undelivered, []
         with torch.inference_mode():
-            if self._inflight is None:
-                self._inflight = self._launch_next()
-            if self._inflight is not None:
-                f = self._inflight
+            if not self._flight:
+                self._launch_next()
+            if len(self._flight) == 1:
+                f = self._flight[0]
                 if self.scheduler.retire_ahead(f.step) or self.scheduler.settle_ahead(f.step):
                     # Every row ends with this step, or none draws in it: form and launch the
                     # next step now (it needs none of this one's tokens), while the device runs it.
-                    self._inflight = self._launch_next()
+                    self._launch_next()
                 else:
                     # Overlap: while the device runs this step, launch the next one before reading
                     # this one's tokens back: the same decode rows (inputs advanced on the device),
                     # or after a prefill the decode step its rows join (their tokens gathered there).
+                    self._top_up()
                     ahead = self.scheduler.extend_decode(f.step)
-                    self._inflight = self.launcher.launch(ahead, self.stats) if ahead is not None else None
-                drew = self._drawn(f)
-                if self._inflight is not None and all(s.finished for s in self._inflight.step.seqs):
-                    self._drawn(self._inflight)  # ran ahead for rows that all finished: drain it
-                    self._inflight = None
-                if self._inflight is None:
-                    # The rows changed (a request finished, or one waits to be admitted): form and
-                    # launch the next step now, before turning this one's tokens into text.
-                    self._inflight = self._launch_next()
-                outputs += [o for d in drew for o in self._news(*d)]
+                    if ahead is not None:
+                        self._flight.append(self.launcher.launch(ahead, self.stats))
+                        if self.scheduler.retire_ahead(ahead, ahead=1):
+                            # Every row ends with that step: the next wave's first step goes now
+                            # too, so the device runs it right after, whatever the host does then.
+                            self._launch_next()
+            self._admit_slice()  # while the device runs what was just launched
+            outputs, self._undelivered = self._undelivered, []
+            drew = self._drawn(self._flight.popleft()) if self._flight else []
+            while self._flight and all(s.finished for s in self._flight[0].step.seqs):
+                self._drawn(self._flight.popleft())  # ran ahead for rows that all finished: drain it
+            if not self._flight:
+                # The rows changed (a request finished, or one waits to be admitted): form and
+                # launch the next step now, before turning this one's tokens into text.
+                self._launch_next()
+            outputs += [o for d in drew for o in self._news(*d)]
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
             self.stats.seconds = time.perf_counter() - self._run_start
@@ -219,15 +268,13 @@ class Engine:
         idle = not self.has_unfinished()
         if idle:
             self.start_run(gpu_timing)
-        first_step = self.scheduler.plan.max_batch_size  # what the first step can take at most
-        for i, req in enumerate(reqs):
-            self.add_request(req, f"request {i}", stream)
-            if idle and i + 1 == first_step and i + 1 < len(reqs):
-                # Launch the first step now, and admit the rest while the device runs it (it takes
-                # at most max_batch_size rows, in arrival order: unless one of these requests was
-                # refused, it is the step it would be with every request admitted).
-                with torch.inference_mode():
-                    self._inflight = self._launch_next()
+        for req in reqs:
+            self._queue(req, stream)
+        if idle:
+            # Admit what the first step can take, launch it, and admit the rest in slices while
+            # the device runs (every step is the one it would be with all admitted now: _top_up).
+            with torch.inference_mode():
+                self._launch_next()
         return list(first)
 
     def start_run(self, gpu_timing: bool = False) -> None:
@@ -244,6 +291,12 @@ class Engine:
             self.stats.gpu_busy_seconds = 0.0
 
     def _apply_aborts(self) -> None:
+        if self._aborts and self._pending_ids & self._aborts:  # submitted, not admitted: counted, dropped
+            kept = deque(p for p in self._pending if p[0].id not in self._aborts)
+            self.stats.requests += len(self._pending) - len(kept)
+            self.stats.aborted += len(self._pending) - len(kept)
+            self._pending_ids -= self._aborts
+            self._pending = kept
         for rid in self._aborts:
             live = self._live.pop(rid, None)
             if live is None:  # finished; its last output is dropped below
@@ -255,13 +308,15 @@ class Engine:
             self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
             self._aborts.clear()
 
-    def _launch_next(self) -> InFlight | None:
-        """Form and launch a step; None when nothing is left to run."""
+    def _launch_next(self) -> None:
+        """Form and launch a step (it joins the steps in flight), unless nothing is left to run."""
+        self._top_up()
         while self.scheduler.has_work:
             step = self.scheduler.schedule()
             if step is not None:  # None: every running row stepped aside this time; they wait now
-                return self.launcher.launch(step, self.stats)
-        return None
+                self._flight.append(self.launcher.launch(step, self.stats))
+                return
+            self._top_up()
 
     def follow(self) -> int:
         """Ranks other than 0: replay every step rank 0 broadcasts, until it closes."""

@@ -25,7 +25,8 @@ from ..step.executor import Executor, StepRow
 from .scheduler import ScheduledStep, Sequence
 from .stats import RunStats
 
-EVENT_RING = 4  # CUDA events in turn: two steps in flight, and the one before them for the gap
+EVENT_RING = 6  # CUDA events in turn: up to three steps in flight, and the one before them for the gap
+RESULT_RING = 3  # pinned host result buffers in turn: one per step in flight
 
 
 @dataclass
@@ -48,18 +49,19 @@ class StepLauncher:
         self.broadcast = broadcast
         self.timing = False  # CUDA events around each step (generate(gpu_timing=True))
         pin = ex.device.type == "cuda"
-        # Two pinned host buffer pairs used in turn: one step's tokens land while the other's are read.
+        # Pinned host buffer pairs used in turn, one per step in flight: a step's tokens land while
+        # an earlier one's are read.
         self._result_bufs = [(torch.zeros(ex.buffers.max_rows, dtype=torch.int64, pin_memory=pin),
                               torch.zeros(ex.buffers.max_seqs, dtype=torch.int64, pin_memory=pin))
-                             for _ in range(2)]
+                             for _ in range(RESULT_RING)]
         # Their twins for logprobs (values, ids), used in the same turn: nothing allocated per step.
         state = ex.buffers.state
         self._logprob_bufs = [tuple(torch.zeros(state[k].shape, dtype=state[k].dtype, pin_memory=pin)
-                                    for k in ("logprob_values", "logprob_ids")) for _ in range(2)]
+                                    for k in ("logprob_values", "logprob_ids")) for _ in range(RESULT_RING)]
         self._turn = 0
         # CUDA events made once and used in turn: `done` per step, (begin, end) with timing. A
-        # step's events are re-recorded EVENT_RING launches later; at most two steps are in flight
-        # and the gap before a step is read from the step before it (scripts/host_step.py).
+        # step's events are re-recorded EVENT_RING launches later; at most three steps are in
+        # flight and the gap before a step is read from the step before it (scripts/host_step.py).
         cuda = ex.device.type == "cuda"
         self._done_events = [torch.cuda.Event() for _ in range(EVENT_RING)] if cuda else None
         self._timing_events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -84,7 +86,7 @@ class StepLauncher:
             events[1].record()
         n = len(step.seqs)
         rows = n if step.is_prefill else n * step.key.q_len  # logit rows of the real sequences
-        self._turn ^= 1
+        self._turn = (self._turn + 1) % RESULT_RING
         host, host_accepted = self._result_bufs[self._turn]
         host[:rows].copy_(out.tokens[:rows], non_blocking=True)
         if step.drafts is not None:
