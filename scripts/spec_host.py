@@ -5,9 +5,13 @@ process time, not wall time: other processes on a shared machine do not count).
 Drafts never match (the tokens are random, none is accepted). The speculative engine's policy
 gets replay times (each verify key 1.5x its plain key) and measures wall times, as on CUDA.
 Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3]
-(prints one line per cell: host us/step plain, speculative, the difference, propose calls)."""
+(prints one line per cell: host us/step plain, speculative, the difference, propose calls, and
+Python function calls per step of each engine, counted by cProfile in one more run: a figure
+that the machine's load does not move)."""
 
 import argparse
+import cProfile
+import pstats
 import random
 import time
 from pathlib import Path
@@ -63,7 +67,7 @@ for name, make in workloads.items():
     for bs in batches:
         reqs = [{"id": f"{name}-{i}", "max_tokens": args.tokens, "ignore_eos": True, **make(i)} for i in range(bs)]
         res = {}
-        for eng in (spec, plain, spec, plain) + (spec, plain) * (args.repeats - 1):
+        for eng in [e for rep in range(args.repeats + 1) for e in ((spec, plain) if rep % 2 else (plain, spec))]:
             list(eng.generate(reqs[:1]))
             c0 = calls[0]
             t = time.process_time()
@@ -79,7 +83,14 @@ for name, make in workloads.items():
             else:
                 r["ahead"] = eng.stats.to_json().get("fast_path_steps")
         s, p = res[True], res[False]
+        for eng, r in ((spec, s), (plain, p)):
+            prof = cProfile.Profile()
+            prof.enable()
+            list(eng.generate(reqs))
+            prof.disable()
+            r["calls_per_step"] = sum(v[1] for v in pstats.Stats(prof).stats.values()) / eng.stats.steps
         hs, hp = min(s["host"]), min(p["host"])  # the least disturbed run
         print(f"{name:12s} bs {bs:3d}: host us/step plain {hp:7.1f}  speculative {hs:7.1f}  (+{hs - hp:6.1f}, "
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
-              f"verify {s['verify']}  propose calls {s['calls']}", flush=True)
+              f"verify {s['verify']}  propose calls {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
+              f"{s['calls_per_step']:.0f}", flush=True)
