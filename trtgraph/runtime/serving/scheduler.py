@@ -253,12 +253,12 @@ class Scheduler(LaunchAhead):
         or makes no proposals this step (a batch that does not draft probes only now and then)."""
         if self.drafter is None or not rows:
             return None
+        if not self.speculation.proposes():
+            return None
         if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
             if self.speculation.drafting:  # plain from here on: the steps may run ahead again
                 self.speculation.drafting = False
                 self.speculation.end_episode()
-            return None
-        if not self.speculation.proposes():
             return None
         return self._propose(rows)
 

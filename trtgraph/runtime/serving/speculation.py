@@ -29,7 +29,9 @@ HOPE_LIMIT probes in a row where a verify step costs more than a plain one: a ba
 proposals keep looking hopeful but never pay does not make proposals at every step), and
 it returns to 1 while drafting and after a prefill step (new rows). With `measure`, each probe
 that does not draft is timed, and the next comes no sooner than keeps probes within
-PROBE_SHARE of the plain steps' measured time (a full probe of 64 rows is rare). A probe due at a step
+PROBE_SHARE of the plain steps' measured time (a full probe of 64 rows is rare; after a
+prefill, too: prompts admitted a chunk of rows at a time do not call a probe at every decode
+step in between). A probe due at a step
 launched ahead is made after that launch (the scheduler's postprocess of the step before), so
 a batch that does not draft runs the plain engine's path: the same steps launched ahead (the
 decode step after a prefill included), no proposal before a launch, and per step only a clock
@@ -134,6 +136,7 @@ class SpeculationPolicy:
         self.probes = 0  # decisions made (steps that computed proposals)
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
+        self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
         self.since = 0  # generation steps handed out since the last decision
         self.full_probe = False  # the next probe makes proposals for every row (a sample was hopeful)
         self.hoped = 0  # probes in a row since the last draft or prefill that hope alone kept at interval 1
@@ -151,12 +154,14 @@ class SpeculationPolicy:
     # ---- costs ---------------------------------------------------------------------------
     def handed_out(self, key: GraphKey | None) -> None:
         """A step was handed out (key None: a prefill step, or none). After a prefill the
-        probes start again from an interval of 1 (its new rows have no estimate yet). With
+        probes start again from an interval of 1, or the floor their measured cost sets (its new
+        rows have no estimate yet; a prefill of a few rows at a time among decode steps does not
+        call a probe at every decode step between them). With
         `measure`, the time from one generation step's hand-out to the next one's is that step's
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
         count per step; the key's mean is updated when the run ends or a decision needs it)."""
-        if key is None:  # new rows (a prefill): probe at the next generation step, backing off afresh
-            self.interval, self.since, self.hoped = 1, 0, 0
+        if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as
+            self.interval, self.hoped = max(self.floor, 1), 0  # the probes' cost allows), backing off afresh
             if self._episode is not None:
                 self.end_episode(rows_changed=True)
         if not self.measure:
@@ -305,7 +310,8 @@ class SpeculationPolicy:
         (a full probe of a large batch: rarely; of one row: every few steps at most)."""
         costs = self.costs(rows) if self.measure else None
         if costs is not None and costs[0] > 0:
-            self.interval = max(self.interval, math.ceil(1e3 * seconds / (PROBE_SHARE * costs[0])))
+            self.floor = math.ceil(1e3 * seconds / (PROBE_SHARE * costs[0]))
+            self.interval = max(self.interval, self.floor)
 
     # ---- drafting episodes: did they pay? ---------------------------------------------------
     def _start_episode(self, rows: list) -> None:
