@@ -469,19 +469,24 @@ def test_a_drafting_episode_that_loses_doubles_the_margin_its_verify_key_needs(m
 def test_probes_are_spaced_by_their_measured_cost_and_a_prefill_keeps_the_spacing():
     """A probe that did not draft and took 1 ms, against plain steps of 1 ms: the next comes no
     sooner than 100 steps later (PROBE_SHARE = 1%), and a prefill (new rows) does not call one
-    at the next step (prompts admitted a chunk of rows at a time would probe at every step)."""
+    at the next step (prompts admitted a chunk of rows at a time would probe at every step).
+    One very slow probe moves the cost's running mean, and the spacing is MAX_FLOOR at most."""
     from trtgraph.runtime.serving.requests import Request
     from trtgraph.runtime.serving.scheduler import Sequence
-    from trtgraph.runtime.serving.speculation import PROBE_SHARE, SpeculationPolicy
+    from trtgraph.runtime.serving.speculation import MAX_FLOOR, PROBE_SHARE, PROBE_WEIGHT, SpeculationPolicy
 
     plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
     pol = SpeculationPolicy(plan, K, {GraphKey(2, 0, 0, "greedy"): 1.0, GraphKey(2, K, 0, "greedy"): 1.5})
     rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
-    pol.spaced(0.001, rows)
+    pol.spaced(0.001, rows, rows)
     assert not pol.measure and pol.interval == 1  # (the CPU: no measured times, no spacing)
     pol.measure = True
-    pol.spaced(0.001, rows)
+    pol.spaced(0.001, rows, rows)  # 0.5 ms per row, the next probe has 2 rows
     assert pol.interval == pol.floor == round(1 / PROBE_SHARE) == 100
     pol.handed_out(None)
     assert pol.interval == 100
     assert [pol.probe_due() for _ in range(100)] == [False] * 99 + [True]
+    pol.spaced(0.0005 * (1 + 1 / PROBE_WEIGHT), rows, rows[:1])  # 2.5 ms for one row: the mean moves to 1 ms
+    assert math.isclose(pol.row_ms, 1.0) and pol.floor == 200
+    pol.spaced(10.0, rows, rows)
+    assert pol.floor == pol.interval == MAX_FLOOR

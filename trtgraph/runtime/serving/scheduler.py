@@ -271,7 +271,7 @@ class Scheduler(LaunchAhead):
         out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in probed}
         if pol.decide(rows, out, probed):
             return out
-        pol.spaced(time.perf_counter() - start, rows)
+        pol.spaced(time.perf_counter() - start, rows, probed)
         return None
 
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:

@@ -67,6 +67,8 @@ PROBE_ROWS = 8  # a probe of a larger batch that does not draft samples about th
 MAX_LOSSES = 3  # drafting episodes in a row that emitted fewer tokens per ms than plain steps: a verify key
 #                then needs 2**losses times break-even to start again (8x: more than K + 1 tokens a row, never)
 PROBE_SHARE = 0.01  # a batch that does not draft spends at most about this share of its steps' time on probes
+PROBE_WEIGHT = 0.25  # weight of the newest probe's cost per row in its running mean
+MAX_FLOOR = 4 * MAX_INTERVAL  # generation steps between probes that their cost may call for, at most
 HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would pay if accepted) keeps every step
 #                where a verify step costs more than a plain one
 
@@ -137,6 +139,7 @@ class SpeculationPolicy:
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
         self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
+        self.row_ms: float | None = None  # running mean of a probe's host ms per probed row
         self.since = 0  # generation steps handed out since the last decision
         self.full_probe = False  # the next probe makes proposals for every row (a sample was hopeful)
         self.hoped = 0  # probes in a row since the last draft or prefill that hope alone kept at interval 1
@@ -304,14 +307,20 @@ class SpeculationPolicy:
         self.drafting = draft
         return draft
 
-    def spaced(self, seconds: float, rows: list) -> None:
-        """A probe over `rows` that did not draft took `seconds` of host time: the next one
-        comes no sooner than keeps probing under PROBE_SHARE of a plain step's measured time
-        (a full probe of a large batch: rarely; of one row: every few steps at most)."""
+    def spaced(self, seconds: float, rows: list, probed: list) -> None:
+        """A probe that did not draft took `seconds` of host time for its `probed` rows: the next
+        one comes no sooner than keeps probing under PROBE_SHARE of a plain step's measured time,
+        priced at the running mean cost per probed row (one slow probe, a GC pause say, moves it
+        a quarter of the way) times the next probe's rows (a full probe of a large batch: rarely;
+        of one row: every few steps at most), and MAX_FLOOR steps at most."""
         costs = self.costs(rows) if self.measure else None
-        if costs is not None and costs[0] > 0:
-            self.floor = math.ceil(1e3 * seconds / (PROBE_SHARE * costs[0]))
-            self.interval = max(self.interval, self.floor)
+        if costs is None or costs[0] <= 0:
+            return
+        ms = 1e3 * seconds / max(len(probed), 1)
+        self.row_ms = ms if self.row_ms is None else self.row_ms + PROBE_WEIGHT * (ms - self.row_ms)
+        nxt = len(self.probe_rows(rows))
+        self.floor = min(math.ceil(self.row_ms * nxt / (PROBE_SHARE * costs[0])), MAX_FLOOR)
+        self.interval = max(self.interval, self.floor)
 
     # ---- drafting episodes: did they pay? ---------------------------------------------------
     def _start_episode(self, rows: list) -> None:
