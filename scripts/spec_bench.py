@@ -5,8 +5,9 @@ random weights would make acceptance meaningless), for random token ids, code-li
 (standard-library source) and repetitive prompts, at batch 1, 8 and 64. Outputs are checked
 equal token for token. Each cell (16 requests at batch 1, 32 at 8, 128 at 64, 128 tokens each)
 runs 5 times, speculative and plain alternating; the table gives medians and the spread.
-Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] (writes spec_bench.json, prints a
-table; --cpu-smoke: a small plan and few tokens, to test this script on the CPU)."""
+Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] (writes spec_bench.json,
+prints a table; --cpu-smoke: a small plan and few tokens, to test this script on the CPU;
+--repeats: paired runs per cell, 5 by default)."""
 
 import inspect
 import json
@@ -24,7 +25,8 @@ from trtgraph.config import Config
 from trtgraph.runtime.serving.engine import Engine
 
 out_dir = Path(sys.argv[1])
-SMOKE = len(sys.argv) > 2 and sys.argv[2] == "--cpu-smoke"
+SMOKE = "--cpu-smoke" in sys.argv[2:]
+REPEATS_ARG = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv[2:] else None
 BATCHES = (1, 8) if SMOKE else (1, 8, 64)
 MAX_TOKENS = 4 if SMOKE else 128
 raw = yaml.safe_load(Path("examples/stdlib-llama.yaml").read_text())
@@ -68,7 +70,7 @@ sets = {
     "repetitive": lambda i: {"prompt": repetitive_prompt(i)},
 }
 engines = {"speculative": Engine(raw["output"]), "plain": Engine(raw["output"], speculative=False)}
-REPEATS = 2 if SMOKE else 5  # each cell runs this often, speculative and plain alternating
+REPEATS = REPEATS_ARG or (2 if SMOKE else 5)  # each cell runs this often, speculative and plain alternating
 PROMPTS = {1: 2, 8: 8} if SMOKE else {1: 16, 8: 32, 64: 128}  # requests per cell (groups of `batch`)
 
 
@@ -119,6 +121,8 @@ for set_name, make in sets.items():
         print(row, flush=True)
 pol = engines["speculative"].scheduler.speculation
 policy = {"probes": pol.probes, "drafted_steps": pol.drafted_steps, "plain_steps_with_a_match": pol.plain_steps,
+          "episodes_won_lost": getattr(pol, "episodes", None),
+          "losses": {str(k): v for k, v in getattr(pol, "losses", {}).items()},
           "wall_ms": {str(k): round(v, 4) for k, v in sorted(pol.wall_ms.items(), key=lambda kv: str(kv[0]))},
           "replay_ms": {str(k): v for k, v in sorted(pol.replay_ms.items(), key=lambda kv: str(kv[0]))}}
 print("policy, whole run:", json.dumps(policy))

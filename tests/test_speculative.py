@@ -341,11 +341,9 @@ def test_a_large_batch_that_does_not_draft_probes_a_turning_sample_of_rows():
 
 
 def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
-    """A probe due at a step launched ahead is made from the tokens known so far: when drafting
-    cannot pay, the speculative engine launches exactly as many decode steps ahead of a decode
-    step as the plain one. (The decode step after a prefill is launched ahead by the plain engine
-    only: a speculative batch plans it afresh from the prefill's tokens, since the policy probes
-    right after a prefill.)"""
+    """A probe due at a step launched ahead is made after that launch, from the tokens known
+    then: when drafting cannot pay, the speculative engine launches exactly as many steps ahead
+    as the plain one, decode steps and the decode step after a prefill alike."""
     from trtgraph.runtime.serving.scheduler import Scheduler
 
     spec, plain = engines
@@ -366,7 +364,7 @@ def test_probes_do_not_stop_the_steps_launched_ahead(engines, monkeypatch):
     want, _ = _run(plain, reqs)
     assert spec.scheduler.speculation.probes - probes >= 5  # it did probe, on steps launched ahead too
     assert ahead[id(spec.scheduler)] == ahead[id(plain.scheduler)] > 30, ahead
-    assert after_prefill.get(id(spec.scheduler), 0) == 0 < after_prefill[id(plain.scheduler)], after_prefill
+    assert after_prefill.get(id(spec.scheduler), 0) == after_prefill[id(plain.scheduler)] > 0, after_prefill
     for r in reqs:
         assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
 
@@ -396,3 +394,99 @@ def test_hope_alone_keeps_a_batch_probing_every_step_only_hope_limit_times():
     pol.hoped = HOPE_LIMIT  # then hope keeps the probes at every step, past the limit
     proposals = {}  # no match now (so no draft), the earlier proposals still pending
     assert [pol.decide(rows, proposals) or pol.interval for _ in range(3)] == [1, 1, 1]
+
+
+def test_a_never_matching_workload_makes_no_more_proposals_than_the_backoff_allows(engines, monkeypatch):
+    """Drafts that never match (the drafter finds nothing): after each prefill the probes come at
+    intervals 1, 2, 4, ..., so a row makes at most log2(steps) + 2 proposals, each made after the
+    launch of a step that runs ahead (none on the path between two launches); the engine
+    launches as many steps ahead as the plain one, and emits the same tokens."""
+    spec, plain = engines
+    _priced(spec, monkeypatch, 1.5)
+    calls = []
+    monkeypatch.setattr(spec.drafter, "propose", lambda ids, *a, **kw: calls.append(len(ids)) and None)
+    rows, max_tokens = 4, 60
+    reqs = [{"id": f"n{i}", "prompt_token_ids": [(29 * i + 7 * j) % 250 + 3 for j in range(12)],
+             "max_tokens": max_tokens, "ignore_eos": True} for i in range(rows)]
+    got, _ = _run(spec, reqs)
+    st = spec.stats.to_json()
+    prefills = sum(n for k, n in spec.stats.steps_per_key.items() if k.is_prefill)
+    want, _ = _run(plain, reqs)
+    assert st["speculative"]["verify_steps"] == 0
+    assert 0 < len(calls) <= prefills * rows * (math.log2(max_tokens) + 2), (len(calls), prefills)
+    assert st["fast_path_steps"] == plain.stats.to_json()["fast_path_steps"] > 40, st
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_a_drafting_episode_that_loses_doubles_the_margin_its_verify_key_needs(monkeypatch):
+    """An episode is judged by its tokens per wall ms against a plain step's: a loss doubles the
+    margin that verify key needs to start again (up to 2**MAX_LOSSES), a win clears it."""
+    from trtgraph.runtime.serving import speculation
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import MAX_LOSSES, SpeculationPolicy
+
+    clock = [0.0]
+    monkeypatch.setattr(speculation.time, "perf_counter", lambda: clock[0])
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    plain_key, verify_key = GraphKey(2, 0, 0, "greedy"), GraphKey(2, K, 0, "greedy")
+    pol = SpeculationPolicy(plan, K, {plain_key: 1.0, verify_key: 1.2})
+    pol.measure = True
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
+    for s in rows:
+        s.accept.accepted, s.accept.rejected = 1.0, 1.0  # a = 0.5: 1.94 tokens per row against 1.2 ms / 1.0 ms
+    proposals = {id(s): [7] * K for s in rows}
+
+    def episode(ms: float, tokens: int) -> None:
+        assert pol.decide(rows, proposals) and pol.drafting
+        clock[0] += ms / 1e3
+        pol.emitted(tokens)
+        pol.end_episode()
+        pol.drafting = False  # (as decide() leaves it when it ends an episode)
+
+    episode(10.0, 8)  # 8 tokens in 10 ms: plain steps (2 tokens per ms) would have made 20
+    assert pol.losses[verify_key] == 1 and pol.episodes == [0, 1]
+    assert not pol.pays(rows, [True, True])  # 1.875 tokens a row < 1.2 x 1.05 x 2
+    for s in rows:
+        s.accept.accepted, s.accept.rejected = 20.0, 0.1  # nearly certain: K + 1 tokens a row
+    episode(10.0, 8)  # (3.97 > 2.52: it starts, and loses again)
+    assert pol.losses[verify_key] == 2 and not pol.pays(rows, [True, True])  # 3.97 < 1.2 x 1.05 x 4
+    for _ in range(MAX_LOSSES):
+        pol._start_episode(rows)
+        clock[0] += 0.01
+        pol.emitted(8)
+        pol.end_episode()
+    assert pol.losses[verify_key] == MAX_LOSSES and pol.episodes == [0, 2 + MAX_LOSSES]
+    pol._start_episode(rows)  # an episode that pays (30 tokens in 10 ms) clears the losses
+    clock[0] += 0.01
+    pol.emitted(30)
+    pol.end_episode()
+    assert pol.losses[verify_key] == 0 and pol.episodes == [1, 2 + MAX_LOSSES]
+    assert pol.pays(rows, [True, True])
+
+
+def test_probes_are_spaced_by_their_measured_cost_and_a_prefill_keeps_the_spacing():
+    """A probe that did not draft and took 1 ms, against plain steps of 1 ms: the next comes no
+    sooner than 100 steps later (PROBE_SHARE = 1%), and a prefill (new rows) does not call one
+    at the next step (prompts admitted a chunk of rows at a time would probe at every step).
+    One very slow probe moves the cost's running mean, and the spacing is MAX_FLOOR at most."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import MAX_FLOOR, PROBE_SHARE, PROBE_WEIGHT, SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    pol = SpeculationPolicy(plan, K, {GraphKey(2, 0, 0, "greedy"): 1.0, GraphKey(2, K, 0, "greedy"): 1.5})
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
+    pol.spaced(0.001, rows, rows)
+    assert not pol.measure and pol.interval == 1  # (the CPU: no measured times, no spacing)
+    pol.measure = True
+    pol.spaced(0.001, rows, rows)  # 0.5 ms per row, the next probe has 2 rows
+    assert pol.interval == pol.floor == round(1 / PROBE_SHARE) == 100
+    pol.handed_out(None)
+    assert pol.interval == 100
+    assert [pol.probe_due() for _ in range(100)] == [False] * 99 + [True]
+    pol.spaced(0.0005 * (1 + 1 / PROBE_WEIGHT), rows, rows[:1])  # 2.5 ms for one row: the mean moves to 1 ms
+    assert math.isclose(pol.row_ms, 1.0) and pol.floor == 200
+    pol.spaced(10.0, rows, rows)
+    assert pol.floor == pol.interval == MAX_FLOOR

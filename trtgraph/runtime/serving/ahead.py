@@ -52,20 +52,26 @@ class LaunchAhead:
 
     def _plain_next(self, rows: list[Sequence]) -> bool:
         """Whether the step after one over `rows` is a plain step, to launch ahead: the batch
-        does not draft, and a probe due at that step (made from the tokens known now, one
-        step behind) finds that drafting still does not pay."""
+        does not draft. A probe due at that step is not made here, before its launch: it is
+        noted (`_probe`) and made by `postprocess` of the step running now, after that launch,
+        while the device runs both (from the tokens known then, one step behind); when it finds
+        that drafting pays, the step after is planned afresh (`schedule`) and drafts."""
         pol = self.speculation
         if not pol.may_run_ahead():
             return False
-        return not pol.proposes() or self._propose(rows) is None
+        if pol.probe_due():
+            self._probe = rows
+        return True
 
     def _decode_after_prefill(self, step: ScheduledStep) -> ScheduledStep | None:
         """The decode step over every running sequence, formed while `step` (a prefill) runs:
         where every row of `step` draws its first token there and every other running row is
         decoding. The rows of `step` take their input from its drawn tokens on the device
-        (`gather`). None when it cannot be (a row still in its prompt, n > 1, a drafter,
-        too many rows or too few blocks)."""
-        if self.drafter is not None or step.settled or len(self.running) > self.max_decode_batch:
+        (`gather`). With a drafter too, when the batch does not draft (the policy probes the new
+        rows at the step after this one, `_plain_next`). None when it cannot be (a row still in
+        its prompt, n > 1, a drafting batch, too many rows or too few blocks)."""
+        if (self.drafter is not None and not self.speculation.may_run_ahead()) or step.settled \
+                or len(self.running) > self.max_decode_batch:
             return None
         of = {id(s): i for i, s in enumerate(step.seqs)}
         positions = []  # the position each running row feeds next

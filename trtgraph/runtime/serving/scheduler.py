@@ -125,6 +125,7 @@ class Scheduler(LaunchAhead):
         self._last: tuple | None = None  # (key, rows) of the last plain generation step handed out
         self._after_prefill = False  # the last step handed out was a prefill step
         self._retired: set[Sequence] = set()  # rows freed before their last token was read (retire_ahead)
+        self._probe: list[Sequence] | None = None  # rows of a probe due, made after the next launch (_plain_next)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -252,18 +253,26 @@ class Scheduler(LaunchAhead):
         or makes no proposals this step (a batch that does not draft probes only now and then)."""
         if self.drafter is None or not rows:
             return None
-        if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
-            return None
         if not self.speculation.proposes():
+            return None
+        if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
+            if self.speculation.drafting:  # plain from here on: the steps may run ahead again
+                self.speculation.drafting = False
+                self.speculation.end_episode()
             return None
         return self._propose(rows)
 
     def _propose(self, rows: list[Sequence]) -> dict | None:
         """The proposals of the rows the policy probes (all of them while drafting), scored
         and decided on; they, or None when the step does not draft."""
-        window, probed = self.speculation.probe_window, self.speculation.probe_rows(rows)
+        pol = self.speculation
+        start = time.perf_counter()
+        window, probed = pol.probe_window, pol.probe_rows(rows)
         out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in probed}
-        return out if self.speculation.decide(rows, out, probed) else None
+        if pol.decide(rows, out, probed):
+            return out
+        pol.spaced(time.perf_counter() - start, rows, probed)
+        return None
 
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
         sampled = any(not s.request.is_greedy for s in seqs)
@@ -354,7 +363,7 @@ class Scheduler(LaunchAhead):
         token). Returns (sequence, tokens appended) for each that drew."""
         now = time.perf_counter() if now is None else now
         q = step.key.q_len
-        drew = []
+        drew, emitted = [], 0
         if step.settled:  # accounted when launched: no row draws
             return drew
         for i, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
@@ -362,6 +371,7 @@ class Scheduler(LaunchAhead):
                 continue
             if step.drafts is not None:
                 a = accepted[i]
+                emitted += a + 1
                 seq.num_computed += a + 1  # the fed token and the accepted drafts are now valid KV
                 new = tokens[i * q:i * q + a + 1]
             else:
@@ -374,6 +384,8 @@ class Scheduler(LaunchAhead):
                 seq.first_token_time = now
             seq.last_token_time = now
             drew.append((seq, len(new)))
+        if emitted:
+            self.speculation.emitted(emitted)
         return drew
 
     def postprocess(self, step: ScheduledStep, tokens: list[int], accepted: list[int] | None = None,
@@ -395,7 +407,18 @@ class Scheduler(LaunchAhead):
             if reason is not None:
                 self.finish(seq)
             news.append((seq, reason))
+        if self._probe is not None:
+            self._deferred_probe()
         return news
+
+    def _deferred_probe(self) -> None:
+        """The probe `_plain_next` noted, made now that the step it was due at is launched: over
+        its rows still running, decided from the tokens known now. A draft decision makes the
+        next step planned afresh (`schedule`), drafting."""
+        rows, self._probe = [s for s in self._probe if not s.finished], None
+        if rows and all(len(s.all_ids) + 1 + self.drafter.k <= self.max_seq_len for s in rows):
+            if self._propose(rows) is not None:  # drafting from the step after the one in flight,
+                self.speculation.emitted(len(rows))  # whose plain tokens count in the episode
 
     def _stop(self, seq: Sequence, n_new: int) -> str | None:
         """Check the `n_new` tokens just appended, in order: "stop" at a stop id or EOS (not

@@ -20,21 +20,37 @@ measured (one measured key prices the other by the replay times' ratio).
 
 Proposals cost host time on every row, so a batch that does not draft makes none: it runs
 plain steps on the fast path, launched ahead of the last one's tokens, and probes (makes
-proposals, scores the earlier ones, decides; on a step launched ahead, from the tokens known
-so far, without waiting for the last one's) only every `interval` generation steps, for
+proposals, scores the earlier ones, decides) only every `interval` generation steps, for
 a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a full probe at
 the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
 interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
 the proposals awaiting their outcome would make drafting pay were they accepted (at most
 HOPE_LIMIT probes in a row where a verify step costs more than a plain one: a batch whose
 proposals keep looking hopeful but never pay does not make proposals at every step), and
-it returns to 1 while drafting and after a prefill step (new rows). Without replay times (a scheduler built without them) every
-step proposes, and every step with a match drafts. Which steps draft depends on measured
-times; what every row emits does not (verification).
+it returns to 1 while drafting and after a prefill step (new rows). With `measure`, each probe
+that does not draft is timed, and the next comes no sooner than keeps probes within
+PROBE_SHARE of the plain steps' measured time (a full probe of 64 rows is rare; after a
+prefill, too: prompts admitted a chunk of rows at a time do not call a probe at every decode
+step in between). A probe due at a step
+launched ahead is made after that launch (the scheduler's postprocess of the step before), so
+a batch that does not draft runs the plain engine's path: the same steps launched ahead (the
+decode step after a prefill included), no proposal before a launch, and per step only a clock
+read and a count (consecutive steps of one key are timed as one run).
+
+Each drafting episode (from the decision to draft to the one not to) is judged by what it
+emitted per ms of wall time against a plain step's tokens per ms: the price of a verify step
+misses costs that only the episode shows (its first proposals' indexing, the return to the
+fast path). A lost episode doubles the margin its verify key needs to start drafting again
+(8x after MAX_LOSSES in a row: never, in practice); a won one clears it.
+
+Without replay times (a scheduler built without them) every step proposes, and every step
+with a match drafts. Which steps draft depends on measured times; what every row emits does
+not (verification).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -48,6 +64,11 @@ MAX_INTERVAL = 64  # generation steps between probes of a batch that does not dr
 WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
 PROBE_WINDOW = 16  # a probe indexes at most this many of a row's not yet indexed tokens
 PROBE_ROWS = 8  # a probe of a larger batch that does not draft samples about this many rows
+MAX_LOSSES = 3  # drafting episodes in a row that emitted fewer tokens per ms than plain steps: a verify key
+#                then needs 2**losses times break-even to start again (8x: more than K + 1 tokens a row, never)
+PROBE_SHARE = 0.01  # a batch that does not draft spends at most about this share of its steps' time on probes
+PROBE_WEIGHT = 0.25  # weight of the newest probe's cost per row in its running mean
+MAX_FLOOR = 4 * MAX_INTERVAL  # generation steps between probes that their cost may call for, at most
 HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would pay if accepted) keeps every step
 #                where a verify step costs more than a plain one
 
@@ -62,6 +83,7 @@ class Acceptance:
     proposals: int = 0  # proposals scored so far
     drafts_matched: int = 0  # their drafts that the following tokens agreed with
     agreeing: int = 0  # drafts of the pending proposal that agree so far (counted as accepted)
+    sampled: bool | None = None  # whether its request runs on the sampled keys (looked up once)
 
     @property
     def rate(self) -> float:
@@ -116,10 +138,16 @@ class SpeculationPolicy:
         self.probes = 0  # decisions made (steps that computed proposals)
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
+        self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
+        self.row_ms: float | None = None  # running mean of a probe's host ms per probed row
         self.since = 0  # generation steps handed out since the last decision
         self.full_probe = False  # the next probe makes proposals for every row (a sample was hopeful)
         self.hoped = 0  # probes in a row since the last draft or prefill that hope alone kept at interval 1
-        self._last: tuple[GraphKey, float] | None = None  # the last generation step's key, when handed out
+        self.losses: dict[GraphKey, int] = {}  # verify key -> its last drafting episodes that lost, in a row
+        self.episodes = [0, 0]  # drafting episodes judged: (won, lost)
+        self._episode: list | None = None  # [verify key, plain ms per row, start, tokens emitted, last emission]
+        self._run: list | None = None  # [key, first hand-out, steps handed out, last hand-out] of the current run
+        self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
 
     @property
     def adaptive(self) -> bool:
@@ -129,33 +157,73 @@ class SpeculationPolicy:
     # ---- costs ---------------------------------------------------------------------------
     def handed_out(self, key: GraphKey | None) -> None:
         """A step was handed out (key None: a prefill step, or none). After a prefill the
-        probes start again from an interval of 1 (its new rows have no estimate yet). With `measure`, the time
-        since the generation step before this one is that step's wall time, when both generate."""
-        if key is None:  # new rows (a prefill): probe at the next generation step, backing off afresh
-            self.interval, self.since, self.hoped = 1, 0, 0
+        probes start again from an interval of 1, or the floor their measured cost sets (its new
+        rows have no estimate yet; a prefill of a few rows at a time among decode steps does not
+        call a probe at every decode step between them). With
+        `measure`, the time from one generation step's hand-out to the next one's is that step's
+        wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
+        count per step; the key's mean is updated when the run ends or a decision needs it)."""
+        if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as
+            self.interval, self.hoped = max(self.floor, 1), 0  # the probes' cost allows), backing off afresh
+            if self._episode is not None:
+                self.end_episode(rows_changed=True)
         if not self.measure:
             return
         now = time.perf_counter()
-        if self._last is not None and key is not None:
-            last, t = self._last
-            self.record(last, 1e3 * (now - t))
-        self._last = (key, now) if key is not None else None
+        run = self._run
+        if run is not None and key is not None and (key is run[0] or key == run[0]):
+            run[2] += 1
+            run[3] = now
+            return
+        if run is not None and key is not None:
+            run[2] += 1  # the run's last step ends now
+            run[3] = now
+        self._flush()
+        self._run = [key, now, 1, now] if key is not None else None
 
-    def record(self, key: GraphKey, ms: float) -> None:
+    def _flush(self) -> None:
+        """Fold the current run's timed steps into its key's mean; the run goes on from its last step."""
+        run = self._run
+        if run is not None and run[2] > 1:
+            key, t0, n, last = run
+            self.record(key, 1e3 * (last - t0) / (n - 1), n - 1)
+            run[1], run[2] = last, 1
+
+    def record(self, key: GraphKey, ms: float, n: int = 1) -> None:
+        """Fold n steps of `key` that took `ms` each into its running mean."""
         old = self.wall_ms.get(key)
-        self.wall_ms[key] = ms if old is None else old + WALL_WEIGHT * (ms - old)
+        self.wall_ms[key] = ms if old is None else old + (1 - (1 - WALL_WEIGHT) ** n) * (ms - old)
+
+    def keys(self, rows: list, n: int | None = None) -> tuple[GraphKey, GraphKey] | None:
+        """(plain, verify) keys of a step over `rows` (or over n rows like them), None where the
+        plan has none (looked up once per batch size and sampling)."""
+        s = GREEDY
+        for q in rows:
+            a = q.accept
+            if a.sampled is None:
+                a.sampled = not q.request.is_greedy
+            if a.sampled:
+                s = SAMPLED
+                break
+        n = len(rows) if n is None else n
+        keys = self._keys.get((n, s), False)
+        if keys is False:
+            try:
+                keys = self._keys[n, s] = (select(self.plan, BatchShape(n, 0, 0, s)),
+                                           select(self.plan, BatchShape(n, self.k, 0, s)))
+            except BucketMissError:
+                keys = self._keys[n, s] = None
+        return keys
 
     def costs(self, rows: list, n: int | None = None) -> tuple[float, float] | None:
         """(plain, verify) cost in ms of a step over `rows` (or over n rows like them):
         measured wall times, a measured one scaling the other by the replay times' ratio,
         else the replay times."""
-        s = SAMPLED if any(not q.request.is_greedy for q in rows) else GREEDY
-        n = len(rows) if n is None else n
-        try:
-            plain = select(self.plan, BatchShape(n, 0, 0, s))
-            verify = select(self.plan, BatchShape(n, self.k, 0, s))
-        except BucketMissError:
+        keys = self.keys(rows, n)
+        if keys is None:
             return None
+        plain, verify = keys
+        self._flush()
         rp, rv = self.replay_ms.get(plain), self.replay_ms.get(verify)
         if not (rp and rv):
             return None
@@ -182,7 +250,7 @@ class SpeculationPolicy:
             return True  # no replay times: draft whenever a row matches
         t_plain, t_verify = costs
         tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
-        margin = 1.0 if self.drafting else ENTER_MARGIN
+        margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self.losses.get(self.keys(rows, n)[1], 0)
         return tokens * n / len(rows) * t_plain > n * t_verify * margin
 
     def proposes(self) -> bool:
@@ -192,6 +260,11 @@ class SpeculationPolicy:
             return True
         self.since += 1
         return self.drafting or self.since >= self.interval
+
+    def probe_due(self) -> bool:
+        """Count a plain generation step launched ahead (`may_run_ahead`); whether a probe is due at it."""
+        self.since += 1
+        return self.since >= self.interval
 
     def probe_rows(self, rows: list) -> list:
         """The rows that make proposals at this step: all of them while drafting, at a full
@@ -229,8 +302,53 @@ class SpeculationPolicy:
         self.hoped = 0 if draft else self.hoped + hopeful
         self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
         self.full_probe = hopeful and not draft
+        if draft != self.drafting and self.measure:
+            self._start_episode(rows) if draft else self.end_episode()
         self.drafting = draft
         return draft
+
+    def spaced(self, seconds: float, rows: list, probed: list) -> None:
+        """A probe that did not draft took `seconds` of host time for its `probed` rows: the next
+        one comes no sooner than keeps probing under PROBE_SHARE of a plain step's measured time,
+        priced at the running mean cost per probed row (one slow probe, a GC pause say, moves it
+        a quarter of the way) times the next probe's rows (a full probe of a large batch: rarely;
+        of one row: every few steps at most), and MAX_FLOOR steps at most."""
+        costs = self.costs(rows) if self.measure else None
+        if costs is None or costs[0] <= 0:
+            return
+        ms = 1e3 * seconds / max(len(probed), 1)
+        self.row_ms = ms if self.row_ms is None else self.row_ms + PROBE_WEIGHT * (ms - self.row_ms)
+        nxt = len(self.probe_rows(rows))
+        self.floor = min(math.ceil(self.row_ms * nxt / (PROBE_SHARE * costs[0])), MAX_FLOOR)
+        self.interval = max(self.interval, self.floor)
+
+    # ---- drafting episodes: did they pay? ---------------------------------------------------
+    def _start_episode(self, rows: list) -> None:
+        costs = self.costs(rows)
+        now = time.perf_counter()
+        self._episode = [self.keys(rows)[1], costs[0] / len(rows), now, 0, now] if costs else None
+
+    def emitted(self, tokens: int) -> None:
+        """A verify step emitted `tokens` (accepted drafts and one more per row)."""
+        if self._episode is not None:
+            self._episode[3] += tokens
+            self._episode[4] = time.perf_counter()
+
+    def end_episode(self, rows_changed: bool = False) -> None:
+        """The batch stops drafting (or new rows come): judge the episode by what it emitted per
+        ms of wall time, from the decision to draft to now (rows_changed: to its last verify
+        step's tokens; what came after was not its doing: its rows finished, new ones came), its
+        proposals, packing, lost overlap and first-step indexing included, against a plain
+        step's tokens per ms. A loss doubles the margin that verify key needs to start again
+        (up to 2**MAX_LOSSES: then only full acceptance in every row would start it); a win
+        clears it."""
+        ep, self._episode = self._episode, None
+        if ep is None or ep[3] == 0:
+            return
+        key, plain_ms_per_token, start, tokens, last = ep
+        lost = tokens * plain_ms_per_token < 1e3 * ((last if rows_changed else time.perf_counter()) - start)
+        self.episodes[lost] += 1
+        self.losses[key] = min(self.losses.get(key, 0) + 1, MAX_LOSSES) if lost else 0
 
     def _verify_is_cheap(self, rows: list) -> bool:
         """A verify step over `rows` costs no more than a plain one (then probing at every step
