@@ -72,10 +72,10 @@ def _mixed_and_startup_lines(r: dict) -> list[str]:
                   f"{m.get('gpu_idle_per_step_us', 'n/a')} us per step"]
     if "startup" in r:  # the bench's own engine: `imports` runs from `import trtgraph`, so it also holds
         ph = dict(r["startup"]["phases_seconds"])  # a --config capture and anything else before the engine
-        before = ph.pop("imports", 0.0)
+        before = ph.pop("imports", 0.0) + ph.pop("interpreter", 0.0)
         lines += [f"engine start-up after imports ({sum(ph.values()):.2f} s): "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items())
-                  + f"; before it in this process (imports, and a --config capture) {before:.2f} s; "
+                  + f"; before it in this process (interpreter, imports, and a --config capture) {before:.2f} s; "
                   f"`trtgraph run --verbose` gives a whole start"]
     return lines
 
