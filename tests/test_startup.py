@@ -105,3 +105,12 @@ def test_run_phases_cover_the_process_from_its_start_to_its_exit(default_artifac
     assert body["total_seconds"] <= wall
     assert body["total_seconds"] >= 0.8 * wall - 0.5, (body, wall)  # the rest: the parent's spawn and the exit
     assert "then the process exits at once" in done.stderr and "summary" in done.stderr
+
+
+def test_bytecode_that_no_longer_matches_its_source_counts_as_none(fake_package, tmp_path):
+    spec = importlib.util.find_spec(fake_package)
+    py_compile.compile(spec.origin, cfile=spec.cached)
+    assert startup._current(spec.cached, spec.origin)
+    Path(spec.origin).write_text("VALUE = 43  # edited: another size\n")
+    assert not startup._current(spec.cached, spec.origin)
+    assert startup.cache_bytecode({"TRTGRAPH_PYCACHE": str(tmp_path / "pyc")}, probe=fake_package) == str(tmp_path / "pyc")

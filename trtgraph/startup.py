@@ -108,8 +108,8 @@ _OFF = ("0", "off", "no", "false")
 
 
 def cache_bytecode(env=None, probe: str = "torch") -> str | None:
-    """Where an environment keeps no compiled bytecode for torch (no `__pycache__/*.pyc` beside
-    its sources) and Python will not write it there (PYTHONDONTWRITEBYTECODE, or a read-only
+    """Where an environment keeps no current compiled bytecode for torch (no `__pycache__/*.pyc`
+    beside its sources that matches them) and Python will not write it there (PYTHONDONTWRITEBYTECODE, or a read-only
     site-packages), every start compiles about a thousand of torch's modules from source again
     (3 s of a 4.5 s import on the H200 device's image). Then keep the bytecode under a cache
     directory instead (Python's own `sys.pycache_prefix`): $TRTGRAPH_PYCACHE if it names one,
@@ -128,7 +128,7 @@ def cache_bytecode(env=None, probe: str = "torch") -> str | None:
     except (ImportError, ValueError):
         return None
     cached = getattr(spec, "cached", None) if spec is not None else None
-    if not cached or os.path.exists(cached):
+    if not cached or _current(cached, spec.origin):
         return None
     if not sys.dont_write_bytecode and _can_write(os.path.dirname(cached)):
         return None  # Python writes it beside the sources on this start
@@ -145,6 +145,23 @@ def cache_bytecode(env=None, probe: str = "torch") -> str | None:
     CLOCK.notes.append(f"{probe} had no compiled bytecode here and Python would not write it beside the sources; "
                        f"it is kept under {prefix} (the first start writes it; {PYCACHE_ENV}=off leaves this alone)")
     return prefix
+
+
+def _current(cached: str, source: str) -> bool:
+    """The .pyc exists and Python would use it: its header's source time and size match (or
+    it is checked by hash, which Python does itself)."""
+    try:
+        with open(cached, "rb") as f:
+            head = f.read(16)
+        st = os.stat(source)
+    except OSError:
+        return False
+    if len(head) < 16:
+        return False
+    if int.from_bytes(head[4:8], "little") != 0:  # hash-based
+        return True
+    return (int.from_bytes(head[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(head[12:16], "little") == st.st_size & 0xFFFFFFFF)
 
 
 def _can_write(directory: str) -> bool:
