@@ -210,3 +210,11 @@ def test_capture_reads_each_key_after_launching_the_next(monkeypatch, tmp_path):
     n = len(result.manifest.keys)
     want = [("launch", 0)] + [c for i in range(1, n) for c in (("launch", i), ("read", i - 1))] + [("read", n - 1)]
     assert calls == want
+
+
+def test_the_kernel_functions_are_scanned_again_only_when_modules_change(monkeypatch):
+    pytest.importorskip("triton")
+    first = warmup._jit_functions()
+    assert warmup._jit_functions() is first  # no module imported since: the same scan
+    monkeypatch.setitem(sys.modules, "trtgraph.kernels._test_other", types.ModuleType("trtgraph.kernels._test_other"))
+    assert warmup._jit_functions() is not first

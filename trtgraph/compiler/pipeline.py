@@ -32,6 +32,7 @@ from ..errors import CaptureError
 from ..models.parallel import TPGroup
 from ..runtime.distributed import agree, gather
 from ..runtime.step.executor import Executor, resolve_device
+from ..runtime import triton_key
 from ..runtime.step.kv_cache import kv_bytes_per_block
 from ..runtime.warmup import allocated_bytes, loaded_kernels
 from ..models import DTYPES
@@ -90,6 +91,8 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                            f"kv_cache.num_blocks or limits.max_seq_len / max_batch_size.") from None
     repeats = timing_repeats or (20 if device.type == "cuda" else 3)
 
+    if ex.device.type == "cuda":
+        triton_key.remember(out_dir / TRITON_CACHE_DIR)  # Triton's own key: hashed once per install
     with torch.inference_mode():
         t0 = time.perf_counter()
         order, warm_keys = _warm_up(ex, plan, progress, tp)
