@@ -36,5 +36,5 @@ def test_mixed_run_bound_and_report(default_artifacts, one_torch_thread):
          "startup": {"phases_seconds": {"interpreter": 0.25, "imports": 0.5, "re_record": 1.25}, "total_seconds": 2.0}}
     text = markdown(r)
     assert "reached 25.0% of it" in text and "mixed workload: 12 requests" in text
-    assert "engine start-up after imports (1.25 s): re_record 1.25 s; before it in this process (interpreter, imports, " \
-           "and a --config capture) 0.75 s" in text
+    assert "engine start-up after imports (1.25 s): re_record 1.25 s; before it (interpreter and imports; with " \
+           "--config, since the capture) 0.75 s" in text

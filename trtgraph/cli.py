@@ -84,10 +84,13 @@ def capture(config_path, out_dir, device, as_json):
     out = Path(out_dir or config.output)
     check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
     path, t = _on_ranks(config.parallel.tensor_parallel_size, config.device, _capture_rank, config, out)
+    phases = startup.CLOCK.to_json()  # the process's phases, from its start to the manifest written
     if as_json:
-        click.echo(json.dumps({"manifest": str(path), **t}, indent=2))
+        click.echo(json.dumps({"manifest": str(path), **t, "phases": phases}, indent=2))
     else:
         _capture_summary(path, t)
+        click.echo("phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases["phases_seconds"].items())
+                   + f" ({phases['total_seconds']:.2f} s)")
     if config.parallel.tensor_parallel_size == 1:
         _done()
 

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from .. import startup
 from ..artifacts import (TRITON_CACHE_DIR, KeyRecord, Manifest, check_triton_cache, environment, use_triton_cache,
                          write_manifest)
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
@@ -55,6 +56,7 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
             tp: TPGroup = TPGroup()) -> CaptureResult:
     """Capture every key of the config's plan. With tensor parallelism every rank calls this
     in lockstep; rank 0 writes the manifest."""
+    startup.begin()  # the capture's phases (`capture --json`): interpreter and imports before this
     out_dir = Path(out_dir or config.output)
     progress = progress or (lambda *a: None)
     device = device or resolve_device(config.device)
@@ -90,6 +92,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                            f"cache ({str(exc).splitlines()[0]}). No manifest was written. Set a smaller "
                            f"kv_cache.num_blocks or limits.max_seq_len / max_batch_size.") from None
     repeats = timing_repeats or (20 if device.type == "cuda" else 3)
+    startup.lap("kv_cache_and_buffers")
 
     if ex.device.type == "cuda":
         triton_key.remember(out_dir / TRITON_CACHE_DIR)  # Triton's own key: hashed once per install
@@ -97,12 +100,14 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
         t0 = time.perf_counter()
         order, warm_keys = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
+        startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
         stats = {}
         for i, key in enumerate(order):
             agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
             stats[key] = _guard(key, "capture", lambda: ex.capture(key))
             progress("capture", key, i + 1, len(order))
+        startup.lap("capture")
         records, timings, t1 = [], [], time.perf_counter()
         pending = None  # the key launched last, read after the next one is launched
         for i, key in enumerate(order + [None]):
@@ -114,6 +119,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                 progress("verify", pending[0], len(records), len(order))
             pending = launched
         verify_seconds = time.perf_counter() - t1
+        startup.lap("verify_and_time")
 
     ranks = gather(tp, {"rank": tp.rank, "device": str(ex.device),
                         "parameter_count": sum(p.numel() for p in ex.model.parameters()),
@@ -125,6 +131,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
         manifest.totals["notes"] = notes
     manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
     path = write_manifest(out_dir, manifest) if tp.rank == 0 else out_dir / "manifest.json"
+    startup.lap("manifest")
     return CaptureResult(manifest, path, ex)
 
 
