@@ -58,10 +58,12 @@ def fake_package(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
-def test_bytecode_goes_to_a_cache_where_python_keeps_none_and_may_not_write_it(fake_package, tmp_path):
+def test_bytecode_goes_to_a_cache_where_python_keeps_none_and_may_not_write_it(fake_package, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"})
     prefix = tmp_path / "pyc"
     got = startup.cache_bytecode({"TRTGRAPH_PYCACHE": str(prefix)}, probe=fake_package)
     assert got == str(prefix) and sys.pycache_prefix == str(prefix) and sys.dont_write_bytecode is False
+    assert os.environ["PYTHONPYCACHEPREFIX"] == str(prefix)  # spawned ranks read the same cache
     assert startup.CLOCK.notes and "TRTGRAPH_PYCACHE=off" in startup.CLOCK.notes[0]
     assert importlib.import_module(fake_package).VALUE == 42
     assert list(prefix.rglob(f"{fake_package}*/__init__*.pyc")) or list(prefix.rglob("__init__*.pyc"))
@@ -107,7 +109,8 @@ def test_run_phases_cover_the_process_from_its_start_to_its_exit(default_artifac
     assert "then the process exits at once" in done.stderr and "summary" in done.stderr
 
 
-def test_bytecode_that_no_longer_matches_its_source_counts_as_none(fake_package, tmp_path):
+def test_bytecode_that_no_longer_matches_its_source_counts_as_none(fake_package, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"})
     spec = importlib.util.find_spec(fake_package)
     py_compile.compile(spec.origin, cfile=spec.cached)
     assert startup._current(spec.cached, spec.origin)

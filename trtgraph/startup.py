@@ -142,6 +142,7 @@ def cache_bytecode(env=None, probe: str = "torch") -> str | None:
         return None
     sys.pycache_prefix = prefix
     sys.dont_write_bytecode = False
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", prefix)  # spawned ranks read it too
     CLOCK.notes.append(f"{probe} had no compiled bytecode here and Python would not write it beside the sources; "
                        f"it is kept under {prefix} (the first start writes it; {PYCACHE_ENV}=off leaves this alone)")
     return prefix
