@@ -33,8 +33,8 @@ def test_mixed_run_bound_and_report(default_artifacts, one_torch_thread):
     r = {"device": "cpu", "model": {"architecture": "X", "parameter_count": 1, "dtype": "float32"}, "kernels": "torch",
          "context_len": 8, "hbm_bytes_per_second": 1e12, "decode": [], "keys": [],
          "run": {**mixed, "tokens_per_second": 500.0}, "run_bound": bound, "mixed": mixed,
-         "startup": {"phases_seconds": {"imports": 0.5, "re_record": 1.25}, "total_seconds": 1.75}}
+         "startup": {"phases_seconds": {"interpreter": 0.25, "imports": 0.5, "re_record": 1.25}, "total_seconds": 2.0}}
     text = markdown(r)
     assert "reached 25.0% of it" in text and "mixed workload: 12 requests" in text
-    assert "engine start-up after imports (1.25 s): re_record 1.25 s; before it in this process (imports, and a " \
-           "--config capture) 0.50 s" in text
+    assert "engine start-up after imports (1.25 s): re_record 1.25 s; before it (interpreter and imports; with " \
+           "--config, since the capture) 0.75 s" in text

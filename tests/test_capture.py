@@ -49,6 +49,19 @@ def body(captured) -> dict:
 
 # ---- trtgraph capture / inspect ------------------------------------------------------------------
 
+def test_capture_json_holds_the_phases_from_the_start_to_the_manifest(tmp_path):
+    result = cli("capture", "--out", tmp_path / "art", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    phases = body["phases"]["phases_seconds"]
+    assert [n for n in phases if n not in ("interpreter", "imports")] == [
+        "checks_and_kernels", "weights_generated", "kv_cache_and_buffers", "warm_up", "capture", "verify_and_time",
+        "manifest"]
+    assert body["phases"]["total_seconds"] == pytest.approx(sum(phases.values()), abs=1e-3)
+    # the capture's own work is inside its phases
+    assert phases["warm_up"] >= body["warmup_seconds"] and phases["capture"] >= body["capture_seconds"]
+
+
 def test_cli_capture_writes_a_manifest_and_a_summary(captured):
     out, result = captured
     assert result.exit_code == 0, result.output
@@ -56,6 +69,8 @@ def test_cli_capture_writes_a_manifest_and_a_summary(captured):
     assert re.search(rf"^captured {len(DEFAULT_KEYS)} keys in [0-9.]+ s ", result.stdout, re.M), result.stdout
     assert "parity ok on every key" in result.stdout
     assert f"manifest: {out / MANIFEST_NAME}" in result.stdout
+    assert re.search(r"^phases: .*warm_up [0-9.]+ s, capture [0-9.]+ s, verify_and_time [0-9.]+ s, manifest [0-9.]+ s",
+                     result.stdout, re.M), result.stdout
     manifest = load_manifest(out)
     assert sorted(manifest.graph_keys) == sorted(DEFAULT_KEYS)
     assert manifest.environment["backend"] == "static" and manifest.config["device"] == "cpu"

@@ -123,11 +123,18 @@ def test_verbose_prints_and_the_summary_json_holds_the_start_up_phases(default_a
     assert result.exit_code == 0, result.output
     startup = json.loads(summary.read_text())["startup"]
     phases = startup["phases_seconds"]
-    assert list(phases) == ["imports", "checks_and_kernels", "weights_generated", "kv_cache_and_buffers",
-                            "warmup_triton_cache", "re_record", "tokenizer_and_scheduler", "first_token"]
-    assert all(v >= 0 for v in phases.values()) and phases["re_record"] > 0 and phases["first_token"] > 0
+    # `interpreter` (the process's start to `import trtgraph`) only for the first engine of a
+    # process: this in-process run may not be the first
+    assert [n for n in phases if n != "interpreter"] == [
+        "imports", "checks_and_kernels", "weights_generated", "kv_cache_and_buffers", "warmup_triton_cache",
+        "re_record", "tokenizer_and_scheduler", "serving"]
+    assert list(phases).index("interpreter") == 0 if "interpreter" in phases else True
+    assert all(v >= 0 for v in phases.values()) and phases["re_record"] > 0 and phases["serving"] > 0
+    # the first token lies inside `serving`: beside the phases, not in their sum
+    assert 0 < startup["first_token_seconds"] <= phases["serving"]
     assert startup["total_seconds"] == pytest.approx(sum(phases.values()), abs=1e-3)
-    assert "start-up phases" in result.stderr and "re_record" in result.stderr and "<- largest" in result.stderr
+    assert "phases" in result.stderr and "re_record" in result.stderr and "<- largest" in result.stderr
+    assert "summary" in result.stderr and "first_token" in result.stderr
 
 
 def test_eager_gives_the_same_greedy_tokens(default_artifacts, prompts_file, replay_run, tmp_path):

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -323,7 +324,8 @@ def test_a_failed_capture_leaves_nothing_behind(failure, tmp_path, monkeypatch):
     from trtgraph.runtime.step.executor import Executor
 
     if failure == "parity":
-        monkeypatch.setattr(pipeline, "verify_key", lambda ex, key, seed: Parity(0.5, False, False))
+        failing = types.SimpleNamespace(parity=lambda: Parity(0.5, False, False))
+        monkeypatch.setattr(pipeline, "launch_verify", lambda ex, key, seed: failing)
         expected = pytest.raises(CaptureError, match="replay differs from eager")
     else:
         def warmup(self, key):

@@ -143,3 +143,78 @@ def test_time_step_on_the_cpu_runs_the_asked_repeats(default_artifacts):
     with torch.inference_mode():
         t = time_step(engine.executor, key, eager=False, repeats=4)
     assert t.repeats == 4 and 0 < t.min_ms <= t.median_ms <= t.max_ms and t.spread >= 0
+
+
+class _FakeClock:
+    """CUDA events and an executor whose runs take scripted milliseconds (PendingTiming's logic
+    without a GPU)."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.prepared, self.runs = 0.0, list(durations), 0, 0
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = clock.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        self.Event = Event
+
+    def prepare(self, key, rows):
+        assert rows == []  # timing runs on padding-only inputs
+        self.prepared += 1
+
+    def execute(self, key, eager=False):
+        self.runs += 1
+        self.now += self.durations.pop(0)
+
+
+@pytest.mark.parametrize("durations, runs, prepared", [
+    ([1.0, 1.01], 2, 1),                      # two runs within 3%: that is the timing
+    ([1.0, 1.2] + [1.1] * 30, 20, 2),         # noisy: more runs, up to `repeats`, within the budget
+    ([24.0, 30.0], 2, 1),                     # noisy but a third run would not fit 25 ms
+    ([4.0, 5.0] + [4.5] * 30, 5, 2),          # noisy: runs to fill 25 ms at the median (int(25 / 4.5) = 5 in all)
+])
+def test_cuda_step_timing_stops_at_two_steady_runs_and_adds_runs_to_noisy_ones(durations, runs, prepared, monkeypatch):
+    from trtgraph.compiler import verify
+
+    fake = _FakeClock(durations)
+    monkeypatch.setattr(verify.torch.cuda, "Event", fake.Event)
+    t = verify.PendingTiming(fake, "key", eager=False, repeats=20, budget_ms=25.0).timing()
+    assert (t.repeats, fake.runs, fake.prepared) == (runs, runs, prepared)
+    assert t.min_ms == pytest.approx(min(durations[:runs])) and t.max_ms == pytest.approx(max(durations[:runs]))
+
+
+def test_capture_reads_each_key_after_launching_the_next(monkeypatch, tmp_path):
+    """The host never waits on a key's verification before the next key's work is queued."""
+    calls = []
+    real = pipeline.launch_verify
+
+    def launch(ex, key, seed):
+        calls.append(("launch", seed))
+        pending = real(ex, key, seed)
+        read = pending.parity
+        pending.parity = lambda: (calls.append(("read", seed)), read())[1]
+        return pending
+
+    monkeypatch.setattr(pipeline, "launch_verify", launch)
+    result = pipeline.capture(tiny_config(), tmp_path / "art")
+    n = len(result.manifest.keys)
+    want = [("launch", 0)] + [c for i in range(1, n) for c in (("launch", i), ("read", i - 1))] + [("read", n - 1)]
+    assert calls == want
+
+
+def test_the_kernel_functions_are_scanned_again_only_when_modules_change(monkeypatch):
+    pytest.importorskip("triton")
+    first = warmup._jit_functions()
+    assert warmup._jit_functions() is first  # no module imported since: the same scan
+    monkeypatch.setitem(sys.modules, "trtgraph.kernels._test_other", types.ModuleType("trtgraph.kernels._test_other"))
+    assert warmup._jit_functions() is not first

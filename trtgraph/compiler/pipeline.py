@@ -7,8 +7,9 @@
    earlier key had are what a start warms (`totals.warmup_keys`, runtime/warmup.py).
 3. Capture: keys in descending token count, all into one shared pool.
 4. Verify: each key replayed against the eager path on fresh random valid inputs.
-5. Measure: median replay time (events in bulk, one read-back per batch); the eager time is
-   the verification's eager run.
+5. Measure: median replay time (events in bulk; 2 runs, more where they differ by over 3%);
+   the eager time is the verification's eager run. A key's verification and timing are read
+   after the next key's are launched, so the host's launches overlap the device's runs.
 6. Manifest: written atomically, only once everything above passed.
 """
 
@@ -23,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from .. import startup
 from ..artifacts import (TRITON_CACHE_DIR, KeyRecord, Manifest, check_triton_cache, environment, use_triton_cache,
                          write_manifest)
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
@@ -31,11 +33,12 @@ from ..errors import CaptureError
 from ..models.parallel import TPGroup
 from ..runtime.distributed import agree, gather
 from ..runtime.step.executor import Executor, resolve_device
+from ..runtime import triton_key
 from ..runtime.step.kv_cache import kv_bytes_per_block
 from ..runtime.warmup import allocated_bytes, loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
-from .verify import StepTiming, time_step, verify_key
+from .verify import StepTiming, launch_timing, launch_verify
 
 # progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
 Progress = Callable[[str, GraphKey | None, int, int], None]
@@ -53,6 +56,7 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
             tp: TPGroup = TPGroup()) -> CaptureResult:
     """Capture every key of the config's plan. With tensor parallelism every rank calls this
     in lockstep; rank 0 writes the manifest."""
+    startup.begin()  # the capture's phases (`capture --json`): interpreter and imports before this
     out_dir = Path(out_dir or config.output)
     progress = progress or (lambda *a: None)
     device = device or resolve_device(config.device)
@@ -88,24 +92,34 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                            f"cache ({str(exc).splitlines()[0]}). No manifest was written. Set a smaller "
                            f"kv_cache.num_blocks or limits.max_seq_len / max_batch_size.") from None
     repeats = timing_repeats or (20 if device.type == "cuda" else 3)
+    startup.lap("kv_cache_and_buffers")
 
+    if ex.device.type == "cuda":
+        triton_key.remember(out_dir / TRITON_CACHE_DIR)  # Triton's own key: hashed once per install
     with torch.inference_mode():
         t0 = time.perf_counter()
         order, warm_keys = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
+        startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
         stats = {}
         for i, key in enumerate(order):
             agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
             stats[key] = _guard(key, "capture", lambda: ex.capture(key))
             progress("capture", key, i + 1, len(order))
+        startup.lap("capture")
         records, timings, t1 = [], [], time.perf_counter()
-        for i, key in enumerate(order):
-            record, timing = _verify_and_time(ex, key, i, stats[key], repeats)
-            records.append(record)
-            timings.append(timing)
-            progress("verify", key, i + 1, len(order))
+        pending = None  # the key launched last, read after the next one is launched
+        for i, key in enumerate(order + [None]):
+            launched = _launch_verify_and_time(ex, key, i, repeats) if key is not None else None
+            if pending is not None:
+                record, timing = _read_verify_and_time(pending, stats[pending[0]])
+                records.append(record)
+                timings.append(timing)
+                progress("verify", pending[0], len(records), len(order))
+            pending = launched
         verify_seconds = time.perf_counter() - t1
+        startup.lap("verify_and_time")
 
     ranks = gather(tp, {"rank": tp.rank, "device": str(ex.device),
                         "parameter_count": sum(p.numel() for p in ex.model.parameters()),
@@ -117,6 +131,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
         manifest.totals["notes"] = notes
     manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
     path = write_manifest(out_dir, manifest) if tp.rank == 0 else out_dir / "manifest.json"
+    startup.lap("manifest")
     return CaptureResult(manifest, path, ex)
 
 
@@ -172,16 +187,25 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
     return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts
 
 
-def _verify_and_time(ex: Executor, key: GraphKey, index: int, stats,
-                     repeats: int) -> tuple[KeyRecord, StepTiming]:
-    """Replay vs eager on random inputs (a difference fails the capture; the eager run's time is
-    eager_ms), then the replay's timing (returned too, for its spread)."""
-    parity = _guard(key, "verification", lambda: verify_key(ex, key, seed=index))
+def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, repeats: int):
+    """Queue the key's replay vs eager on random inputs, then its replay timing; read by
+    `_read_verify_and_time` (after the next key is launched, on CUDA)."""
+    parity = _guard(key, "verification", lambda: launch_verify(ex, key, seed=index))
+    replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats))
+    return key, index, parity, replay
+
+
+def _read_verify_and_time(launched, stats) -> tuple[KeyRecord, StepTiming]:
+    """A difference fails the capture; the eager run's time is eager_ms; the replay timing is
+    returned too, for its spread."""
+    key, index, pending, replay = launched
+    parity = _guard(key, "verification", pending.parity)
     if not parity.ok:
         raise CaptureError(f"{key}: replay differs from eager on the same inputs "
                            f"(max |logit diff| = {parity.max_abs_logit_diff:.3g}, tokens equal: "
                            f"{parity.tokens_equal}). No manifest was written.")
-    replay = time_step(ex, key, eager=False, repeats=repeats)
+    if not isinstance(replay, StepTiming):
+        replay = _guard(key, "timing", replay.timing)
     return KeyRecord(key=key, num_tokens=key.num_tokens, capture_index=index,
                      capture_seconds=stats.capture_seconds, pool_bytes=stats.pool_bytes,
                      replay_ms=replay.median_ms, eager_ms=parity.eager_ms,  # the verification's eager run

@@ -1,5 +1,7 @@
 """Per-key verification and timing: replay against the eager path on fresh random valid
-inputs, and the median replay time."""
+inputs, and the median replay time. Both can be launched and read later (`launch_verify`,
+`launch_timing`): the capture reads a key's results after it has launched the next key's
+work, so the host's launches overlap the device's runs and nothing waits on the whole queue."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from ..runtime.step.kv_cache import blocks_for_tokens
 
 # Replay and eager run the same kernels on the same inputs; any gap beyond this is a bug.
 LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
-# Step timing: at least MIN_REPEATS runs of a key, more while they fit in TIMING_BUDGET_MS.
-MIN_REPEATS = 3
+# Step timing (CUDA): MIN_REPEATS runs of a key; where they differ by more than SPREAD_OK of
+# their median, more while they fit in TIMING_BUDGET_MS.
+MIN_REPEATS = 2
+SPREAD_OK = 0.03
 TIMING_BUDGET_MS = 25.0
 
 
@@ -59,26 +63,53 @@ def random_rows(ex: Executor, key: GraphKey, gen: torch.Generator) -> list[StepR
 
 
 def verify_key(ex: Executor, key: GraphKey, seed: int) -> Parity:
-    """Eager then replay on identical inputs; compare the real rows' logits and tokens. The
-    comparison stays on the device and is read back once (one synchronisation per key); the
-    eager run is timed on the way (CUDA events, read after that read-back)."""
-    gen = torch.Generator().manual_seed(seed)
-    rows = random_rows(ex, key, gen)
-    real = _real_logit_rows(key, len(rows))
-    ex.prepare(key, rows)
-    clock = _StepClock(ex.device)
-    eager = ex.execute(key, eager=True)
-    clock.stop()
-    eager_logits, eager_tokens = eager.logits[real].clone(), eager.tokens[real].clone()
-    eager_accepted = eager.accepted[:len(rows)].clone()
-    ex.prepare(key, rows)
-    out = ex.execute(key)
-    diff = (out.logits[real] - eager_logits).abs().max().float()
-    tokens_same = (out.tokens[real] == eager_tokens).all() & (out.accepted[:len(rows)] == eager_accepted).all()
-    diff, same = torch.stack([diff, tokens_same.float()]).tolist()  # the one read-back
-    tokens_equal = same == 1.0
-    ok = tokens_equal and diff <= LOGIT_TOLERANCE[ex.config.dtype] and diff == diff  # NaN never passes
-    return Parity(diff, tokens_equal, ok, clock.ms())
+    """Eager then replay on identical inputs; compare the real rows' logits and tokens."""
+    return launch_verify(ex, key, seed).parity()
+
+
+class PendingParity:
+    """A verification launched (eager then replay on identical random inputs; the comparison
+    queued on the device), read by `parity()`. On CUDA nothing here waits for the device: the
+    comparison goes to pinned memory behind an event, so the capture can launch the next
+    key's work before this one is read (one wait per key, on this key's work only)."""
+
+    def __init__(self, ex: Executor, key: GraphKey, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        rows = random_rows(ex, key, gen)
+        real = _real_logit_rows(key, len(rows))
+        ex.prepare(key, rows)
+        self.clock = _StepClock(ex.device)
+        eager = ex.execute(key, eager=True)
+        self.clock.stop()
+        eager_logits, eager_tokens = eager.logits[real].clone(), eager.tokens[real].clone()
+        eager_accepted = eager.accepted[:len(rows)].clone()
+        ex.prepare(key, rows)
+        out = ex.execute(key)
+        diff = (out.logits[real] - eager_logits).abs().max().float()
+        tokens_same = (out.tokens[real] == eager_tokens).all() & (out.accepted[:len(rows)] == eager_accepted).all()
+        pair = torch.stack([diff, tokens_same.float()])
+        self.tolerance = LOGIT_TOLERANCE[ex.config.dtype]
+        self._done = None
+        if ex.device.type == "cuda":
+            self._host = torch.empty(2, dtype=torch.float32, pin_memory=True)
+            self._host.copy_(pair, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host = pair
+
+    def parity(self) -> Parity:
+        """Wait for this key's comparison (not for work launched after it) and read it."""
+        if self._done is not None:
+            self._done.synchronize()
+        diff, same = self._host.tolist()
+        tokens_equal = same == 1.0
+        ok = tokens_equal and diff <= self.tolerance and diff == diff  # NaN never passes
+        return Parity(diff, tokens_equal, ok, self.clock.ms())
+
+
+def launch_verify(ex: Executor, key: GraphKey, seed: int) -> PendingParity:
+    return PendingParity(ex, key, seed)
 
 
 class _StepClock:
@@ -126,33 +157,61 @@ def time_step(ex: Executor, key: GraphKey, eager: bool, repeats: int, budget_ms:
               least: int = MIN_REPEATS) -> StepTiming:
     """One step (replay or eager) on padding-only inputs, timed. No warm-up run: the key has
     run eagerly (warm-up, verification) and been replayed (verification) before. On CUDA the
-    runs go back to back, each between two events, read after one synchronisation per batch:
-    first `least` runs, then as many more (up to `repeats` in all) as fit in `budget_ms` at
-    the first batch's median, so a 40 ms prefill key runs `least` times and a 0.2 ms decode
-    key `repeats` times."""
-    ex.prepare(key, [])
-    least = min(least, repeats)
+    runs go back to back, each between two events, read after one synchronisation per batch
+    (see PendingTiming); on the CPU, `repeats` runs by the host clock."""
     if ex.device.type != "cuda":
+        ex.prepare(key, [])
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             ex.execute(key, eager=eager)
             times.append((time.perf_counter() - t0) * 1e3)
         return _timing(times)
-    times = _timed_batch(ex, key, eager, least)
-    more = min(repeats - least, int(budget_ms / max(statistics.median(times), 1e-3)) - least)
-    if more > 0:
-        times += _timed_batch(ex, key, eager, more)
-    return _timing(times)
+    return PendingTiming(ex, key, eager, repeats, budget_ms, least).timing()
 
 
-def _timed_batch(ex: Executor, key: GraphKey, eager: bool, n: int) -> list[float]:
-    """n runs back to back, each between two CUDA events; one synchronisation at the end."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for start, end in events:
-        start.record()
-        ex.execute(key, eager=eager)
-        end.record()
+class PendingTiming:
+    """A CUDA step timing launched: `least` runs queued back to back, each between two events;
+    `timing()` waits for them alone (not for work launched after them) and reads them. Where
+    their spread ((slowest - fastest) / median) is within SPREAD_OK, that is the timing;
+    else as many more runs (up to `repeats` in all) as fit in `budget_ms` at their median, so
+    a noisy 0.2 ms decode key runs up to `repeats` times and a steady 40 ms prefill key `least`."""
+
+    def __init__(self, ex: Executor, key: GraphKey, eager: bool, repeats: int,
+                 budget_ms: float = TIMING_BUDGET_MS, least: int = MIN_REPEATS):
+        self.ex, self.key, self.eager, self.repeats, self.budget_ms = ex, key, eager, repeats, budget_ms
+        self.least = max(1, min(least, repeats))
+        ex.prepare(key, [])
+        self._events = self._launch(self.least)
+
+    def _launch(self, n: int) -> list:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            start.record()
+            self.ex.execute(self.key, eager=self.eager)
+            end.record()
+        return events
+
+    def timing(self) -> StepTiming:
+        times = _read(self._events)
+        first = _timing(times)
+        if first.spread <= SPREAD_OK:
+            return first
+        more = min(self.repeats - len(times), int(self.budget_ms / max(first.median_ms, 1e-3)) - len(times))
+        if more > 0:
+            self.ex.prepare(self.key, [])  # other keys may have run since
+            times += _read(self._launch(more))
+        return _timing(times)
+
+
+def launch_timing(ex: Executor, key: GraphKey, repeats: int) -> "PendingTiming | StepTiming":
+    """The replay timing of `key`: launched (CUDA: read later by `.timing()`) or, on the CPU, done."""
+    if ex.device.type == "cuda":
+        return PendingTiming(ex, key, eager=False, repeats=repeats)
+    return time_step(ex, key, eager=False, repeats=repeats)
+
+
+def _read(events: list) -> list[float]:
     events[-1][1].synchronize()
     return [start.elapsed_time(end) for start, end in events]
 

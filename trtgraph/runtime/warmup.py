@@ -24,23 +24,36 @@ def loaded_kernels() -> int | None:
     this code looks (another Triton version): then every key is warmed."""
     if "triton" not in sys.modules:
         return 0  # no Triton kernel can have been launched
+    count = 0
+    for fn in _jit_functions():
+        caches = getattr(fn, "device_caches", None)
+        if not isinstance(caches, dict):
+            return None
+        for entry in caches.values():
+            if not isinstance(entry, tuple) or not entry or not isinstance(entry[0], dict):
+                return None
+            count += len(entry[0])
+    return count
+
+
+_JIT = (-1, [])  # (len(sys.modules) when scanned, the JIT functions found)
+
+
+def _jit_functions() -> list:
+    """The `@triton.jit` functions of the loaded trtgraph.kernels modules; scanned again only
+    when a module was imported or removed since (the re-record asks before and after every
+    graph: a walk over sys.modules each time was most of its cost)."""
+    global _JIT
+    if _JIT[0] == len(sys.modules):
+        return _JIT[1]
     from triton.runtime.jit import JITFunction
 
-    count = 0
+    found = []
     for name, module in list(sys.modules.items()):
-        if not name.startswith("trtgraph.kernels") or module is None:
-            continue
-        for fn in vars(module).values():
-            if not isinstance(fn, JITFunction):
-                continue
-            caches = getattr(fn, "device_caches", None)
-            if not isinstance(caches, dict):
-                return None
-            for entry in caches.values():
-                if not isinstance(entry, tuple) or not entry or not isinstance(entry[0], dict):
-                    return None
-                count += len(entry[0])
-    return count
+        if name.startswith("trtgraph.kernels") and module is not None:
+            found += [fn for fn in vars(module).values() if isinstance(fn, JITFunction)]
+    _JIT = (len(sys.modules), found)
+    return _JIT[1]
 
 
 def allocated_bytes(device: torch.device) -> int:

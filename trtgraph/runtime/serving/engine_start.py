@@ -14,6 +14,7 @@ from ...artifacts import Manifest, manifest_path
 from ...errors import ManifestError
 from ...models.parallel import TPGroup
 from ..distributed import agree
+from .. import triton_key
 from ..warmup import FirstLoads
 from ..step.executor import Executor
 
@@ -59,16 +60,18 @@ def record(manifest: Manifest, ex: Executor, tp: TPGroup, eager: bool) -> float:
     Returns the seconds it took."""
     t0 = time.perf_counter()
     order = manifest.capture_order
+    if ex.device.type == "cuda":
+        triton_key.remember(manifest.paths.get("triton_cache"))  # not 0.4 s of hashing Triton itself
     with torch.inference_mode():
         for key in warmup_keys(manifest):
             ex.warmup(key)
         startup.lap("warmup_triton_cache")
         if eager:
             return time.perf_counter() - t0
-        pool, loads = 0, FirstLoads(_first_load)
+        pool, loads, layout = 0, FirstLoads(_first_load), ex.buffers.layout()
         loads.before()
         for i, key in enumerate(order):
-            agree(tp, f"graph key {i} and the buffer layout", f"{key}|{ex.buffers.layout()}")
+            agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
             if ex.metadata[key].num_tokens != key.num_tokens:
                 raise ManifestError(f"{key}: token count {ex.metadata[key].num_tokens} != {key.num_tokens}")
             pool += ex.capture(key).pool_bytes

@@ -51,6 +51,7 @@ def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: b
                 out.close()
             except OSError:  # every line was flushed, or a failed write has said so already
                 pass
+    startup.lap("serving")  # requests in, every result written
     return {**engine.stats.to_json(), "startup": startup.CLOCK.to_json()}
 
 
