@@ -72,7 +72,7 @@ class DecodeConfig:
     prenorm: bool = False  # RMSNorm ops: x normed once by a row pass, not in every program (_prenorm)
 
 
-# (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, stack]), measured on the H200 with
+# (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages[, stack[, prenorm]]), measured on the H200 with
 # scripts/tune_decode_linear.py (kernels/decode_tuned.py); N counts output rows of the weight
 # (for gate_up and qkv the paired-row kernels use BLOCK_N pairs, i.e. 2 * BLOCK_N weight rows).
 _TUNED: dict[tuple[int, int], tuple] = dict(decode_tuned.TUNED)
