@@ -16,9 +16,12 @@ different steps and cross KV block boundaries:
   which the device runs after those steps) cannot block on running work. Full-path steps may
   be packed while one step runs: the step after one whose rows all end, the next prefill
   chunk while one runs, and the decode step launched while its rows' prefill runs.
+Over whole waves (`test_waves_admission_and_block_boundaries_keep_the_device_busy`) every
+launch after the first is made while a step is in flight: the next wave's first step goes with
+the last step of the wave before, two ahead, and requests are admitted while steps run.
 Not pipelined yet, so not claimed: a step that admits a request while some rows still decode,
-and the step after the rows changed because some (not all) finished, are formed after the
-host has read the step before them.
+the step after the rows changed because some (not all) finished, and a prefill step after one
+whose rows draw are formed after the host has read the step before them.
 """
 
 from __future__ import annotations
