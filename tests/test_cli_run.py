@@ -260,7 +260,7 @@ def test_bad_file_is_rejected_before_a_real_manifest_is_loaded(default_artifacts
     loads = []
     real = trtgraph.artifacts.load_manifest
     monkeypatch.setattr(trtgraph.artifacts, "load_manifest", lambda *a, **k: loads.append(a) or real(*a, **k))
-    monkeypatch.setattr("trtgraph.runtime.serving.engine.load_manifest", trtgraph.artifacts.load_manifest)
+    monkeypatch.setattr("trtgraph.runtime.serving.engine_start.load_manifest", trtgraph.artifacts.load_manifest)
     path = tmp_path / "bad.jsonl"
     path.write_text(GOOD + '\n{"id": "x", "prompt": "hi", "top_p": 2}\n', encoding="utf-8")
     result = invoke("--prompts", path, "--manifest", default_artifacts)

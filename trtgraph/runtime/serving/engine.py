@@ -15,17 +15,16 @@ from typing import Iterable, Iterator
 import torch
 
 from ... import startup
-from ...artifacts import Manifest, load_manifest, manifest_path, use_triton_cache
-from ...errors import ManifestError, PromptError
+from ...artifacts import Manifest, manifest_path
+from ...errors import PromptError
 from ...models import load_tokenizer
 from ...models.chat import load_chat_template
 from ...models.parallel import TPGroup
-from ..step.checks import check_manifest
-from ..distributed import StepBroadcast, agree
-from ..step.executor import Executor, resolve_device
+from ..distributed import StepBroadcast
+from ..step.executor import Executor
 from .admission import Admission
 from .drafter import NgramDrafter
-from .engine_start import check_built, mismatch_message, record, with_checkpoint
+from .engine_start import check_built, open_manifest, record
 from .launcher import InFlight, StepLauncher
 from .requests import Request, Result, parse_request
 from .scheduler import Scheduler, Sequence
@@ -43,20 +42,9 @@ class Engine:
         parallelism every rank builds an Engine; rank 0 calls generate() and close(), the
         others follow()."""
         startup.begin()
-        self.manifest = load_manifest(path)
-        captured_tp = self.manifest.parallel.get("tensor_parallel_size", 1)
-        if captured_tp != tp.world:
-            raise ManifestError(f"{manifest_path(path)}: captured with tensor_parallel_size {captured_tp}, "
-                                f"loaded on {tp.world} rank(s); `trtgraph run` starts the captured number itself.")
+        self.manifest, config, device = open_manifest(path, tp, model)
         self.tp = tp
-        agree(tp, "the manifest", self.manifest.to_json()["digest"])
         self.artifacts_dir = manifest_path(path).parent
-        config = with_checkpoint(self.manifest.app_config(), manifest_path(path), model)
-        device = resolve_device(config.device)
-        diffs = check_manifest(self.manifest, device, weights=False)
-        if diffs:
-            raise ManifestError(mismatch_message(manifest_path(path), diffs))
-        use_triton_cache(self.manifest.paths["triton_cache"])
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp)
         startup.lap("kv_cache_and_buffers")

@@ -10,18 +10,40 @@ from pathlib import Path
 import torch
 
 from ... import startup
-from ...artifacts import Manifest, manifest_path
+from ...artifacts import Manifest, load_manifest, manifest_path, use_triton_cache
 from ...errors import ManifestError
 from ...models.parallel import TPGroup
 from ..distributed import agree
 from .. import triton_key
 from ..warmup import FirstLoads
-from ..step.executor import Executor
+from ..step.checks import check_manifest
+from ..step.executor import Executor, resolve_device
 
 # Re-recorded graphs may take a little more or less pool than at capture (allocator
 # rounding, library versions); more than this means the plan or the machine changed.
 POOL_TOLERANCE_FRACTION = 0.10
 POOL_TOLERANCE_BYTES = 32 << 20
+
+
+def open_manifest(path: str | Path | Manifest, tp: TPGroup, model: str | Path | None):
+    """The manifest at `path`, checked against this process (its rank count, the ranks'
+    agreement, this machine and library versions; not the weights yet), with the app config
+    it records (its checkpoint moved to `model` if given) and the device to build on; its
+    Triton cache in use from here on."""
+    manifest = load_manifest(path)
+    mpath = manifest_path(path)
+    captured_tp = manifest.parallel.get("tensor_parallel_size", 1)
+    if captured_tp != tp.world:
+        raise ManifestError(f"{mpath}: captured with tensor_parallel_size {captured_tp}, "
+                            f"loaded on {tp.world} rank(s); `trtgraph run` starts the captured number itself.")
+    agree(tp, "the manifest", manifest.to_json()["digest"])
+    config = with_checkpoint(manifest.app_config(), mpath, model)
+    device = resolve_device(config.device)
+    diffs = check_manifest(manifest, device, weights=False)
+    if diffs:
+        raise ManifestError(mismatch_message(mpath, diffs))
+    use_triton_cache(manifest.paths["triton_cache"])
+    return manifest, config, device
 
 
 def check_built(manifest: Manifest, ex: Executor, mpath: Path):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from .ahead import LaunchAhead
+from .drafting import Drafting
 from .drafter import NgramDrafter, NgramIndex
 from .speculation import Acceptance, SpeculationPolicy
 from ..step.kv_cache import BlockAllocator, blocks_for_tokens
@@ -95,7 +96,7 @@ class ScheduledStep:
         return self.key.is_prefill
 
 
-class Scheduler(LaunchAhead):
+class Scheduler(LaunchAhead, Drafting):
     def __init__(self, plan: BucketPlan, num_blocks: int, block_size: int,
                  drafter: NgramDrafter | None = None, max_seq_len: int | None = None,
                  eos_ids: frozenset[int] = frozenset(), replay_ms: dict[GraphKey, float] | None = None):
@@ -246,34 +247,6 @@ class Scheduler(LaunchAhead):
         return ScheduledStep(key, chosen, [q] * len(chosen), drafts,
                              num_proposed=sum(proposals.get(id(s)) is not None for s in chosen) if drafts else 0)
 
-    def _proposals(self, rows: list[Sequence]) -> dict | None:
-        """Drafts by sequence (None where no n-gram matched), or None for a plain step: no
-        drafter, a row too close to max_seq_len for K more positions, or the speculation
-        policy finds drafting does not pay (no match in any row, or low expected acceptance)
-        or makes no proposals this step (a batch that does not draft probes only now and then)."""
-        if self.drafter is None or not rows:
-            return None
-        if not self.speculation.proposes():
-            return None
-        if any(len(s.all_ids) + self.drafter.k > self.max_seq_len for s in rows):
-            if self.speculation.drafting:  # plain from here on: the steps may run ahead again
-                self.speculation.drafting = False
-                self.speculation.end_episode()
-            return None
-        return self._propose(rows)
-
-    def _propose(self, rows: list[Sequence]) -> dict | None:
-        """The proposals of the rows the policy probes (all of them while drafting), scored
-        and decided on; they, or None when the step does not draft."""
-        pol = self.speculation
-        start = time.perf_counter()
-        window, probed = pol.probe_window, pol.probe_rows(rows)
-        out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in probed}
-        if pol.decide(rows, out, probed):
-            return out
-        pol.spaced(time.perf_counter() - start, rows, probed)
-        return None
-
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
         sampled = any(not s.request.is_greedy for s in seqs)
         return select(self.plan, BatchShape(n, draft_len, chunk, SAMPLED if sampled else GREEDY))
@@ -410,15 +383,6 @@ class Scheduler(LaunchAhead):
         if self._probe is not None:
             self._deferred_probe()
         return news
-
-    def _deferred_probe(self) -> None:
-        """The probe `_plain_next` noted, made now that the step it was due at is launched: over
-        its rows still running, decided from the tokens known now. A draft decision makes the
-        next step planned afresh (`schedule`), drafting."""
-        rows, self._probe = [s for s in self._probe if not s.finished], None
-        if rows and all(len(s.all_ids) + 1 + self.drafter.k <= self.max_seq_len for s in rows):
-            if self._propose(rows) is not None:  # drafting from the step after the one in flight,
-                self.speculation.emitted(len(rows))  # whose plain tokens count in the episode
 
     def _stop(self, seq: Sequence, n_new: int) -> str | None:
         """Check the `n_new` tokens just appended, in order: "stop" at a stop id or EOS (not

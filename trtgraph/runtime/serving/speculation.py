@@ -124,6 +124,25 @@ class Acceptance:
             self.pending = (position, list(drafts))
 
 
+@dataclass(slots=True)
+class _Run:
+    """Consecutive generation steps of one key, timed as a whole (`handed_out`)."""
+    key: GraphKey
+    first: float  # hand-out of the run's first step not yet folded into the key's mean
+    steps: int  # steps handed out since `first`, that one included
+    last: float  # the latest hand-out
+
+
+@dataclass(slots=True)
+class _Episode:
+    """A drafting episode, from the decision to draft (`end_episode` judges it)."""
+    key: GraphKey  # its verify key
+    plain_ms_per_token: float  # a plain step's measured ms per row when it began
+    start: float
+    tokens: int  # emitted by its verify steps
+    last: float  # when its last verify step's tokens came
+
+
 class SpeculationPolicy:
     """Decides, per generation step, whether it makes proposals and whether it drafts, from
     the rows' estimates and the costs of the plain and verify keys they would select."""
@@ -145,8 +164,8 @@ class SpeculationPolicy:
         self.hoped = 0  # probes in a row since the last draft or prefill that hope alone kept at interval 1
         self.losses: dict[GraphKey, int] = {}  # verify key -> its last drafting episodes that lost, in a row
         self.episodes = [0, 0]  # drafting episodes judged: (won, lost)
-        self._episode: list | None = None  # [verify key, plain ms per row, start, tokens emitted, last emission]
-        self._run: list | None = None  # [key, first hand-out, steps handed out, last hand-out] of the current run
+        self._episode: _Episode | None = None  # the drafting episode under way
+        self._run: _Run | None = None  # the current run of one generation key's steps
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
 
     @property
@@ -171,23 +190,20 @@ class SpeculationPolicy:
             return
         now = time.perf_counter()
         run = self._run
-        if run is not None and key is not None and (key is run[0] or key == run[0]):
-            run[2] += 1
-            run[3] = now
-            return
         if run is not None and key is not None:
-            run[2] += 1  # the run's last step ends now
-            run[3] = now
+            run.steps += 1  # a step of the run is handed out, or (another key) the run's last step ends now
+            run.last = now
+            if key is run.key or key == run.key:
+                return
         self._flush()
-        self._run = [key, now, 1, now] if key is not None else None
+        self._run = _Run(key, now, 1, now) if key is not None else None
 
     def _flush(self) -> None:
         """Fold the current run's timed steps into its key's mean; the run goes on from its last step."""
         run = self._run
-        if run is not None and run[2] > 1:
-            key, t0, n, last = run
-            self.record(key, 1e3 * (last - t0) / (n - 1), n - 1)
-            run[1], run[2] = last, 1
+        if run is not None and run.steps > 1:
+            self.record(run.key, 1e3 * (run.last - run.first) / (run.steps - 1), run.steps - 1)
+            run.first, run.steps = run.last, 1
 
     def record(self, key: GraphKey, ms: float, n: int = 1) -> None:
         """Fold n steps of `key` that took `ms` each into its running mean."""
@@ -326,13 +342,13 @@ class SpeculationPolicy:
     def _start_episode(self, rows: list) -> None:
         costs = self.costs(rows)
         now = time.perf_counter()
-        self._episode = [self.keys(rows)[1], costs[0] / len(rows), now, 0, now] if costs else None
+        self._episode = _Episode(self.keys(rows)[1], costs[0] / len(rows), now, 0, now) if costs else None
 
     def emitted(self, tokens: int) -> None:
         """A verify step emitted `tokens` (accepted drafts and one more per row)."""
         if self._episode is not None:
-            self._episode[3] += tokens
-            self._episode[4] = time.perf_counter()
+            self._episode.tokens += tokens
+            self._episode.last = time.perf_counter()
 
     def end_episode(self, rows_changed: bool = False) -> None:
         """The batch stops drafting (or new rows come): judge the episode by what it emitted per
@@ -343,12 +359,11 @@ class SpeculationPolicy:
         (up to 2**MAX_LOSSES: then only full acceptance in every row would start it); a win
         clears it."""
         ep, self._episode = self._episode, None
-        if ep is None or ep[3] == 0:
+        if ep is None or ep.tokens == 0:
             return
-        key, plain_ms_per_token, start, tokens, last = ep
-        lost = tokens * plain_ms_per_token < 1e3 * ((last if rows_changed else time.perf_counter()) - start)
+        lost = ep.tokens * ep.plain_ms_per_token < 1e3 * ((ep.last if rows_changed else time.perf_counter()) - ep.start)
         self.episodes[lost] += 1
-        self.losses[key] = min(self.losses.get(key, 0) + 1, MAX_LOSSES) if lost else 0
+        self.losses[ep.key] = min(self.losses.get(ep.key, 0) + 1, MAX_LOSSES) if lost else 0
 
     def _verify_is_cheap(self, rows: list) -> bool:
         """A verify step over `rows` costs no more than a plain one (then probing at every step
