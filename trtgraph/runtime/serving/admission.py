@@ -52,9 +52,7 @@ class Admission:
             if len(self._resolved) >= RESOLVED_CACHE:
                 self._resolved.clear()
             sampling = self._resolved[req.sampling] = resolve_sampling_defaults(req, self.generation).sampling
-        out = object.__new__(Request)  # req with the resolved fields (no second copy of its prompt)
-        out.__dict__.update(req.__dict__, sampling=sampling)
-        return out
+        return req.with_sampling(sampling)
 
     def _sampling_refusal(self, req: Request, speculative: bool) -> str | None:
         """Why this engine cannot serve the request's sampling fields exactly, or None."""

@@ -63,6 +63,13 @@ class Request:
             return getattr(self.sampling, name)
         raise AttributeError(name)
 
+    def with_sampling(self, sampling: SamplingParams) -> "Request":
+        """This request with `sampling` (already validated) in place of its sampling fields;
+        nothing else is validated or copied again (its prompt ids are shared)."""
+        out = object.__new__(Request)
+        out.__dict__.update(self.__dict__, sampling=sampling)
+        return out
+
     @property
     def is_greedy(self) -> bool:
         """A pure argmax: temperature 0, no logits processor, no min_p, no logprobs. Anything
