@@ -373,7 +373,7 @@ CASES = [
     case("prompts", "not-an-object", prompts_case(GOOD_LINES[0], '["b", "Hello"]'), 2,
          "PromptError", "prompts.jsonl line 2", "expected a JSON object"),
     case("prompts", "missing-id", prompts_case(GOOD_LINES[0], '{"prompt": "Hello"}'), 2,
-         "PromptError", "prompts.jsonl line 2", "field `id` = null"),
+         "PromptError", "prompts.jsonl line 2", "missing field `id`", "give every request a unique `id`"),
     case("prompts", "unknown-field", prompts_case('{"id": "a", "prompt": "Hi", "max_token": 3}'), 2,
          "PromptError", "prompts.jsonl line 1", "unknown field max_token"),
     case("prompts", "string-max-tokens", prompts_case('{"id": "a", "prompt": "Hi", "max_tokens": "5"}'), 2,

@@ -143,6 +143,9 @@ def parse_request(raw, where: str, vocab_size: int | None = None) -> Request:
         raise PromptError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                           f"valid fields are {', '.join(FIELDS)}.")
     rid = raw.get("id")
+    if "id" not in raw:
+        raise PromptError(f"{where}: missing field `id`; give every request a unique `id` (a non-empty string "
+                          f"or an integer): it names the request's output line and lets an interrupted run resume.")
     if not (isinstance(rid, str) or int_problem(rid, -(1 << 63), (1 << 63) - 1) is None) or rid == "":
         fail("id", rid, "a non-empty string or an integer in [-2**63, 2**63)")
     if isinstance(rid, str) and text_problem(rid):
