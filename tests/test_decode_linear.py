@@ -97,6 +97,71 @@ def test_fused_ops_with_prenorm_match_the_references(monkeypatch, T, split):
     test_fused_ops_match_the_references(monkeypatch, T, (16, 32, 64), split, True, prenorm=True)
 
 
+def _light_tables(monkeypatch, split, block_k=16, light_rows=(72, 80, 48, 64)):
+    """Light configs for TINY's shapes (tensor-core configs for the rows past LIGHT_MAX_ROWS)."""
+    tuned = {(n, k): (16, 16, 1, 1, 1) for n, k in ((72, 48), (80, 48), (48, 40), (64, 48))}
+    light = {(72, 48): (16, block_k, split, 1), (80, 48): (8, block_k, split, 1), (48, 40): (16, block_k, split, 1),
+             (64, 48): (8, block_k, split, 1)}  # qkv 32 pairs: full 8-pair tiles (EVEN when K divides)
+    monkeypatch.setattr(dl, "_TUNED", tuned)
+    monkeypatch.setattr(dl, "_LIGHT_TUNED", light)
+    monkeypatch.setattr(dl, "_LIGHT_ON", {(n, 48 if n != 48 else 40) for n in light_rows})
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 8])
+@pytest.mark.parametrize("split,block_k", [(1, 16), (3, 16), (1, 8), (2, 64)])
+def test_light_ops_match_the_references(monkeypatch, T, split, block_k):
+    """The light CUDA-core kernel (kernels/decode_light.py) for every fused op: split-K 1, 2 and 3,
+    K tiles that divide the split (EVEN: the next tile's loads ahead) or not (masked), row tiles
+    of 1, 2, 4 and 8, columns not a multiple of BLOCK_N."""
+    _light_tables(monkeypatch, split, block_k)
+    _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
+
+
+def test_light_rows_do_not_depend_on_the_rows_beside(monkeypatch):
+    """Row 0 of every light op is bitwise the same alone and among 2 .. 8 rows (fp32, interpreter);
+    past LIGHT_MAX_ROWS the step takes the tensor-core kernel."""
+    _light_tables(monkeypatch, 3)
+    H, inter, V, heads = TINY
+    g, x, nw = _inputs(8, H, torch.float32, torch.device("cpu"))
+    w_lm, w_gu, w_d = _weight(g, V, H, torch.float32, "cpu"), _weight(g, 2 * inter, H, torch.float32, "cpu"), \
+        _weight(g, H, inter, torch.float32, "cpu")
+    act = torch.randn((8, inter), generator=g)
+    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
+    w_qkv = _weight(g, n_qkv, H, torch.float32, "cpu")
+    cos_sin, positions, cache, slots = _rope_case(g, 8, heads, torch.float32, "cpu")
+
+    def row0(T):
+        res = x[:T].clone()
+        return (dl.norm_linear(x[:T], nw, 1e-5, w_lm, None, torch.float32)[0],
+                dl.norm_gate_up_silu(x[:T], nw, 1e-5, w_gu)[0], dl.linear_residual(act[:T], w_d, res)[0],
+                dl.norm_qkv_rope(x[:T], nw, 1e-5, w_qkv, None, heads, cos_sin, positions[:T], cache.clone(),
+                                 slots[:T])[0])
+    want = row0(1)
+    for T in range(2, 9):
+        for a, b in zip(row0(T), want):
+            assert torch.equal(a, b), T
+
+
+def test_light_choice(monkeypatch):
+    """choose_fused installs the light kernel for decode_tuned.LIGHT's shapes: with `deterministic`
+    only where the plan never runs more than LIGHT_MAX_ROWS rows (one path for every T), and the
+    manifest's name says so."""
+    monkeypatch.setattr(dl, "_LIGHT_TUNED", {(64, 32): (8, 32, 1, 1)})
+    monkeypatch.setattr(dl, "_SLOWER", set())
+    cuda = torch.device("cuda")
+    shapes = [("linear_residual", 64, 32), ("linear_residual", 32, 32)]
+    got = dl.choose_fused(shapes, {(64, 32): [1, 8, 16], (32, 32): [1]}, cuda, False, False, dtype=torch.bfloat16)
+    assert got == {"linear_residual:64x32": "fused+light<=8", "linear_residual:32x32": "fused"}
+    assert dl._LIGHT_ON == {(64, 32)}
+    got = dl.choose_fused(shapes, {(64, 32): [1, 8, 16], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
+    assert got["linear_residual:64x32"] == "fused" and not dl._LIGHT_ON
+    got = dl.choose_fused(shapes, {(64, 32): [1, 4, 8], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
+    assert got["linear_residual:64x32"] == "fused+light<=8" and dl._LIGHT_ON == {(64, 32)}
+    got = dl.choose_fused(shapes, {(64, 32): [1]}, cuda, False, True, dtype=torch.bfloat16)  # tensor parallel
+    assert got["linear_residual:64x32"] == "composed" and not dl._LIGHT_ON
+    dl._LIGHT_ON.clear()
+
+
 def test_prenorm_row_pass_does_not_depend_on_the_rows_beside():
     """The row pass's output for row 0 is bitwise the same alone and among 40 rows."""
     g, x, nw = _inputs(40, 48, torch.float32, torch.device("cpu"))
