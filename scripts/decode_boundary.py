@@ -6,13 +6,14 @@ defeat the L2:
 1. `boundary`: the o shape (2048 x 2048 + residual) chained 16 times (16 kernels) against one
    kernel over 16 x the weight rows, for cuBLAS (F.linear), the tensor-core kernel and the light
    one (without and with PDL): us per 2048 x 2048 of weights; the difference is what a boundary costs.
-2. `ops`: each op alone, chained on weight copies: the tensor-core kernel at T = 1 / 2 / 4 / 8,
+2. `ops`: each op alone, chained on weight copies: the tensor-core kernel at T = 1 and 2,
    the light kernel's candidate configs at T = 1 with PDL, the best one also without PDL and at
-   T = 2 / 4 / 8; fraction of the copy bandwidth for the weight bytes; row 0 bitwise equal T = 1 .. 8.
+   T = 2; fraction of the copy bandwidth for the weight bytes; row 0 bitwise equal T = 1, 2.
 3. `layers`: 16 layers of the real sequence (qkv + RoPE/KV write, o + residual, gate_up + SiLU,
    down + residual; each op's input the previous op's output, attention left out) at T = 1 and
-   8: tensor-core, light, light with PDL; us per layer against the weights' floor.
-Usage: python scripts/decode_boundary.py OUT.json [--quick]
+   2: tensor-core, light, light with PDL; us per layer against the weights' floor.
+`--write`: the best light config per shape (at T = 1, with PDL) into kernels/decode_tuned.py's LIGHT.
+Usage: python scripts/decode_boundary.py OUT.json [--quick] [--write]
 """
 
 import json
@@ -30,11 +31,11 @@ DEV = torch.device("cuda")
 DT = torch.bfloat16
 HEADS = QKVHeads(32, 8, 64)
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
-CANDIDATES = {
-    "o": [(8, 512, 1, 4), (16, 512, 1, 4), (4, 1024, 1, 4), (16, 256, 2, 4), (8, 256, 1, 2), (16, 512, 2, 8)],
-    "qkv": [(8, 512, 1, 4), (4, 512, 1, 4), (16, 512, 1, 4), (8, 256, 2, 4), (4, 1024, 1, 4)],
-    "gate_up": [(16, 512, 1, 4), (8, 512, 1, 4), (32, 256, 1, 4), (16, 1024, 1, 8)],
-    "down": [(8, 512, 2, 4), (8, 512, 1, 4), (16, 512, 2, 4), (4, 1024, 2, 4), (8, 1024, 4, 4), (16, 512, 4, 8)],
+CANDIDATES = {  # (BLOCK_N, BLOCK_K, SPLIT_K, warps): <= 32 fp32 per thread per row accumulator
+    "o": [(4, 1024, 1, 4), (8, 512, 1, 4), (4, 512, 1, 2), (8, 1024, 1, 8), (2, 1024, 1, 2), (4, 2048, 1, 8)],
+    "qkv": [(4, 1024, 1, 4), (4, 512, 1, 4), (8, 512, 1, 4), (2, 1024, 1, 2), (4, 512, 1, 2), (8, 1024, 1, 8)],
+    "gate_up": [(8, 512, 1, 4), (16, 256, 1, 4), (4, 1024, 1, 4), (8, 1024, 1, 8), (16, 512, 1, 8), (32, 256, 1, 8)],
+    "down": [(4, 1024, 2, 4), (8, 1024, 4, 4), (8, 512, 2, 4), (4, 2048, 1, 8), (4, 1024, 1, 4), (8, 1024, 2, 8)],
 }
 QUICK = {name: c[:4] for name, c in CANDIDATES.items()}
 RESULTS: dict = {}
@@ -106,7 +107,7 @@ def boundary(bw):
 
 def row0_bitwise(name, ws):
     want = None
-    for m in range(1, 9):
+    for m in (1, 2):
         fn = make_op(name, m, ws)
         got = fn(0)
         got = got.reshape(m, -1)[0].clone()
@@ -124,7 +125,7 @@ def ops(bw, quick):
         floor = shape[0] * shape[1] * 2 / bw * 1e6
         r = {"floor_us": floor}
         light(shape, None, False)
-        r["tensor-core"] = {m: us(make_op(name, m, ws), calls) for m in (1, 8)}
+        r["tensor-core"] = {m: us(make_op(name, m, ws), calls) for m in (1, 2)}
         screened = []
         for cfg in (QUICK if quick else CANDIDATES)[name]:
             light(shape, cfg, True)
@@ -137,13 +138,13 @@ def ops(bw, quick):
         light(shape, best, False)
         r["best_T1_nopdl"] = us(make_op(name, 1, ws), calls)
         light(shape, best, True)
-        r["best"] = {"cfg": list(best), **{m: us(make_op(name, m, ws), calls) for m in (1, 2, 4, 8)}}
+        r["best"] = {"cfg": list(best), **{m: us(make_op(name, m, ws), calls) for m in (1, 2)}}
         r["row0_bitwise_1_8"] = row0_bitwise(name, ws)
         light(shape, None, False)
         out[name] = r
-        print(f"op {name:8s} floor {floor:5.2f} us  tensor-core T1 {r['tensor-core'][1]:6.2f} T8 {r['tensor-core'][8]:6.2f}"
+        print(f"op {name:8s} floor {floor:5.2f} us  tensor-core T1 {r['tensor-core'][1]:6.2f} T2 {r['tensor-core'][2]:6.2f}"
               f" | light {best} T1 {r['best'][1]:6.2f} ({floor / r['best'][1]:.0%}) nopdl {r['best_T1_nopdl']:6.2f}"
-              f" T2 {r['best'][2]:6.2f} T4 {r['best'][4]:6.2f} T8 {r['best'][8]:6.2f} row0 {r['row0_bitwise_1_8']}",
+              f" T2 {r['best'][2]:6.2f} row0 {r['row0_bitwise_1_8']}",
               flush=True)
         print("   screened: " + ", ".join(f"{tuple(c)} {t:.2f}" for t, c in r["screen_T1_pdl"]), flush=True)
         del ws
@@ -160,7 +161,7 @@ def layers(bw, best):
     nw = torch.ones(2048, device=DEV, dtype=DT)
     floor = sum(n * k * 2 for n, k in SHAPES.values()) / bw * 1e6
     out = {"floor_us_per_layer": floor}
-    for m in (1, 8):
+    for m in (1, 2):
         h = torch.randn((m, 2048), device=DEV, dtype=DT)
         cos_sin = torch.randn((256, 64), device=DEV)
         pos = torch.arange(m, device=DEV)
@@ -185,13 +186,32 @@ def layers(bw, best):
     RESULTS["layers"] = out
 
 
+def write(best):
+    """Replace decode_tuned.LIGHT's entries by the measured best configs."""
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "trtgraph" / "kernels" / "decode_tuned.py"
+    text = path.read_text()
+    start = text.index("LIGHT = {")
+    end = text.index("}", start) + 1
+    body = "".join(f"    {SHAPES[name]}: {tuple(cfg)},\n" for name, cfg in best.items())
+    path.write_text(text[:start] + "LIGHT = {\n" + body + "}" + text[end:])
+    print("LIGHT = {\n" + body + "}", flush=True)
+
+
 def main():
     path = sys.argv[1]
     quick = "--quick" in sys.argv
     bw = measure_bandwidth(DEV)
     RESULTS["bandwidth_GBps"] = bw / 1e9
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    for part in (lambda: boundary(bw), lambda: layers(bw, ops(bw, quick))):
+    best = {}
+
+    def tune():
+        best.update(ops(bw, quick))
+        if "--write" in sys.argv:
+            write(best)
+        layers(bw, best)
+    for part in (lambda: boundary(bw), tune):
         try:
             part()
         except Exception as e:  # keep what was measured

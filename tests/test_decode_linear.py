@@ -107,19 +107,18 @@ def _light_tables(monkeypatch, split, block_k=16, light_rows=(72, 80, 48, 64)):
     monkeypatch.setattr(dl, "_LIGHT_ON", {(n, 48 if n != 48 else 40) for n in light_rows})
 
 
-@pytest.mark.parametrize("T", [1, 2, 3, 8])
+@pytest.mark.parametrize("T", [1, 2, 3])
 @pytest.mark.parametrize("split,block_k", [(1, 16), (3, 16), (1, 8), (2, 64)])
 def test_light_ops_match_the_references(monkeypatch, T, split, block_k):
     """The light CUDA-core kernel (kernels/decode_light.py) for every fused op: split-K 1, 2 and 3,
     K tiles that divide the split (EVEN: the next tile's loads ahead) or not (masked), row tiles
-    of 1, 2, 4 and 8, columns not a multiple of BLOCK_N."""
+    of 1 and 2, columns not a multiple of BLOCK_N; 3 rows take the tensor-core kernel."""
     _light_tables(monkeypatch, split, block_k)
     _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
 
 
 def test_light_rows_do_not_depend_on_the_rows_beside(monkeypatch):
-    """Row 0 of every light op is bitwise the same alone and among 2 .. 8 rows (fp32, interpreter);
-    past LIGHT_MAX_ROWS the step takes the tensor-core kernel."""
+    """Row 0 of every light op is bitwise the same alone and beside another row (fp32, interpreter)."""
     _light_tables(monkeypatch, 3)
     H, inter, V, heads = TINY
     g, x, nw = _inputs(8, H, torch.float32, torch.device("cpu"))
@@ -137,7 +136,7 @@ def test_light_rows_do_not_depend_on_the_rows_beside(monkeypatch):
                 dl.norm_qkv_rope(x[:T], nw, 1e-5, w_qkv, None, heads, cos_sin, positions[:T], cache.clone(),
                                  slots[:T])[0])
     want = row0(1)
-    for T in range(2, 9):
+    for T in range(2, dl.LIGHT_MAX_ROWS + 1):
         for a, b in zip(row0(T), want):
             assert torch.equal(a, b), T
 
@@ -151,12 +150,12 @@ def test_light_choice(monkeypatch):
     cuda = torch.device("cuda")
     shapes = [("linear_residual", 64, 32), ("linear_residual", 32, 32)]
     got = dl.choose_fused(shapes, {(64, 32): [1, 8, 16], (32, 32): [1]}, cuda, False, False, dtype=torch.bfloat16)
-    assert got == {"linear_residual:64x32": "fused+light<=8", "linear_residual:32x32": "fused"}
+    assert got == {"linear_residual:64x32": "fused+light<=2", "linear_residual:32x32": "fused"}
     assert dl._LIGHT_ON == {(64, 32)}
     got = dl.choose_fused(shapes, {(64, 32): [1, 8, 16], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
     assert got["linear_residual:64x32"] == "fused" and not dl._LIGHT_ON
-    got = dl.choose_fused(shapes, {(64, 32): [1, 4, 8], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
-    assert got["linear_residual:64x32"] == "fused+light<=8" and dl._LIGHT_ON == {(64, 32)}
+    got = dl.choose_fused(shapes, {(64, 32): [1, 2], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
+    assert got["linear_residual:64x32"] == "fused+light<=2" and dl._LIGHT_ON == {(64, 32)}
     got = dl.choose_fused(shapes, {(64, 32): [1]}, cuda, False, True, dtype=torch.bfloat16)  # tensor parallel
     assert got["linear_residual:64x32"] == "composed" and not dl._LIGHT_ON
     dl._LIGHT_ON.clear()
@@ -243,10 +242,12 @@ def test_fused_ops_gpu(dtype):
 
 
 @pytest.mark.gpu
-def test_fused_ops_batch_invariant_gpu():
-    """Row 0's outputs are bitwise equal whether the step has 1 or up to 64 rows."""
+def test_fused_ops_batch_invariant_gpu(monkeypatch):
+    """Row 0's outputs are bitwise equal whether the step has 1 or up to 64 rows (the tensor-core
+    kernel: the light one, where a plan installs it, serves 1-2 rows only with deterministic off)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    monkeypatch.setattr(dl, "_LIGHT_ON", set())
     dev, dt = torch.device("cuda"), torch.bfloat16
     H, inter, V, heads = LLAMA_1B
     g, x, nw = _inputs(64, H, dt, dev)
@@ -297,6 +298,90 @@ def test_pdl_chain_in_a_cuda_graph_gpu(monkeypatch):
     want = step(x.clone())
     want_cache = cache.clone()
     monkeypatch.setattr(dl, "_PDL_MODES", frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
+    h = x.clone()
+    step(h.clone())  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(h)
+    cache.zero_()
+    h.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(cache, want_cache)
+
+
+def _light_1b(monkeypatch):
+    """The light kernel installed for the 1B shapes with decode_tuned.LIGHT's configs."""
+    monkeypatch.setattr(dl, "_LIGHT_ON", set(dl._LIGHT_TUNED))
+    assert {(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)} <= dl._LIGHT_ON
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_light_ops_gpu(monkeypatch, dtype):
+    """The light kernel on the 1B shapes (1 and 2 rows; the LM head takes the tensor-core kernel)
+    against the references, PDL-launched as the table says."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _light_1b(monkeypatch)
+    for T in (1, 2):
+        _check_all(T, dtype, torch.device("cuda"), LLAMA_1B, bias=T == 2, seed=T)
+
+
+@pytest.mark.gpu
+def test_light_rows_do_not_depend_on_the_row_beside_gpu(monkeypatch):
+    """bf16, the light kernel: row 0 bitwise the same alone and beside another row, every op."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _light_1b(monkeypatch)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    H, inter, V, heads = LLAMA_1B
+    g, x, nw = _inputs(2, H, dt, dev)
+    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
+    ws = {"gu": _weight(g, 2 * inter, H, dt, dev), "down": _weight(g, H, inter, dt, dev),
+          "o": _weight(g, H, H, dt, dev), "qkv": _weight(g, n_qkv, H, dt, dev)}
+    act = torch.randn((2, inter), generator=g).to(dev, dt)
+    cos_sin, positions, cache, slots = _rope_case(g, 2, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
+
+    def row0(T):
+        c = cache.clone()
+        q = dl.norm_qkv_rope(x[:T], nw, 1e-5, ws["qkv"], None, heads, cos_sin, positions[:T], c, slots[:T])
+        s0 = slots[0].item()
+        return (dl.norm_gate_up_silu(x[:T], nw, 1e-5, ws["gu"])[0], dl.linear_residual(act[:T], ws["down"],
+                x[:T].clone())[0], dl.linear_residual(x[:T], ws["o"], x[:T].clone())[0], q[0],
+                c.view(2, -1, heads.num_kv_heads, heads.head_dim)[:, s0])
+
+    for a, b in zip(row0(1), row0(2)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2])
+def test_light_pdl_chain_in_a_cuda_graph_gpu(monkeypatch, rows):
+    """Three layers of light ops, PDL-launched (first weight tile loaded before the wait) and
+    recorded in a CUDA graph, replay bitwise what the eager PDL-free launches compute."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _light_1b(monkeypatch)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    H, inter, _, heads = LLAMA_1B
+    g, x, nw = _inputs(rows, H, dt, dev)
+    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
+    layers = [(_weight(g, n_qkv, H, dt, dev), _weight(g, H, heads.num_heads * heads.head_dim, dt, dev),
+               _weight(g, 2 * inter, H, dt, dev), _weight(g, H, inter, dt, dev)) for _ in range(3)]
+    cos_sin, positions, cache, slots = _rope_case(g, rows, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
+
+    def step(h):
+        for qkv, o, gu, down in layers:
+            q = dl.norm_qkv_rope(h, nw, 1e-5, qkv, None, heads, cos_sin, positions, cache, slots)
+            h = dl.linear_residual(q.view(rows, -1), o, h)
+            h = dl.linear_residual(dl.norm_gate_up_silu(h, nw, 1e-5, gu), down, h)
+        return h
+
+    monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset())
+    want = step(x.clone())
+    want_cache = cache.clone()
+    monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
     h = x.clone()
     step(h.clone())  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

@@ -35,13 +35,13 @@ WIDE = {
     ('norm_gate_up_silu', 16384, 2048),
     ('norm_linear', 128256, 2048),
 }
-# The light CUDA-core kernel (kernels/decode_light.py) for steps of <= 8 rows, where the plan's
+# The light CUDA-core kernel (kernels/decode_light.py) for steps of <= 2 rows, where the plan's
 # determinism allows it (decode_linear.choose_fused): (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps),
 # and the MODEs (0 plain, 1 residual, 2 SiLU, 3 RoPE) launched with programmatic dependent launch.
 LIGHT = {
-    (2048, 2048): (8, 512, 1, 4),
-    (2048, 8192): (8, 512, 2, 4),
-    (3072, 2048): (8, 512, 1, 4),
-    (16384, 2048): (16, 512, 1, 4),
+    (3072, 2048): (4, 1024, 1, 4),
+    (2048, 2048): (4, 1024, 1, 4),
+    (16384, 2048): (8, 512, 1, 4),
+    (2048, 8192): (4, 1024, 2, 4),
 }
 LIGHT_PDL = {1, 2, 3}
