@@ -6,12 +6,12 @@ defeat the L2:
 1. `boundary`: the o shape (2048 x 2048 + residual) chained 16 times (16 kernels) against one
    kernel over 16 x the weight rows, for cuBLAS (F.linear), the tensor-core kernel and the light
    one (without and with PDL): us per 2048 x 2048 of weights; the difference is what a boundary costs.
-2. `ops`: each op alone, chained on weight copies: the tensor-core kernel at T = 1 and 2,
-   the light kernel's candidate configs at T = 1 with PDL, the best one also without PDL and at
-   T = 2; fraction of the copy bandwidth for the weight bytes; row 0 bitwise equal T = 1, 2.
+2. `ops`: each op alone at T = 1, chained on weight copies: the tensor-core kernel, the light
+   kernel's candidate configs with PDL, the best one also without PDL; fraction of the copy
+   bandwidth for the weight bytes.
 3. `layers`: 16 layers of the real sequence (qkv + RoPE/KV write, o + residual, gate_up + SiLU,
-   down + residual; each op's input the previous op's output, attention left out) at T = 1 and
-   2: tensor-core, light, light with PDL; us per layer against the weights' floor.
+   down + residual; each op's input the previous op's output, attention left out) at T = 1:
+   tensor-core, light, light with PDL; us per layer against the weights' floor.
 `--write`: the best light config per shape (at T = 1, with PDL) into kernels/decode_tuned.py's LIGHT.
 Usage: python scripts/decode_boundary.py OUT.json [--quick] [--write]
 """
@@ -105,18 +105,6 @@ def boundary(bw):
     RESULTS["boundary"] = out
 
 
-def row0_bitwise(name, ws):
-    want = None
-    for m in (1, 2):
-        fn = make_op(name, m, ws)
-        got = fn(0)
-        got = got.reshape(m, -1)[0].clone()
-        want = got if want is None else want
-        if not torch.equal(got, want):
-            return False
-    return True
-
-
 def ops(bw, quick):
     out = {}
     for name, shape in SHAPES.items():
@@ -125,7 +113,7 @@ def ops(bw, quick):
         floor = shape[0] * shape[1] * 2 / bw * 1e6
         r = {"floor_us": floor}
         light(shape, None, False)
-        r["tensor-core"] = {m: us(make_op(name, m, ws), calls) for m in (1, 2)}
+        r["tensor-core"] = us(make_op(name, 1, ws), calls)
         screened = []
         for cfg in (QUICK if quick else CANDIDATES)[name]:
             light(shape, cfg, True)
@@ -138,13 +126,11 @@ def ops(bw, quick):
         light(shape, best, False)
         r["best_T1_nopdl"] = us(make_op(name, 1, ws), calls)
         light(shape, best, True)
-        r["best"] = {"cfg": list(best), **{m: us(make_op(name, m, ws), calls) for m in (1, 2)}}
-        r["row0_bitwise_1_8"] = row0_bitwise(name, ws)
+        r["best"] = {"cfg": list(best), "us": us(make_op(name, 1, ws), calls)}
         light(shape, None, False)
         out[name] = r
-        print(f"op {name:8s} floor {floor:5.2f} us  tensor-core T1 {r['tensor-core'][1]:6.2f} T2 {r['tensor-core'][2]:6.2f}"
-              f" | light {best} T1 {r['best'][1]:6.2f} ({floor / r['best'][1]:.0%}) nopdl {r['best_T1_nopdl']:6.2f}"
-              f" T2 {r['best'][2]:6.2f} row0 {r['row0_bitwise_1_8']}",
+        print(f"op {name:8s} floor {floor:5.2f} us  tensor-core {r['tensor-core']:6.2f}"
+              f" | light {best} {r['best']['us']:6.2f} ({floor / r['best']['us']:.0%}) no PDL {r['best_T1_nopdl']:6.2f}",
               flush=True)
         print("   screened: " + ", ".join(f"{tuple(c)} {t:.2f}" for t, c in r["screen_T1_pdl"]), flush=True)
         del ws
@@ -161,7 +147,7 @@ def layers(bw, best):
     nw = torch.ones(2048, device=DEV, dtype=DT)
     floor = sum(n * k * 2 for n, k in SHAPES.values()) / bw * 1e6
     out = {"floor_us_per_layer": floor}
-    for m in (1, 2):
+    for m in (1,):
         h = torch.randn((m, 2048), device=DEV, dtype=DT)
         cos_sin = torch.randn((256, 64), device=DEV)
         pos = torch.arange(m, device=DEV)

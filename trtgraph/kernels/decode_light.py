@@ -1,26 +1,28 @@
-"""The light decode GEMV: the fused decode ops (kernels/decode_linear.py) for steps of very few
-rows (T <= LIGHT_MAX_ROWS = 2) as CUDA-core dot products instead of tensor-core tiles.
+"""The light decode GEMV: the fused decode ops (kernels/decode_linear.py) for steps of one row
+(T <= LIGHT_MAX_ROWS = 1: batch-1 decode) as CUDA-core dot products instead of tensor-core tiles.
 
-Why: at 1-2 rows the tensor-core kernel (kernels/decode_kernel.py) pads the rows to a 16-row
-MMA and stages its weight tiles in most of an SM's shared memory, one or two programs per SM;
-each op then pays a launch, a ramp until the SMs stream at full bandwidth, and the split-K
-tail, about 4-6 us per op on the 1B shapes (docs/performance.md, sixth session). This kernel
-holds no shared memory for weights and few registers: each program loads a [BLOCK_N, BLOCK_K]
-weight tile into registers with 16-byte vector loads, the next tile's loads in flight while
-it multiplies the current one by the step's rows (one or two; each row has its own
-elementwise accumulator, reduced over K once at the end), so that many programs share an SM. With programmatic dependent launch (`PDL`), a program loads
-its first weight tile before it waits for the previous kernel, so that the next op's weights
-stream while the previous op drains.
+Why: at one row the tensor-core kernel (kernels/decode_kernel.py) pads the row to a 16-row MMA
+and stages its weight tiles in most of an SM's shared memory, one or two programs per SM; each
+op then pays a launch, a ramp until the SMs stream at full bandwidth, and the split-K tail:
+3.8 us per boundary on the o shape on the H200 (scripts/decode_boundary.py; docs/performance.md,
+sixth session). This kernel holds no shared memory for weights: each program loads a
+[BLOCK_N, BLOCK_K] weight tile into registers with 16-byte vector loads, the next tile's loads
+in flight while it multiplies the current one by the row into an elementwise accumulator
+(reduced over K once, at the end), so several programs share an SM. Launched with
+programmatic dependent launch (decode_tuned.LIGHT_PDL), a program loads its first weight tile
+before it waits for the previous kernel, so the next op's weights stream while the previous op
+drains: that overlap is the gain (without PDL the light kernels were no faster in the step).
+Two rows (tried: an accumulator per row) doubled the registers and lost: the step at bs 2 was
+0.18 ms slower, so steps of 2+ rows keep the tensor-core kernel.
 
-Reduction order: a row's elementwise accumulator adds the K tiles in order, then one sum over
-its [BLOCK_N, BLOCK_K] layout (the same whatever the step's row count: rows never mix), then
-the splits in split order: a row's result does not depend on the row beside it.
-But its rounding differs from the tensor-core kernel's, so where the plan also runs steps of
-more rows (which take the tensor-core kernel or the composition), the light kernel serves a
-shape only with `deterministic: false` (decode_linear.choose_fused).
+Reduction order: fixed (the K tiles in order into the accumulator, one sum over its layout,
+then the splits in split order), with no atomics on floats. It rounds otherwise than the
+tensor-core kernel, so a plan that also runs steps of more rows for a shape (which take the
+tensor-core kernel or the composition) gets the light kernel there only with
+`deterministic: false` (decode_linear.choose_fused).
 
-The epilogues, the RMSNorm prologue and the split-K tail are the tensor-core kernel's
-(`_finish`, `_epilogue`); the launch is decode_linear._launch's.
+The epilogues, the RMSNorm prologue's rounding and the split-K tail are the tensor-core
+kernel's (`_finish`, `_epilogue`); the launch is decode_linear._launch's.
 """
 
 import triton
@@ -29,21 +31,21 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .decode_kernel import _finish
 
-LIGHT_MAX_ROWS = 2
+LIGHT_MAX_ROWS = 1
 
 
 @triton.jit
-def _row_fma(x_ptr, r, M, x_stride, kk, k_ok, nw, w1, w2, e1, e2, sq,
+def _row_fma(x_ptr, M, kk, k_ok, nw, w1, w2, e1, e2, sq,
              MODE: tl.constexpr, HAS_NORM: tl.constexpr, MASK_K: tl.constexpr, WDT: tl.constexpr):
-    """Row r's elementwise products with the weight tile(s), added to its accumulators e1 (e2)
-    [BLOCK_N, BLOCK_K] (no reduction in the K loop: one at the end); under HAS_NORM sq [BLOCK_K]
-    += x^2, and x scaled by the norm weight nw and rounded to the weights' dtype (as the
-    tensor-core kernel rounds its x tile)."""
-    r_ok = (tl.zeros_like(kk) + r) < M  # a splat: the loads stay 16-byte vectors
+    """The row's elementwise products with the weight tile(s), added to the accumulators e1 (e2)
+    [BLOCK_N, BLOCK_K] (no reduction in the K loop); under HAS_NORM sq [BLOCK_K] += x^2, and x
+    scaled by the norm weight nw and rounded to the weights' dtype (as the tensor-core kernel
+    rounds its x tile)."""
+    r_ok = tl.zeros_like(kk) < M  # a splat: the loads stay 16-byte vectors
     if MASK_K:
-        xr = tl.load(x_ptr + r * x_stride + kk, mask=k_ok & r_ok, other=0.0).to(tl.float32)
+        xr = tl.load(x_ptr + kk, mask=k_ok & r_ok, other=0.0).to(tl.float32)
     else:
-        xr = tl.load(x_ptr + r * x_stride + kk, mask=r_ok, other=0.0).to(tl.float32)
+        xr = tl.load(x_ptr + kk, mask=r_ok, other=0.0).to(tl.float32)
     if HAS_NORM:
         sq += xr * xr
         xr = (xr * nw).to(WDT).to(tl.float32)
@@ -54,35 +56,22 @@ def _row_fma(x_ptr, r, M, x_stride, kk, k_ok, nw, w1, w2, e1, e2, sq,
 
 
 @triton.jit
-def _tile_fma(x_ptr, row0, M, x_stride, kk, k_ok, nw, w1, w2, e10, e20, sq0, e11, e21, sq1,
-              MODE: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_T: tl.constexpr, MASK_K: tl.constexpr,
-              WDT: tl.constexpr):
-    """One K tile for the tile's rows (row0, and row0 + 1 when BLOCK_T is 2), each row alone."""
-    e10, e20, sq0 = _row_fma(x_ptr, row0, M, x_stride, kk, k_ok, nw, w1, w2, e10, e20, sq0, MODE, HAS_NORM,
-                             MASK_K, WDT)
-    if BLOCK_T == 2:
-        e11, e21, sq1 = _row_fma(x_ptr, row0 + 1, M, x_stride, kk, k_ok, nw, w1, w2, e11, e21, sq1, MODE,
-                                 HAS_NORM, MASK_K, WDT)
-    return e10, e20, sq0, e11, e21, sq1
-
-
-@triton.jit
 def _light_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr,
                   cnt_ptr, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
                   cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
                   MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, NACC: tl.constexpr,
                   BLOCK_T: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, PRENORM: tl.constexpr):
-    """The arguments of decode_kernel._decode_kernel; grid (m-tiles of BLOCK_T (1 or 2) rows,
-    N-tiles, SPLIT_K). EVEN: every split a whole number of BLOCK_K and every N-tile full
-    (unmasked weight loads, the next tile's loads issued before the current tile's arithmetic)."""
+    """The arguments of decode_kernel._decode_kernel (BLOCK_T 1, M <= 1); grid (1, N-tiles,
+    SPLIT_K). EVEN: every split a whole number of BLOCK_K and every N-tile full (unmasked weight
+    loads, the next tile's loads issued before the current tile's arithmetic)."""
+    tl.static_assert(BLOCK_T == 1)
     if PDL:
         gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
-    row0 = pid_m * BLOCK_T
-    rows = row0 + tl.arange(0, BLOCK_T)
+    rows = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < M
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -97,12 +86,9 @@ def _light_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr,
     ko = tl.arange(0, BLOCK_K)
     p1 = w_ptr + w_rows1[:, None] * w_stride + ko[None, :]
     p2 = w_ptr + w_rows2[:, None] * w_stride + ko[None, :]
-    e10 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    e20 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    e11 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    e21 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    sq0 = tl.zeros([BLOCK_K], tl.float32)
-    sq1 = tl.zeros([BLOCK_K], tl.float32)
+    e1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    e2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    sq = tl.zeros([BLOCK_K], tl.float32)
     nw = tl.zeros([BLOCK_K], tl.float32)
     WDT: tl.constexpr = w_ptr.dtype.element_ty
     if EVEN:
@@ -122,9 +108,8 @@ def _light_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr,
             kk = k0 + ko
             if HAS_NORM:
                 nw = tl.load(nw_ptr + kk).to(tl.float32)
-            e10, e20, sq0, e11, e21, sq1 = _tile_fma(x_ptr, row0, M, x_stride, kk, kk < k_hi, nw, w1.to(tl.float32),
-                                                     w2.to(tl.float32), e10, e20, sq0, e11, e21, sq1, MODE,
-                                                     HAS_NORM, BLOCK_T, False, WDT)
+            e1, e2, sq = _row_fma(x_ptr, M, kk, kk < k_hi, nw, w1.to(tl.float32), w2.to(tl.float32), e1, e2, sq,
+                                  MODE, HAS_NORM, False, WDT)
             w1 = w1n
             w2 = w2n
     else:
@@ -140,17 +125,11 @@ def _light_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr,
                 w2 = tl.load(p2 + k0, mask=wm, other=0.0).to(tl.float32)
             if HAS_NORM:
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            e10, e20, sq0, e11, e21, sq1 = _tile_fma(x_ptr, row0, M, x_stride, kk, k_ok, nw, w1, w2, e10, e20, sq0,
-                                                     e11, e21, sq1, MODE, HAS_NORM, BLOCK_T, True, WDT)
-    # one reduction over K per row and accumulator, then the rows side by side: [BLOCK_N, BLOCK_T]
-    tcol = tl.arange(0, BLOCK_T)
-    acc1 = tl.where(tcol[None, :] == 0, tl.sum(e10, axis=1)[:, None], 0.0)
-    acc2 = tl.where(tcol[None, :] == 0, tl.sum(e20, axis=1)[:, None], 0.0)
-    ss = tl.where(tcol == 0, tl.sum(sq0, axis=0), 0.0)
-    if BLOCK_T == 2:
-        acc1 = tl.where(tcol[None, :] == 1, tl.sum(e11, axis=1)[:, None], acc1)
-        acc2 = tl.where(tcol[None, :] == 1, tl.sum(e21, axis=1)[:, None], acc2)
-        ss = tl.where(tcol == 1, tl.sum(sq1, axis=0), ss)
+            e1, e2, sq = _row_fma(x_ptr, M, kk, k_ok, nw, w1, w2, e1, e2, sq, MODE, HAS_NORM, True, WDT)
+    # one reduction over K per accumulator: [BLOCK_N, BLOCK_T = 1]
+    acc1 = tl.sum(e1, axis=1)[:, None]
+    acc2 = tl.sum(e2, axis=1)[:, None]
+    ss = tl.zeros([BLOCK_T], tl.float32) + tl.sum(sq, axis=0)
     _finish(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, rs_ptr, b_ptr, out_ptr, out_stride,
             res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
             cache_head_stride, num_q_heads, num_kv_heads, ws_ptr, cnt_ptr, pid_m, pid_n, split,

@@ -123,7 +123,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)  # never an empty split
-    bt = triton.next_power_of_2(T) if light else row_tile(T)
+    bt = 1 if light else row_tile(T)
     grid = (triton.cdiv(T, bt), triton.cdiv(n_cols, cfg.block_n), split)
     nacc = 2 if mode >= _SILU else 1
     if split > 1:
