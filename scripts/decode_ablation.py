@@ -22,7 +22,8 @@ a variant's two results):
 - `light`: `new` + the light CUDA-core kernel (kernels/decode_light.py) for steps of <= 2 rows on
   decode_tuned.LIGHT's shapes, with PDL for decode_tuned.LIGHT_PDL's ops (the shipped default:
   `new` is the tree before it); `light-no-pdl`, `light-no-gate-up`, `light-o-qkv`: without PDL,
-  gate_up on the tensor-core kernel, only o and qkv light.
+  gate_up on the tensor-core kernel, only o and qkv light; `light-attn`: `light` with the
+  attention kernel letting its successor (o) launch early (attention.ATTENTION_TRIGGER).
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -72,6 +73,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "light-no-pdl": {**NEW, **LIGHT, "light_pdl": set(), "batches": (1, 2)},
             "light-no-gate-up": {**NEW, **LIGHT, "light": LIGHT["light"] - {(16384, 2048)}, "batches": (1, 2)},
             "light-o-qkv": {**NEW, **LIGHT, "light": LIGHT["light"] & {(2048, 2048), (3072, 2048)}, "batches": (1, 2)},
+            "light-attn": {**NEW, **LIGHT, "attn_trigger": True, "batches": (1,)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
             "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
             "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
@@ -82,7 +84,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
     dl._TWO_PER_SM = v["two_per_sm"]
-    attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"]
+    attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
