@@ -24,6 +24,9 @@ weights fill the MMA's M side and are streamed from HBM once; rows past 64 are m
   RoPE with q written out and the rotated k and the v written to the paged cache.
 - Programmatic dependent launch, per op (`_PDL_MODES`, off: it did not pay on the H200): the
   kernel launches while its predecessor drains, prefetches its weight slice into L2, then waits.
+- Steps of one row on the shapes `choose_fused` installs (`_LIGHT_ON`, from decode_tuned.LIGHT)
+  take the light CUDA-core kernel instead (kernels/decode_light.py: same arguments, epilogues
+  and split-K tail; launched with PDL per `_LIGHT_PDL`, where the overlap paid: bs 1 -6 to -8%).
 
 Batch invariance by construction: the launch config (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
 is a function of (N, K) and the device only (`decode_config`), never of T; a row is one
