@@ -18,10 +18,15 @@ a variant's two results):
   (decode_linear._TWO_PER_SM off), at bs 32-64;
 - `main81`: main 81adfc0's kernels (`one-per-sm`, the LM head normed in every program);
   `no-prenorm`: `new` with that LM head; `wide-qkv-down`, `wide-all`: `new` with qkv and down
-  (and o) fused up to 64 rows too, at bs 40 and 64.
+  (and o) fused up to 64 rows too, at bs 40 and 64;
+- `light`: `new` + the light CUDA-core kernel (kernels/decode_light.py) for steps of <= 2 rows on
+  decode_tuned.LIGHT's shapes, with PDL for decode_tuned.LIGHT_PDL's ops (the shipped default:
+  `new` is the tree before it); `light-no-pdl`, `light-no-gate-up`, `light-o-qkv`: without PDL,
+  gate_up on the tensor-core kernel, only o and qkv light; `light-attn`: `light` with the
+  attention kernel letting its successor (o) launch early (attention.ATTENTION_TRIGGER).
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
-Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...]
+Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
 """
 
 import dataclasses
@@ -42,7 +47,7 @@ from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import compose
 from trtgraph.runtime.step.executor import Executor
 
-BATCHES = (1, 8, 32, 40, 64)
+BATCHES = (1, 2, 8, 32, 40, 64)
 ALL = frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE})
 OPS = {"qkv": dl._ROPE, "o_down": dl._RESIDUAL, "gate_up": dl._SILU, "lm_head": dl._PLAIN}
 # main 5b27c9f's kernels/decode_tuned.py (no SLOWER, no WIDE)
@@ -50,7 +55,8 @@ MAIN_TUNED = {(2048, 2048): (64, 128, 4, 4, 4, False), (2048, 8192): (64, 256, 4
               (3072, 2048): (64, 128, 4, 8, 3, True), (16384, 2048): (64, 128, 1, 8, 3, True),
               (128256, 2048): (128, 128, 1, 8, 3, False)}
 NEW = dict(epilogue=True, wide=set(decode_tuned.WIDE), pdl=frozenset(), prefetch=0, tuned=dict(decode_tuned.TUNED),
-           slower=set(decode_tuned.SLOWER), batches=BATCHES, two_per_sm=True)
+           slower=set(decode_tuned.SLOWER), batches=BATCHES, two_per_sm=True, light=set(), light_pdl=set())
+LIGHT = dict(light=set(decode_tuned.LIGHT), light_pdl=set(decode_tuned.LIGHT_PDL))
 QKV, O, DOWN = ("norm_qkv_rope", 3072, 2048), ("linear_residual", 2048, 2048), ("linear_residual", 2048, 8192)
 LM, LM_PLAIN = (128256, 2048), (128, 128, 1, 8, 3, False)  # main 81adfc0's LM head config: no PRENORM
 VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "two_per_sm": False},
@@ -63,6 +69,11 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "epilogue": {**NEW, "wide": set()},
             "new": NEW,
             "new-o-fused": {**NEW, "slower": set(), "batches": (1, 8, 32)},
+            "light": {**NEW, **LIGHT},
+            "light-no-pdl": {**NEW, **LIGHT, "light_pdl": set(), "batches": (1, 2)},
+            "light-no-gate-up": {**NEW, **LIGHT, "light": LIGHT["light"] - {(16384, 2048)}, "batches": (1, 2)},
+            "light-o-qkv": {**NEW, **LIGHT, "light": LIGHT["light"] & {(2048, 2048), (3072, 2048)}, "batches": (1, 2)},
+            "light-attn": {**NEW, **LIGHT, "attn_trigger": True, "batches": (1,)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
             "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
             "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
@@ -73,8 +84,9 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
     dl._TWO_PER_SM = v["two_per_sm"]
-    attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"]
+    attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
+    dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED
     fused = compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
@@ -111,12 +123,17 @@ def measure(ex, key):
 
 
 def main():
+    only = None
+    if "--batches" in sys.argv:  # --batches 1,2: only these batch sizes of every variant
+        at = sys.argv.index("--batches")
+        only = {int(b) for b in sys.argv[at + 1].split(",")}
+        del sys.argv[at:at + 2]
     out_path = sys.argv[1]
     cfg = Config.from_yaml(sys.argv[2] if len(sys.argv) > 2 else "examples/llama-3.2-1b-synthetic.yaml")
-    keys = {b: GraphKey(b, 0, 0, "greedy") for b in BATCHES}
+    keys = {b: GraphKey(b, 0, 0, "greedy") for b in BATCHES if not only or b in only}
     ex = Executor.build(cfg, BucketPlan.from_config(cfg).with_keys(list(keys.values())))
     bw = measure_bandwidth(ex.device) if ex.device.type == "cuda" else 1e12
-    floors = {b: floor_ms(ex, b, bw) for b in BATCHES}
+    floors = {b: floor_ms(ex, b, bw) for b in keys}
     print(f"choice: {dl.installed_choice()}\nbackends: {lin.installed_backends()}\ncopy bandwidth "
           f"{bw / 1e9:.0f} GB/s; floor ms: " + ", ".join(f"bs {b} {v:.3f}" for b, v in floors.items()), flush=True)
     for key in keys.values():
@@ -125,6 +142,8 @@ def main():
     names = sys.argv[3:] or list(VARIANTS)
     for i, name in enumerate(names + names[::-1]):
         v = VARIANTS[name]
+        if only:
+            v = {**v, "batches": tuple(b for b in v["batches"] if b in only)}
         install(ex, v)
         tag = f"{name}#{1 + (i >= len(names))}"
         try:

@@ -18,7 +18,7 @@ from trtgraph.artifacts import load_manifest
 from trtgraph.runtime.step.executor import Executor
 
 # kernel families by name fragment, first match wins; "matmul" is what reads the weights
-FAMILIES = (("matmul", ("_decode_kernel", "gemm", "gemv", "nvjet", "cutlass", "_linear_kernel", "splitk", "sm90")),
+FAMILIES = (("matmul", ("_decode_kernel", "_light_kernel", "gemm", "gemv", "nvjet", "cutlass", "_linear_kernel", "splitk", "sm90")),
             ("attention", ("attn",)), ("norm", ("rms_norm",)), ("rope", ("rope",)), ("silu", ("silu",)),
             ("sampler", ("sample", "gumbel", "argmax", "topk", "process", "logit")))
 KEYS = (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled"))

@@ -97,6 +97,67 @@ def test_fused_ops_with_prenorm_match_the_references(monkeypatch, T, split):
     test_fused_ops_match_the_references(monkeypatch, T, (16, 32, 64), split, True, prenorm=True)
 
 
+def _light_tables(monkeypatch, split, block_k=16, light_rows=(72, 80, 48, 64)):
+    """Light configs for TINY's shapes (tensor-core configs for the rows past LIGHT_MAX_ROWS)."""
+    tuned = {(n, k): (16, 16, 1, 1, 1) for n, k in ((72, 48), (80, 48), (48, 40), (64, 48))}
+    light = {(72, 48): (16, block_k, split, 1), (80, 48): (8, block_k, split, 1), (48, 40): (16, block_k, split, 1),
+             (64, 48): (8, block_k, split, 1)}  # qkv 32 pairs: full 8-pair tiles (EVEN when K divides)
+    monkeypatch.setattr(dl, "_TUNED", tuned)
+    monkeypatch.setattr(dl, "_LIGHT_TUNED", light)
+    monkeypatch.setattr(dl, "_LIGHT_ON", {(n, 48 if n != 48 else 40) for n in light_rows})
+
+
+@pytest.mark.parametrize("T", [1, 2, 3])
+@pytest.mark.parametrize("split,block_k", [(1, 16), (3, 16), (1, 8), (2, 64)])
+def test_light_ops_match_the_references(monkeypatch, T, split, block_k):
+    """The light CUDA-core kernel (kernels/decode_light.py) for every fused op at one row: split-K
+    1, 2 and 3, K tiles that divide the split (EVEN: the next tile's loads ahead) or not (masked),
+    columns not a multiple of BLOCK_N; 2 and 3 rows take the tensor-core kernel."""
+    _light_tables(monkeypatch, split, block_k)
+    _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
+
+
+def test_light_serves_one_row_only(monkeypatch):
+    """Steps of one row take the light kernel, of two the tensor-core one."""
+    _light_tables(monkeypatch, 1)
+    launched = []
+
+    class Spy:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid]
+    monkeypatch.setattr(dl, "_light_kernel", Spy("light", dl._light_kernel))
+    monkeypatch.setattr(dl, "_decode_kernel", Spy("tensor-core", dl._decode_kernel))
+    g, x, nw = _inputs(2, 48, torch.float32, torch.device("cpu"))
+    w = _weight(g, 72, 48, torch.float32, "cpu")
+    for T in (1, 2):
+        dl.norm_linear(x[:T], nw, 1e-5, w)
+    assert launched == ["light", "tensor-core"]
+
+
+def test_light_choice(monkeypatch):
+    """choose_fused installs the light kernel for decode_tuned.LIGHT's shapes: with `deterministic`
+    only where the plan never runs more than LIGHT_MAX_ROWS rows (one path for every T), and the
+    manifest's name says so."""
+    monkeypatch.setattr(dl, "_LIGHT_TUNED", {(64, 32): (8, 32, 1, 1)})
+    monkeypatch.setattr(dl, "_SLOWER", set())
+    cuda = torch.device("cuda")
+    shapes = [("linear_residual", 64, 32), ("linear_residual", 32, 32)]
+    got = dl.choose_fused(shapes, {(64, 32): [1, 8, 16], (32, 32): [1]}, cuda, False, False, dtype=torch.bfloat16)
+    assert got == {"linear_residual:64x32": "fused+light<=1", "linear_residual:32x32": "fused"}
+    assert dl._LIGHT_ON == {(64, 32)}
+    got = dl.choose_fused(shapes, {(64, 32): [1, 2], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
+    assert got["linear_residual:64x32"] == "fused" and not dl._LIGHT_ON
+    got = dl.choose_fused(shapes, {(64, 32): [1], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
+    assert got["linear_residual:64x32"] == "fused+light<=1" and dl._LIGHT_ON == {(64, 32)}
+    got = dl.choose_fused(shapes, {(64, 32): [1]}, cuda, False, True, dtype=torch.bfloat16)  # tensor parallel
+    assert got["linear_residual:64x32"] == "composed" and not dl._LIGHT_ON
+    dl._LIGHT_ON.clear()
+
+
 def test_prenorm_row_pass_does_not_depend_on_the_rows_beside():
     """The row pass's output for row 0 is bitwise the same alone and among 40 rows."""
     g, x, nw = _inputs(40, 48, torch.float32, torch.device("cpu"))
@@ -178,10 +239,12 @@ def test_fused_ops_gpu(dtype):
 
 
 @pytest.mark.gpu
-def test_fused_ops_batch_invariant_gpu():
-    """Row 0's outputs are bitwise equal whether the step has 1 or up to 64 rows."""
+def test_fused_ops_batch_invariant_gpu(monkeypatch):
+    """Row 0's outputs are bitwise equal whether the step has 1 or up to 64 rows (the tensor-core
+    kernel: the light one, where a plan installs it, serves one row only, with deterministic off)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    monkeypatch.setattr(dl, "_LIGHT_ON", set())
     dev, dt = torch.device("cuda"), torch.bfloat16
     H, inter, V, heads = LLAMA_1B
     g, x, nw = _inputs(64, H, dt, dev)
@@ -232,6 +295,62 @@ def test_pdl_chain_in_a_cuda_graph_gpu(monkeypatch):
     want = step(x.clone())
     want_cache = cache.clone()
     monkeypatch.setattr(dl, "_PDL_MODES", frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
+    h = x.clone()
+    step(h.clone())  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(h)
+    cache.zero_()
+    h.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(cache, want_cache)
+
+
+def _light_1b(monkeypatch):
+    """The light kernel installed for the 1B shapes with decode_tuned.LIGHT's configs."""
+    monkeypatch.setattr(dl, "_LIGHT_ON", set(dl._LIGHT_TUNED))
+    assert {(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)} <= dl._LIGHT_ON
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_light_ops_gpu(monkeypatch, dtype):
+    """The light kernel on the 1B shapes (one row; two rows and the LM head take the tensor-core
+    kernel) against the references, PDL-launched as the table says."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _light_1b(monkeypatch)
+    for T in (1, 2):
+        _check_all(T, dtype, torch.device("cuda"), LLAMA_1B, bias=T == 2, seed=T)
+
+
+@pytest.mark.gpu
+def test_light_pdl_chain_in_a_cuda_graph_gpu(monkeypatch, rows=1):
+    """Three layers of light ops, PDL-launched (first weight tile loaded before the wait) and
+    recorded in a CUDA graph, replay bitwise what the eager PDL-free launches compute."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _light_1b(monkeypatch)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    H, inter, _, heads = LLAMA_1B
+    g, x, nw = _inputs(rows, H, dt, dev)
+    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
+    layers = [(_weight(g, n_qkv, H, dt, dev), _weight(g, H, heads.num_heads * heads.head_dim, dt, dev),
+               _weight(g, 2 * inter, H, dt, dev), _weight(g, H, inter, dt, dev)) for _ in range(3)]
+    cos_sin, positions, cache, slots = _rope_case(g, rows, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
+
+    def step(h):
+        for qkv, o, gu, down in layers:
+            q = dl.norm_qkv_rope(h, nw, 1e-5, qkv, None, heads, cos_sin, positions, cache, slots)
+            h = dl.linear_residual(q.view(rows, -1), o, h)
+            h = dl.linear_residual(dl.norm_gate_up_silu(h, nw, 1e-5, gu), down, h)
+        return h
+
+    monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset())
+    want = step(x.clone())
+    want_cache = cache.clone()
+    monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
     h = x.clone()
     step(h.clone())  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

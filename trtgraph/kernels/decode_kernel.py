@@ -210,6 +210,22 @@ def _decode_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr
             gdc_wait()
         acc1, acc2, ss = _k_loop(x_ptr, nw_ptr, w_ptr, rows, row_ok, w_rows1, w_rows2, col_ok, k_lo, k_hi,
                                  x_stride, w_stride, MODE, HAS_NORM, PRECISION, BLOCK_N, BLOCK_K, BLOCK_T, EVEN)
+    _finish(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, rs_ptr, b_ptr, out_ptr, out_stride,
+            res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+            cache_head_stride, num_q_heads, num_kv_heads, ws_ptr, cnt_ptr, pid_m, pid_n, split,
+            MODE, HAS_NORM, HAS_BIAS, HALF, PRENORM, BLOCK_N, SPLIT_K, NACC, BLOCK_T)
+
+
+@triton.jit
+def _finish(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, rs_ptr, b_ptr, out_ptr, out_stride,
+            res_ptr, res_stride, cs_ptr, pos_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+            cache_head_stride, num_q_heads, num_kv_heads, ws_ptr, cnt_ptr, pid_m, pid_n, split,
+            MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
+            PRENORM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, NACC: tl.constexpr,
+            BLOCK_T: tl.constexpr):
+    """A program's partial sums -> the op's outputs: the epilogue at once without split-K, else the
+    partials to the workspace, the arrival, and the last arriving split's sum (in split order) and
+    epilogue (shared by the tensor-core kernel and decode_light's CUDA-core one)."""
     if SPLIT_K == 1:
         _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, eps, rs_ptr, b_ptr, out_ptr,
                   out_stride,

@@ -24,6 +24,9 @@ weights fill the MMA's M side and are streamed from HBM once; rows past 64 are m
   RoPE with q written out and the rotated k and the v written to the paged cache.
 - Programmatic dependent launch, per op (`_PDL_MODES`, off: it did not pay on the H200): the
   kernel launches while its predecessor drains, prefetches its weight slice into L2, then waits.
+- Steps of one row on the shapes `choose_fused` installs (`_LIGHT_ON`, from decode_tuned.LIGHT)
+  take the light CUDA-core kernel instead (kernels/decode_light.py: same arguments, epilogues
+  and split-K tail; launched with PDL per `_LIGHT_PDL`, where the overlap paid: bs 1 -6 to -8%).
 
 Batch invariance by construction: the launch config (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
 is a function of (N, K) and the device only (`decode_config`), never of T; a row is one
@@ -47,6 +50,7 @@ import triton
 from . import decode_tuned
 from .composed import FusedOps, QKVHeads
 from .decode_kernel import _decode_kernel, _prenorm_kernel
+from .decode_light import LIGHT_MAX_ROWS, _light_kernel
 from .triton_ops import arrival_counters, pdl_capable
 
 # The fused kernels run for steps of at most this many rows. They take any row count (64-row
@@ -115,13 +119,14 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     T, K = x.shape
     N_w = weight.shape[0]
     assert x.stride(-1) == 1 and weight.is_contiguous()
-    cfg = decode_config(N_w, K, x.device)
     if T == 0:
         return out
+    light = light_config(N_w, K) if T <= LIGHT_MAX_ROWS and (N_w, K) in _LIGHT_ON else None
+    cfg = light or decode_config(N_w, K, x.device)
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)  # never an empty split
-    bt = row_tile(T)
+    bt = 1 if light else row_tile(T)
     grid = (triton.cdiv(T, bt), triton.cdiv(n_cols, cfg.block_n), split)
     nacc = 2 if mode >= _SILU else 1
     if split > 1:
@@ -131,13 +136,25 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     else:
         ws = cnt = out
     rs = out
-    if cfg.prenorm and norm_weight is not None:  # x normed once here, rstd applied in the epilogue
+    if cfg.prenorm and norm_weight is not None and not light:  # x normed once here, rstd applied in the epilogue
         x, rs = _prenorm(x, norm_weight, eps)
         norm_weight = None
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
-    pdl = _uses_pdl(mode, x.device)
+    pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else _uses_pdl(mode, x.device)
     extra = {"launch_pdl": True} if pdl else {}
+    if light:
+        _light_kernel[grid](
+            x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight,
+            out, residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
+            T, n_cols, K, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
+            residual.stride(0) if residual is not None else 0, float(eps), pair_offset,
+            kv.stride(0) if rope is not None else 0, kv.stride(2) if rope is not None else 0,
+            kv.stride(3) if rope is not None else 0, hq, hkv,
+            MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt, EVEN=even, PDL=pdl,
+            PRENORM=rs is not out, num_warps=cfg.num_warps, num_stages=1, **extra)
+        return out
     _decode_kernel[grid](
         x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight, out,
         residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
@@ -165,6 +182,25 @@ def _prenorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> tuple[to
     _prenorm_kernel[(T,)](x, norm_weight, xs, rs, K, x.stride(0), float(eps),
                           BLOCK_K=min(triton.next_power_of_2(K), 2048), num_warps=4)
     return xs, rs
+
+
+# The light CUDA-core kernel (kernels/decode_light.py) for steps of <= LIGHT_MAX_ROWS rows: the
+# weight shapes (N, K) it runs for, installed by choose_fused from decode_tuned.LIGHT (empty
+# unless installed: the ops called directly run the tensor-core kernel), and the ops (by MODE)
+# whose light kernel is launched with programmatic dependent launch (its first weight tile
+# loaded before it waits for the previous kernel).
+_LIGHT_ON: set[tuple[int, int]] = set()
+_LIGHT_PDL: frozenset[int] = frozenset(decode_tuned.LIGHT_PDL)
+
+
+def light_config(n: int, k: int) -> DecodeConfig | None:
+    """The light kernel's launch config for a weight [n, k] (BLOCK_N, BLOCK_K, SPLIT_K, warps;
+    decode_tuned.LIGHT), or None where it has none."""
+    c = _LIGHT_TUNED.get((n, k))
+    return DecodeConfig(c[0], c[1], c[2], c[3], 1) if c else None
+
+
+_LIGHT_TUNED: dict[tuple[int, int], tuple] = dict(decode_tuned.LIGHT)
 
 
 # Programmatic dependent launch: the ops (by MODE) whose kernel is launched with it, so that it
@@ -289,12 +325,18 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
     the compiler and the runtime install the same choice; the compiler records it in the
     manifest. Returns `installed_choice()`."""
     _CHOICE.clear()
+    _LIGHT_ON.clear()
     for op, n, k in shapes:
         ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER and dtype.itemsize == 2
               and not (qk_norm and op == "norm_qkv_rope"))
+        most = max(row_counts.get((n, k), [0]), default=0)
         if ok and deterministic:
-            ok = max(row_counts.get((n, k), [0]), default=0) <= max_rows(op, n, k)
+            ok = most <= max_rows(op, n, k)
         _CHOICE[(op, n, k)] = FUSED if ok else COMPOSED
+        # the light kernel rounds otherwise than the tensor-core one: with `deterministic`, only
+        # where no step of the plan has more rows than it serves
+        if ok and (n, k) in _LIGHT_TUNED and (not deterministic or most <= LIGHT_MAX_ROWS):
+            _LIGHT_ON.add((n, k))
     return installed_choice()
 
 
@@ -304,7 +346,8 @@ def installed_choice() -> dict[str, str]:
     shape was fused for fewer rows is refused (Recapture) rather than replayed another way."""
     def name(op: str, n: int, k: int, c: str) -> str:
         rows = max_rows(op, n, k)
-        return f"{FUSED}<={rows}" if c == FUSED and rows != FUSED_MAX_ROWS else c
+        c = f"{FUSED}<={rows}" if c == FUSED and rows != FUSED_MAX_ROWS else c
+        return f"{c}+light<={LIGHT_MAX_ROWS}" if (n, k) in _LIGHT_ON else c
     return {f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}
 
 

@@ -35,3 +35,16 @@ WIDE = {
     ('norm_gate_up_silu', 16384, 2048),
     ('norm_linear', 128256, 2048),
 }
+# The light CUDA-core kernel (kernels/decode_light.py) for steps of one row, where the plan's
+# determinism allows it (decode_linear.choose_fused): (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps),
+# the best at T = 1 with PDL of `python scripts/decode_boundary.py OUT.json --write` (sixth session,
+# docs/performance.md); and the MODEs (0 plain, 1 residual, 2 SiLU, 3 RoPE) launched with
+# programmatic dependent launch: o, down, gate_up and qkv (bs 1: 0.895-0.905 ms with it, 0.974-0.976
+# without, 0.959-0.998 on the tensor-core kernel; scripts/decode_ablation.py).
+LIGHT = {
+    (3072, 2048): (2, 1024, 1, 2),
+    (2048, 2048): (8, 1024, 1, 8),
+    (16384, 2048): (16, 256, 1, 4),
+    (2048, 8192): (4, 2048, 1, 8),
+}
+LIGHT_PDL = {1, 2, 3}
