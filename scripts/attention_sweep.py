@@ -1,7 +1,7 @@
 """Decode attention alone on the GPU: 16 launches (one per layer, each its own KV cache) in a
 CUDA graph, Llama-3.2-1B shapes (32 q heads, 8 kv heads, head_dim 64, page 16, a 2048-token
 block table), bf16, timed over replays; per variant of attention.DECODE, both split modes, at
-bs 1 / 8 / 32 / 64 and contexts 128 / 512 / 2048 (the step's token at position ctx). Also: an
+bs 1 / 8 / 32 / 64 and contexts 128 / 512 / 2000 (the step's token at position ctx). Also: an
 empty Triton kernel x16 (the launch floor), the old kernel (trtgraph/kernels/attention_old.py
 where present: not committed, copied in beside for an A/B), and RoPE + KV write + attention
 in one kernel vs triton_ops.rope_write_kv then attention.
@@ -21,7 +21,7 @@ from trtgraph.kernels import triton_ops as t
 
 LAYERS, HQ, HKV, D, PAGE, WIDTH = 16, 32, 8, 64, 16, 128
 DEV = torch.device("cuda")
-BATCHES, CONTEXTS = (1, 8, 32, 64), (128, 512, 2048)
+BATCHES, CONTEXTS = (1, 8, 32, 64), (128, 512, 2000)
 
 
 @triton.jit

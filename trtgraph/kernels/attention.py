@@ -125,11 +125,16 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     # grid's third axis strides over the pieces; pieces past the row's context do no work.
     tiles = tl.cdiv(ctx, BLOCK_N)
     per_split = PIECE_TILES if PIECE_TILES > 0 else tl.maximum(tl.cdiv(tiles, num_pieces), MIN_TILES)
-    used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1) if SPLIT else 1
+    if SPLIT:
+        used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1)
+        owner = (used - 1) % num_split_programs
+    else:
+        used = 1
+        owner = 0
     bt_row = bt_ptr + b * bt_stride
     k_base = kv_ptr + kvh * cache_head_stride
     if ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
-        if split == (used - 1) % num_split_programs:
+        if split == owner:
             _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
                           slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, HEAD_DIM)
             tl.debug_barrier()
@@ -293,7 +298,7 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     assert kv_cache.is_contiguous()
     k, v, cos_sin, slots = rope if rope is not None else (q, q, q, positions)
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-    arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device) if pieces > 1 else out
+    arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals, k, v, cos_sin, slots,
                              q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1),
                              v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
