@@ -1,6 +1,7 @@
 """Decode attention alone on the GPU: 16 launches (one per layer, each its own KV cache) in a
 CUDA graph, Llama-3.2-1B shapes (32 q heads, 8 kv heads, head_dim 64, page 16, a 2048-token
-block table), bf16, timed over replays; per variant of attention.DECODE, both split modes, at
+block table), bf16, timed over replays (us per 16 launches); per variant (attention.DECODE_OVERRIDE
+over each mode's shipped config: `shipped` is none), both split modes, at
 bs 1 / 8 / 32 / 64 and contexts 128 / 512 / 2000 (the step's token at position ctx). Also: an
 empty Triton kernel x16 (the launch floor), the old kernel (trtgraph/kernels/attention_old.py
 where present: not committed, copied in beside for an A/B), and RoPE + KV write + attention
@@ -64,6 +65,7 @@ def case(bs, ctx):
 
 def run_variant(mod, c):
     caches, tables, positions, q, *_ = c
+    q = q.contiguous()  # the old kernel wants q's strides to be its output's
     return timed(lambda: [mod.paged_attention(q, kv, tables, positions, 1, D ** -0.5) for kv in caches])
 
 
@@ -77,18 +79,17 @@ def main():
         from trtgraph.kernels import attention_old as old
     except ImportError:
         old = None
-    base = dict(at.DECODE)
-    variants = {"new": {}, "s1": {"stages": 1}, "w2": {"warps": 2},
+    variants = {"shipped": {}, "n64p4w4": {"block_n": 64, "piece_tiles": 4, "warps": 4}, "s1": {"stages": 1}, "w2": {"warps": 2},
                 "n32p8": {"block_n": 32, "piece_tiles": 8},
-                "n64p2": {"piece_tiles": 2}, "n64p1": {"piece_tiles": 1}, "n128p2": {"block_n": 128, "piece_tiles": 2},
+                "n64p2": {"block_n": 64, "piece_tiles": 2}, "n64p1": {"block_n": 64, "piece_tiles": 1}, "n128p2": {"block_n": 128, "piece_tiles": 2},
                 "n128p1": {"block_n": 128, "piece_tiles": 1}, "sm1": {"per_sm": 1}, "sm4": {"per_sm": 4}}
     cases = {(bs, ctx): case(bs, ctx) for bs in BATCHES for ctx in CONTEXTS}
     for mode in ("adaptive", "invariant"):
-        for name, v in ({"new": {}} if quick else variants).items():
+        for name, v in ({"shipped": {}} if quick else variants).items():
             if mode == "adaptive" and name.startswith("sm"):
                 continue
-            at.DECODE.clear()
-            at.DECODE.update(base, **v)
+            at.DECODE_OVERRIDE.clear()
+            at.DECODE_OVERRIDE.update(v)
             at.set_attention_invariant(mode == "invariant")
             row = {}
             for (bs, ctx), c in cases.items():
@@ -103,8 +104,7 @@ def main():
             row = {f"{bs}x{ctx}": run_variant(old, c) for (bs, ctx), c in cases.items()}
             res[f"{mode}/old"] = row
             print(mode, "old", {k: round(x, 1) for k, x in row.items()}, flush=True)
-    at.DECODE.clear()
-    at.DECODE.update(base)
+    at.DECODE_OVERRIDE.clear()
     at.set_attention_invariant(False)
     for bs in BATCHES:  # RoPE + KV write inside attention vs the two kernels, 128 cached tokens
         caches, tables, positions, q, k, v, cos_sin, slots = cases[(bs, 128)]

@@ -203,11 +203,18 @@ _NUM_SMS: dict = {}
 # pieces as fill the GPU for this key's batch). The executor sets it once at build from the
 # config's `deterministic`, before any warm-up or capture.
 _INVARIANT_ATTENTION = [True]
-# Decode (q = 1) launch on CUDA: KV tile, tiles per invariant piece (the least of an adaptive
-# one), warps, pipeline stages, and programs per SM the grid aims at. The tile, piece and warps
-# fix a row's rounding, so they are constants of the invariant mode (never a function of the
-# batch); stages and the grid's programs only change who computes a piece, and when.
-DECODE = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=2)
+# Decode (q = 1) launches on CUDA: KV tile, tiles per piece (the fixed piece of the invariant
+# mode, the least of an adaptive one), warps, pipeline stages, and (invariant mode) programs
+# per SM the grid aims at (0: one program per piece of the table's longest context). The tile,
+# piece and warps fix a row's rounding, so the invariant mode's are constants, never a function
+# of the batch; stages and the grid only change who computes a piece, and when. Measured on the
+# H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6"): the adaptive mode takes
+# 128-key tiles while the grid has at most two row programs per SM, then 64-key tiles on 2 warps.
+DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0)
+DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3)),  # (row programs per SM at most, config)
+                   (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3)))
+DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
+_CPU_DECODE = dict(block_n=16, piece_tiles=2, warps=4, stages=3, per_sm=2)  # the interpreter (tests)
 
 
 def set_attention_invariant(invariant: bool) -> None:
@@ -222,9 +229,15 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[device]
 
 
-def _piece_tiles(device: torch.device) -> int:
-    """KV tiles per piece: the fixed piece of the invariant mode, the least of the adaptive one."""
-    return DECODE["piece_tiles"] if device.type == "cuda" else 2
+def decode_config(row_programs: int, device: torch.device) -> dict:
+    """The decode launch's config for a key of `row_programs` (sequence, kv head) programs."""
+    if device.type != "cuda":
+        return _CPU_DECODE
+    if _INVARIANT_ATTENTION[0]:
+        return {**DECODE_INVARIANT, **DECODE_OVERRIDE}
+    sms = _num_sms(device)
+    cfg = next(c for most, c in DECODE_ADAPTIVE if most is None or row_programs <= most * sms)
+    return {**cfg, **DECODE_OVERRIDE}
 
 
 def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
@@ -236,25 +249,26 @@ def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int
     Batch-invariant (the default, and `deterministic: true`): decode cuts the KV range into
     fixed pieces of `tiles per piece` tiles (flash-decoding), so a row's reduction order
     depends on its own context length only: the same in every bucket and whatever else shares
-    the step. The grid holds as many programs per row as fill the GPU (at most one per piece
-    of the longest context the table holds); each strides over the row's pieces, and pieces
-    past a row's context do no work. Adaptive (`deterministic: false`): tiles per piece is 0
-    and the key gets as many pieces as fill the GPU about twice over, each row's tiles shared
-    out over them, at least a piece each (a context of one piece is one program: no partials
-    to merge) — faster at large batches, but a row's rounding then depends on its bucket."""
+    the step. The grid's third axis holds a program per piece of the longest context the table
+    holds (or, with `per_sm`, as many as fill the GPU: each strides over the row's pieces);
+    pieces past a row's context do no work. Adaptive (`deterministic: false`): tiles per piece
+    is 0 and the key gets as many pieces as fill the GPU about twice over, each row's tiles
+    shared out over them, at least a piece each (a context of one piece is one program: no
+    partials to merge) — faster at large batches, but a row's rounding then depends on its
+    bucket. Verification and prefill (q > 1): one program per query block, 64-key tiles."""
     rows = q_len * group
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
-    cuda = device.type == "cuda"
-    block_n = (DECODE["block_n"] if q_len == 1 else 64) if cuda else 16
-    warps, stages = (DECODE["warps"], DECODE["stages"]) if cuda and q_len == 1 else (4, 3)
     q_blocks = triton.cdiv(rows, block_m)
-    max_tiles = triton.cdiv(max_len, block_n)
-    piece = _piece_tiles(device)
     row_programs = batch * q_blocks * num_kv_heads
-    fill = max(1, triton.cdiv(DECODE["per_sm"] * _num_sms(device), row_programs))
+    cfg = decode_config(row_programs, device)
+    block_n, piece, warps, stages = cfg["block_n"], cfg["piece_tiles"], cfg["warps"], cfg["stages"]
+    if q_len > 1:
+        block_n, warps, stages = (64 if device.type == "cuda" else 16), 4, 3
+    max_tiles = triton.cdiv(max_len, block_n)
     if _INVARIANT_ATTENTION[0]:
         pieces = 1 if q_len > 1 else triton.cdiv(max_tiles, piece)
-        return block_m, block_n, q_blocks, pieces, piece, min(pieces, fill), warps, stages
+        fill = triton.cdiv(cfg["per_sm"] * _num_sms(device), row_programs) if cfg.get("per_sm") else pieces
+        return block_m, block_n, q_blocks, pieces, piece, max(1, min(pieces, fill)), warps, stages
     pieces = 1 if q_len > 1 else max(1, min(triton.cdiv(max_tiles, piece), 2 * _num_sms(device) // row_programs, 32))
     return block_m, block_n, q_blocks, pieces, 0, pieces, warps, stages
 
@@ -285,6 +299,7 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     tables = block_tables[:batch]
     block_m, block_n, q_blocks, pieces, piece_tiles, programs, warps, stages = attention_launch_shape(
         batch, q_len, group, num_kv_heads, tables.shape[1] * page, q.device)
+    min_tiles = decode_config(batch * q_blocks * num_kv_heads, q.device)["piece_tiles"]
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (batch * q_blocks, num_kv_heads, programs)
@@ -304,7 +319,7 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
                              v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2, pieces,
                              Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, SPLIT=pieces > 1,
-                             PIECE_TILES=piece_tiles, MIN_TILES=_piece_tiles(q.device), PAGE=page,
+                             PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              TRIGGER=ATTENTION_TRIGGER and pdl_capable(q.device), ROPE=rope is not None,
