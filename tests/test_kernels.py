@@ -72,10 +72,10 @@ def run_rope_kv(device, dtype, seed=0):
     _close(caches[0], caches[1], dtype)
 
 
-def _paged_case(g, device, dtype, q_len, batch, hq=8, hkv=2, d=16, bs=4):
+def _paged_case(g, device, dtype, q_len, batch, hq=8, hkv=2, d=16, bs=4, blocks=12):
     """Random contexts through scattered block tables, the step's rows at the end of each
     context: (cache, tables, positions)."""
-    max_blocks = max(12, -(-q_len // bs) + 4)
+    max_blocks = max(blocks, -(-q_len // bs) + 4)
     nblocks = batch * max_blocks + 1
     cache = torch.randn((2, nblocks, bs, hkv, d), generator=g).to(device, dtype)
     perm = torch.randperm(nblocks - 1, generator=g) + 1
@@ -89,10 +89,9 @@ def _paged_case(g, device, dtype, q_len, batch, hq=8, hkv=2, d=16, bs=4):
     return cache, tables.to(device), torch.tensor(positions, dtype=torch.int64, device=device)
 
 
-def run_attention(device, dtype, q_len, batch, seed=0):
+def run_attention(device, dtype, q_len, batch, seed=0, hq=8, hkv=2, d=16, bs=4, blocks=12):
     g = _gen(seed)
-    hq, d = 8, 16
-    cache, tables, positions = _paged_case(g, device, dtype, q_len, batch, hq=hq, d=d)
+    cache, tables, positions = _paged_case(g, device, dtype, q_len, batch, hq=hq, hkv=hkv, d=d, bs=bs, blocks=blocks)
     q = torch.randn((batch * q_len, hq, d), generator=g).to(device, dtype)
     got = _attn().paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
     want = ref.paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
@@ -105,17 +104,16 @@ def _slots(tables, positions, q_len, bs=4):
     return tables[seq, positions // bs] * bs + positions % bs
 
 
-def run_rope_attention(device, dtype, q_len, batch, seed=0):
+def run_rope_attention(device, dtype, q_len, batch, seed=0, hq=8, hkv=2, d=16, bs=4, blocks=12):
     """RoPE + KV write + attention in one op against the reference (rope_write_kv, then
     paged_attention): the output, and the cache it wrote (the step's k and v at their slots),
     both from unrotated strided q, k, v views as the model passes them."""
     g = _gen(seed)
-    hq, hkv, d = 8, 2, 16
-    cache, tables, positions = _paged_case(g, device, dtype, q_len, batch, hq=hq, hkv=hkv, d=d)
+    cache, tables, positions = _paged_case(g, device, dtype, q_len, batch, hq=hq, hkv=hkv, d=d, bs=bs, blocks=blocks)
     qkv = torch.randn((batch * q_len, (hq + 2 * hkv) * d), generator=g).to(device, dtype)
     q, k, v = (t.view(batch * q_len, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
     cos_sin = torch.randn((int(positions.max()) + 1, d), generator=g).to(device)
-    slots = _slots(tables, positions, q_len)
+    slots = _slots(tables, positions, q_len, bs)
     caches = [cache.clone(), cache.clone()]
     got = _attn().rope_paged_attention(q, k, v, cos_sin, positions, caches[0], slots, tables, q_len, d ** -0.5)
     want = ref.rope_paged_attention(q, k, v, cos_sin, positions, caches[1], slots, tables, q_len, d ** -0.5)
@@ -297,6 +295,17 @@ def test_gpu_kernels(dtype):
         run_attention(dev, dtype, q_len, batch, seed=q_len + batch)
     for q_len, batch in ((1, 1), (1, 7), (1, 64), (3, 2)):
         run_rope_attention(dev, dtype, q_len, batch, seed=q_len + batch)
+    from trtgraph.kernels.attention import set_attention_invariant
+
+    llama = dict(hq=32, hkv=8, d=64, bs=16, blocks=40)  # Llama-3.2-1B's heads: each decode config of both modes
+    for invariant in (True, False):
+        set_attention_invariant(invariant)
+        try:
+            for batch in (1, 8, 64):
+                run_attention(dev, dtype, 1, batch, seed=batch, **llama)
+                run_rope_attention(dev, dtype, 1, batch, seed=batch, **llama)
+        finally:
+            set_attention_invariant(True)
     run_linear(dev, dtype, m=70, n=3072, k=2048)  # more rows than one block
     run_linear(dev, dtype, m=3, n=300, k=200)  # ragged edges
     for first in (70, 700):  # one KV split on the GPU (256-token pieces), and three merged
