@@ -353,3 +353,30 @@ def test_deterministic_is_a_checked_boolean_and_cpu_gemms_stay_triton():
         Config.from_dict({**d, "deterministic": "yes"})
     assert linear.choose_backends({(40, 48): [1, 3]}, torch.float32, CPU, True) == {"40x48": "triton"}
     assert linear.choose_backends({(40, 48): [1, 3]}, torch.float32, CPU, False) == {"40x48": "triton"}
+
+
+def test_rope_runs_in_attention_exactly_where_the_qkv_is_not_one_fused_kernel():
+    """The Triton set's choice per step (shapes only): decode steps past the fused qkv's rows,
+    or of a shape the build left composed, or with Qwen3's q/k norms, rotate inside attention;
+    steps the fused qkv takes (it writes the cache in its epilogue) and q > 1 steps do not. The
+    torch set takes the one op at every decode step."""
+    from trtgraph.kernels import _rope_in_attention, decode_linear as dl, get_kernels
+    from trtgraph.kernels.composed import QKVHeads
+
+    w, plain = torch.empty(3072, 2048), QKVHeads(32, 8, 64)
+    normed = QKVHeads(32, 8, 64, torch.ones(64), torch.ones(64), 1e-6)
+    saved = dict(dl._CHOICE)
+    try:
+        dl._CHOICE.clear()
+        dl._CHOICE[("norm_qkv_rope", 3072, 2048)] = dl.FUSED
+        top = dl.max_rows("norm_qkv_rope", 3072, 2048)
+        assert not _rope_in_attention(w, 1, 1, plain) and not _rope_in_attention(w, top, 1, plain)
+        assert _rope_in_attention(w, top + 1, 1, plain) and _rope_in_attention(w, 1, 1, normed)
+        assert not _rope_in_attention(w, top + 2, 2, plain)  # verification rows: rope_write_kv, then attention
+        dl._CHOICE[("norm_qkv_rope", 3072, 2048)] = dl.COMPOSED
+        assert _rope_in_attention(w, 1, 1, plain)
+    finally:
+        dl._CHOICE.clear()
+        dl._CHOICE.update(saved)
+    ref_set = get_kernels("torch")
+    assert ref_set.rope_in_attention(w, 64, 1, plain) and not ref_set.rope_in_attention(w, 4, 2, plain)
