@@ -72,11 +72,10 @@ def run_rope_kv(device, dtype, seed=0):
     _close(caches[0], caches[1], dtype)
 
 
-def run_attention(device, dtype, q_len, batch, seed=0):
-    """Random contexts through scattered block tables; the step's rows at the end of each context."""
-    g = _gen(seed)
-    hq, hkv, d, bs = 8, 2, 16, 4
-    max_blocks = max(12, -(-q_len // bs) + 4)
+def _paged_case(g, device, dtype, q_len, batch, hq=8, hkv=2, d=16, bs=4, blocks=12):
+    """Random contexts through scattered block tables, the step's rows at the end of each
+    context: (cache, tables, positions)."""
+    max_blocks = max(blocks, -(-q_len // bs) + 4)
     nblocks = batch * max_blocks + 1
     cache = torch.randn((2, nblocks, bs, hkv, d), generator=g).to(device, dtype)
     perm = torch.randperm(nblocks - 1, generator=g) + 1
@@ -87,11 +86,41 @@ def run_attention(device, dtype, q_len, batch, seed=0):
         nb = -(-length // bs)
         tables[b, :nb] = perm[b * max_blocks:b * max_blocks + nb]
         positions += list(range(length - q_len, length))
-    tables, positions = tables.to(device), torch.tensor(positions, dtype=torch.int64, device=device)
+    return cache, tables.to(device), torch.tensor(positions, dtype=torch.int64, device=device)
+
+
+def run_attention(device, dtype, q_len, batch, seed=0, hq=8, hkv=2, d=16, bs=4, blocks=12):
+    g = _gen(seed)
+    cache, tables, positions = _paged_case(g, device, dtype, q_len, batch, hq=hq, hkv=hkv, d=d, bs=bs, blocks=blocks)
     q = torch.randn((batch * q_len, hq, d), generator=g).to(device, dtype)
     got = _attn().paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
     want = ref.paged_attention(q, cache, tables, positions, q_len, d ** -0.5)
     _close(got, want, dtype)
+
+
+def _slots(tables, positions, q_len, bs=4):
+    """Each step row's cache slot: its position's page in its sequence's table."""
+    seq = torch.arange(positions.shape[0], device=positions.device) // q_len
+    return tables[seq, positions // bs] * bs + positions % bs
+
+
+def run_rope_attention(device, dtype, q_len, batch, seed=0, hq=8, hkv=2, d=16, bs=4, blocks=12):
+    """RoPE + KV write + attention in one op against the reference (rope_write_kv, then
+    paged_attention): the output, and the cache it wrote (the step's k and v at their slots),
+    both from unrotated strided q, k, v views as the model passes them."""
+    g = _gen(seed)
+    cache, tables, positions = _paged_case(g, device, dtype, q_len, batch, hq=hq, hkv=hkv, d=d, bs=bs, blocks=blocks)
+    qkv = torch.randn((batch * q_len, (hq + 2 * hkv) * d), generator=g).to(device, dtype)
+    q, k, v = (t.view(batch * q_len, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    cos_sin = torch.randn((int(positions.max()) + 1, d), generator=g).to(device)
+    slots = _slots(tables, positions, q_len, bs)
+    caches = [cache.clone(), cache.clone()]
+    got = _attn().rope_paged_attention(q, k, v, cos_sin, positions, caches[0], slots, tables, q_len, d ** -0.5)
+    want = ref.rope_paged_attention(q, k, v, cos_sin, positions, caches[1], slots, tables, q_len, d ** -0.5)
+    _close(got, want, dtype)
+    _close(caches[0], caches[1], dtype)
+    assert not torch.equal(caches[0], cache)  # the step's k and v were written
+    return got, caches[0]
 
 
 def run_attention_batch_invariance(device, dtype, q_len=1, first=70):
@@ -111,6 +140,18 @@ def run_attention_batch_invariance(device, dtype, q_len=1, first=70):
     alone = _attn().paged_attention(q[:q_len], cache, tables[:1, :-(-first // bs) + 2], positions[:q_len], q_len,
                                    scale)
     assert torch.equal(alone, crowd)
+    if q_len == 1:  # RoPE + KV write in the kernel: the same row-0 bits alone and in the crowd
+        k, v = (torch.randn((5, hkv, d), generator=g).to(device, dtype) for _ in range(2))
+        cos_sin = torch.randn((max(lengths), d), generator=g).to(device)
+        tables_cpu = tables.cpu()
+        slots = torch.tensor([int(tables_cpu[i, (n - 1) // bs]) * bs + (n - 1) % bs for i, n in enumerate(lengths)],
+                             device=device)
+        runs = []
+        for rows, width in ((5, tables.shape[1]), (1, -(-first // bs) + 2)):
+            c = cache.clone()
+            runs.append(_attn().rope_paged_attention(q[:rows], k[:rows], v[:rows], cos_sin, positions[:rows], c,
+                                                     slots[:rows], tables[:rows, :width], 1, scale)[:1])
+        assert torch.equal(runs[0], runs[1])
 
 
 def _lin():
@@ -194,6 +235,21 @@ def test_paged_attention(q_len, batch, invariant):
 
 
 @needs_triton
+@pytest.mark.parametrize("invariant", [True, False], ids=["fixed-splits", "adaptive-splits"])
+@pytest.mark.parametrize("q_len,batch", [(1, 1), (1, 3), (3, 2)])
+def test_rope_paged_attention(q_len, batch, invariant):
+    """RoPE + KV write inside the attention kernel (decode), the two ops otherwise, equal the
+    reference op in both split modes."""
+    from trtgraph.kernels.attention import set_attention_invariant
+
+    set_attention_invariant(invariant)
+    try:
+        run_rope_attention(CPU, torch.float32, q_len, batch, seed=q_len * 10 + batch)
+    finally:
+        set_attention_invariant(True)
+
+
+@needs_triton
 @pytest.mark.parametrize("first", [70, 20], ids=["merged-splits", "one-split"])
 def test_paged_attention_is_batch_invariant(first):
     run_attention_batch_invariance(CPU, torch.float32, first=first)
@@ -237,6 +293,19 @@ def test_gpu_kernels(dtype):
     run_rope_kv(dev, dtype)
     for q_len, batch in ((1, 1), (1, 5), (4, 3), (64, 2)):
         run_attention(dev, dtype, q_len, batch, seed=q_len + batch)
+    for q_len, batch in ((1, 1), (1, 7), (1, 64), (3, 2)):
+        run_rope_attention(dev, dtype, q_len, batch, seed=q_len + batch)
+    from trtgraph.kernels.attention import set_attention_invariant
+
+    llama = dict(hq=32, hkv=8, d=64, bs=16, blocks=40)  # Llama-3.2-1B's heads: each decode config of both modes
+    for invariant in (True, False):
+        set_attention_invariant(invariant)
+        try:
+            for batch in (1, 8, 64):
+                run_attention(dev, dtype, 1, batch, seed=batch, **llama)
+                run_rope_attention(dev, dtype, 1, batch, seed=batch, **llama)
+        finally:
+            set_attention_invariant(True)
     run_linear(dev, dtype, m=70, n=3072, k=2048)  # more rows than one block
     run_linear(dev, dtype, m=3, n=300, k=200)  # ragged edges
     for first in (70, 700):  # one KV split on the GPU (256-token pieces), and three merged
@@ -284,3 +353,30 @@ def test_deterministic_is_a_checked_boolean_and_cpu_gemms_stay_triton():
         Config.from_dict({**d, "deterministic": "yes"})
     assert linear.choose_backends({(40, 48): [1, 3]}, torch.float32, CPU, True) == {"40x48": "triton"}
     assert linear.choose_backends({(40, 48): [1, 3]}, torch.float32, CPU, False) == {"40x48": "triton"}
+
+
+def test_rope_runs_in_attention_exactly_where_the_qkv_is_not_one_fused_kernel():
+    """The Triton set's choice per step (shapes only): decode steps past the fused qkv's rows,
+    or of a shape the build left composed, or with Qwen3's q/k norms, rotate inside attention;
+    steps the fused qkv takes (it writes the cache in its epilogue) and q > 1 steps do not. The
+    torch set takes the one op at every decode step."""
+    from trtgraph.kernels import _rope_in_attention, decode_linear as dl, get_kernels
+    from trtgraph.kernels.composed import QKVHeads
+
+    w, plain = torch.empty(3072, 2048), QKVHeads(32, 8, 64)
+    normed = QKVHeads(32, 8, 64, torch.ones(64), torch.ones(64), 1e-6)
+    saved = dict(dl._CHOICE)
+    try:
+        dl._CHOICE.clear()
+        dl._CHOICE[("norm_qkv_rope", 3072, 2048)] = dl.FUSED
+        top = dl.max_rows("norm_qkv_rope", 3072, 2048)
+        assert not _rope_in_attention(w, 1, 1, plain) and not _rope_in_attention(w, top, 1, plain)
+        assert _rope_in_attention(w, top + 1, 1, plain) and _rope_in_attention(w, 1, 1, normed)
+        assert not _rope_in_attention(w, top + 2, 2, plain)  # verification rows: rope_write_kv, then attention
+        dl._CHOICE[("norm_qkv_rope", 3072, 2048)] = dl.COMPOSED
+        assert _rope_in_attention(w, 1, 1, plain)
+    finally:
+        dl._CHOICE.clear()
+        dl._CHOICE.update(saved)
+    ref_set = get_kernels("torch")
+    assert ref_set.rope_in_attention(w, 64, 1, plain) and not ref_set.rope_in_attention(w, 4, 2, plain)

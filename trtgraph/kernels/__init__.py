@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import reference, sampler_reference
-from .composed import compose
+from .composed import compose, norm_qkv_op
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,12 @@ class KernelSet:
     linear_residual: Callable
     norm_gate_up_silu: Callable
     norm_linear: Callable
+    # decode steps whose qkv is not one fused kernel: norm + qkv (+ Qwen3's q/k norms) not
+    # rotated, then RoPE + KV write + attention in one op; rope_in_attention(qkv weight, rows,
+    # q_len, heads) says which steps (a shape-only test, the same for every replay of a key)
+    norm_qkv: Callable
+    rope_paged_attention: Callable
+    rope_in_attention: Callable
     # the sampler (kernels/sampler_reference.py is the torch reference, kernels/sampling.py the Triton twin)
     sample: Callable
     process_logits: Callable
@@ -48,6 +54,9 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         paged_attention=reference.paged_attention,
         linear=reference.linear,
         **compose(reference.rms_norm, reference.linear, reference.silu_and_mul, reference.rope_write_kv)._asdict(),
+        norm_qkv=norm_qkv_op(reference.rms_norm, reference.linear),
+        rope_paged_attention=reference.rope_paged_attention,
+        rope_in_attention=lambda weight, rows, q_len, heads: q_len == 1,  # the same rounding as the two ops
         sample=sampler_reference.sample,
         process_logits=sampler_reference.process,
         top_logprobs=sampler_reference.top_logprobs,
@@ -71,8 +80,18 @@ def _triton_set() -> KernelSet:
                      rope_write_kv=t.rope_write_kv, paged_attention=at.paged_attention, linear=lin.linear,
                      **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                                                           lin.linear_residual))._asdict(),
+                     norm_qkv=norm_qkv_op(t.rms_norm, lin.linear), rope_paged_attention=at.rope_paged_attention,
+                     rope_in_attention=_rope_in_attention,
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
                      gumbel_noise=t.gumbel_noise, argmax=s.argmax)
+
+
+def _rope_in_attention(weight, rows: int, q_len: int, heads) -> bool:
+    """The Triton set: decode steps whose qkv is not the fused kernel (which writes the cache in
+    its epilogue) rotate and write the cache inside the attention kernel."""
+    from . import decode_linear as dl
+
+    return q_len == 1 and (heads.q_norm is not None or not dl.fused("norm_qkv_rope", weight, rows))
 
 
 def resolve(name: str, device_type: str) -> str:

@@ -1,7 +1,12 @@
 """Paged attention for decode (q = 1), verification (q = 1 + k) and prefill chunks: one Triton
 kernel of the torch reference's signature (kernels/reference.py), split-KV with the merge done
-by the split that finishes last. Capture-safe like triton_ops' kernels: grids and constexprs
-depend on the key's shapes only; context lengths are read on the device."""
+by the piece that finishes last. Capture-safe like triton_ops' kernels: grids and constexprs
+depend on the key's shapes only; context lengths are read on the device.
+
+`rope_paged_attention` is the same kernel with RoPE and the KV-cache write folded in (decode
+keys whose qkv projection is not a fused kernel): every program rotates its q rows, and the
+program that owns a row's last KV piece rotates the step's k, writes k and v to the cache and,
+after a barrier, reads them back with the rest of the piece."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cach
                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Online softmax of the rows' queries q [M, D] over KV tiles [start, end) of one sequence
     (block-table row bt_row) and one kv head (k_base): (running max m, sum l, accumulator), in
-    log2 units; a query t sees keys 0..pos[t]."""
+    log2 units; a query t sees keys 0..pos[t]. K and V of a tile are loaded together."""
     d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -34,13 +39,13 @@ def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cach
         page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0)
         off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
         k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+        v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
         s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
-        v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -48,14 +53,46 @@ def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cach
 
 
 @triton.jit
+def _rotate(x_ptr, rows, stride, pos, cs_ptr, mask, HEAD_DIM: tl.constexpr):
+    """Rotate-half RoPE of rows [M, D] at x_ptr + rows * stride in fp32 (rounded by the caller),
+    as triton_ops._rope_kv_kernel: first half x1 cos - x2 sin, second half x2 cos + x1 sin."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    d = tl.arange(0, HEAD_DIM)
+    x = tl.load(x_ptr + rows[:, None] * stride + d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    other = tl.load(x_ptr + rows[:, None] * stride + ((d + HALF) % HEAD_DIM)[None, :], mask=mask[:, None],
+                    other=0.0).to(tl.float32)
+    cs = cs_ptr + pos[:, None] * HEAD_DIM + (d % HALF)[None, :]
+    cos = tl.load(cs, mask=mask[:, None], other=0.0)
+    sin = tl.load(cs + HALF, mask=mask[:, None], other=0.0)
+    return tl.where(d[None, :] < HALF, x * cos - other * sin, x * cos + other * sin)
+
+
+@triton.jit
+def _write_new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr, slot_ptr,
+                  kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, HEAD_DIM: tl.constexpr):
+    """The step's token tok of kv head kvh: k rotated, k and v stored at its cache slot."""
+    d = tl.arange(0, HEAD_DIM)
+    one = tl.arange(0, 1)
+    toks = tok + one
+    k = _rotate(k_ptr + kvh * k_stride_h, toks, k_stride_t, pos + one, cs_ptr, one == 0, HEAD_DIM)
+    v = tl.load(v_ptr + toks[:, None] * v_stride_t + kvh * v_stride_h + d[None, :])
+    slot = tl.load(slot_ptr + toks)
+    dst = kv_ptr + slot[:, None] * cache_slot_stride + kvh * cache_head_stride + d[None, :]
+    tl.store(dst, k.to(kv_ptr.dtype.element_ty))
+    tl.store(dst + cache_kv_stride, v)
+
+
+@triton.jit
 def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr,
-                       q_stride_t, q_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
-                       cache_head_stride, bt_stride, scale_log2,
+                       k_ptr, v_ptr, cs_ptr, slot_ptr,
+                       q_stride_t, q_stride_h, out_stride_t, out_stride_h, k_stride_t, k_stride_h,
+                       v_stride_t, v_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
+                       cache_head_stride, bt_stride, scale_log2, num_pieces,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
-                       NUM_SPLITS: tl.constexpr, SPLIT_TILES: tl.constexpr, MIN_TILES: tl.constexpr,
+                       SPLIT: tl.constexpr, PIECE_TILES: tl.constexpr, MIN_TILES: tl.constexpr,
                        PAGE: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PRECISION: tl.constexpr, TRIGGER: tl.constexpr):
+                       PRECISION: tl.constexpr, TRIGGER: tl.constexpr, ROPE: tl.constexpr):
     if TRIGGER:  # a successor launched with programmatic dependent launch (the o GEMV) may start now
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -64,92 +101,120 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     num_kv_heads = tl.num_programs(1)
+    num_split_programs = tl.num_programs(2)
 
     # Rows of this program: (token, head-in-group) pairs of one sequence and one kv head.
     r = qb * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = r < Q_LEN * GROUP
     tok = b * Q_LEN + r // GROUP
     head = kvh * GROUP + r % GROUP
-    d = tl.arange(0, HEAD_DIM)
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=-1)  # query t sees keys 0..pos[t]
-    q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    if ROPE:  # q rows rotated here, rounded to q's dtype as triton_ops.rope_write_kv rounds them
+        q = _rotate(q_ptr + head[:, None] * q_stride_h, tok, q_stride_t, pos, cs_ptr, row_ok,
+                    HEAD_DIM).to(q_ptr.dtype.element_ty)
+    else:
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
     ctx = tl.max(pos, axis=0) + 1
 
-    # Batch-invariant (SPLIT_TILES > 0): split s owns KV tiles [s * SPLIT_TILES, (s + 1) *
-    # SPLIT_TILES), so where a row's KV range is cut depends on its own context length only.
-    # Adaptive (SPLIT_TILES == 0): the row's tiles are shared out over the key's NUM_SPLITS,
-    # at least MIN_TILES each (a short context is one split: no merge).
+    # The row's KV tiles are cut into pieces of `per_split` tiles. Batch-invariant (PIECE_TILES
+    # > 0): a fixed number of tiles, so where a row's KV range is cut depends on its own context
+    # length only. Adaptive (PIECE_TILES == 0): the row's tiles shared out over the key's
+    # num_pieces, at least MIN_TILES each (a short context is one piece: no merge). The
+    # grid's third axis strides over the pieces; pieces past the row's context do no work.
     tiles = tl.cdiv(ctx, BLOCK_N)
-    per_split = SPLIT_TILES if SPLIT_TILES > 0 else tl.maximum(tl.cdiv(tiles, NUM_SPLITS), MIN_TILES)
-    start = split * per_split
-    end = tl.minimum(start + per_split, tiles) if NUM_SPLITS > 1 else tiles
-
-    m_i, l_i, acc = _attend_tiles(q, kv_ptr + kvh * cache_head_stride, bt_ptr + b * bt_stride, pos, ctx, start, end,
-                                  cache_kv_stride, cache_block_stride, cache_slot_stride, scale_log2,
-                                  PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
-
-    if NUM_SPLITS == 1:
-        _store_rows(out_ptr, acc, l_i, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM)
-    else:
-        # Splits past the row's context (most of them at short contexts) have nothing to add.
+    per_split = PIECE_TILES if PIECE_TILES > 0 else tl.maximum(tl.cdiv(tiles, num_pieces), MIN_TILES)
+    if SPLIT:
         used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1)
-        if used == 1:
-            # The whole context in split 0: it writes the rows itself, no partials, counter or
-            # merge (the merge of one split is acc / l, bitwise: its weight is exp2(0) = 1).
-            if split == 0:
-                _store_rows(out_ptr, acc, l_i, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM)
-        elif split < used:
-            # partials [programs(0), kv heads, splits, BLOCK_M, (D | 2)]
-            base = ((pid * num_kv_heads + kvh) * NUM_SPLITS + split) * BLOCK_M
-            rows = base + tl.arange(0, BLOCK_M)
+        owner = (used - 1) % num_split_programs
+    else:
+        used = 1
+        owner = 0
+    bt_row = bt_ptr + b * bt_stride
+    k_base = kv_ptr + kvh * cache_head_stride
+    if ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
+        if split == owner:
+            _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
+                          slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, HEAD_DIM)
+            tl.debug_barrier()
+    if used == 1:
+        # The whole context in one piece: its program writes the rows itself, no partials,
+        # counter or merge (the merge of one piece is acc / l, bitwise: its weight is exp2(0) = 1).
+        if split == 0:
+            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, pos, ctx, 0, tiles, cache_kv_stride,
+                                          cache_block_stride, cache_slot_stride, scale_log2,
+                                          PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            _store_rows(out_ptr, acc, l_i, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
+    else:
+        row_pieces = (pid * num_kv_heads + kvh) * num_pieces
+        for piece in range(split, used, num_split_programs):
+            start = piece * per_split
+            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, pos, ctx, start, tl.minimum(start + per_split, tiles),
+                                          cache_kv_stride, cache_block_stride, cache_slot_stride, scale_log2,
+                                          PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            # partials [programs(0), kv heads, pieces, BLOCK_M, (D | 2)]
+            rows = (row_pieces + piece) * BLOCK_M + tl.arange(0, BLOCK_M)
+            d = tl.arange(0, HEAD_DIM)
             tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc)
             tl.store(part_ml_ptr + rows * 2, m_i)
             tl.store(part_ml_ptr + rows * 2 + 1, l_i)
-            # The split that arrives last merges all of them (in split order, whichever it is)
+            # The piece that arrives last merges all of them (in piece order, whichever it is)
             # and puts the counter back to 0 for the next launch: no second kernel.
             tl.debug_barrier()
             arrived = tl.atomic_add(arrivals_ptr + pid * num_kv_heads + kvh, 1, sem="acq_rel")
             if arrived == used - 1:
                 _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, pid * num_kv_heads + kvh, used, tok, head, row_ok,
-                              q_stride_t, q_stride_h, NUM_SPLITS, HEAD_DIM, BLOCK_M)
+                              out_stride_t, out_stride_h, num_pieces, HEAD_DIM, BLOCK_M)
                 tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
 
 
 @triton.jit
-def _store_rows(out_ptr, acc, l_i, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM: tl.constexpr):
+def _store_rows(out_ptr, acc, l_i, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM: tl.constexpr):
     """out rows = acc / l (0 where a row saw no key)."""
     d = tl.arange(0, HEAD_DIM)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+    tl.store(out_ptr + tok[:, None] * out_stride_t + head[:, None] * out_stride_h + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
-def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, used, tok, head, row_ok, q_stride_t, q_stride_h,
-                  NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """out = the partial softmax sums of splits 0 .. used - 1 merged, in split order."""
+def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, used, tok, head, row_ok, out_stride_t, out_stride_h,
+                  num_pieces, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out = the partial softmax sums of pieces 0 .. used - 1 merged, in piece order."""
     d = tl.arange(0, HEAD_DIM)
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(used):
-        rows = (program * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = (program * num_pieces + s) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_all = tl.maximum(m_all, tl.load(part_ml_ptr + rows * 2, cache_modifier=".cg"))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for s in range(used):
-        rows = (program * NUM_SPLITS + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = (program * num_pieces + s) * BLOCK_M + tl.arange(0, BLOCK_M)
         w = tl.exp2(tl.load(part_ml_ptr + rows * 2, cache_modifier=".cg") - m_safe)
         l_all += w * tl.load(part_ml_ptr + rows * 2 + 1, cache_modifier=".cg")
         acc += w[:, None] * tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], cache_modifier=".cg")
-    _store_rows(out_ptr, acc, l_all, tok, head, row_ok, q_stride_t, q_stride_h, HEAD_DIM)
+    _store_rows(out_ptr, acc, l_all, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
 
 
 _NUM_SMS: dict = {}
 # Batch-invariant split-KV (fixed pieces of KV tiles) or the faster adaptive split (as many
-# splits as fill the GPU for this key's batch). The executor sets it once at build from the
+# pieces as fill the GPU for this key's batch). The executor sets it once at build from the
 # config's `deterministic`, before any warm-up or capture.
 _INVARIANT_ATTENTION = [True]
+# Decode (q = 1) launches on CUDA: KV tile, tiles per piece (the fixed piece of the invariant
+# mode, the least of an adaptive one), warps, pipeline stages, and (invariant mode) programs
+# per SM the grid aims at (0: one program per piece of the table's longest context). The tile,
+# piece and warps fix a row's rounding, so the invariant mode's are constants, never a function
+# of the batch; stages and the grid only change who computes a piece, and when. Measured on the
+# H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6"): the adaptive mode takes
+# 128-key tiles while the grid has at most two row programs per SM, then 64-key tiles on 2 warps.
+DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0)
+DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3)),  # (row programs per SM at most, config)
+                   (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3)))
+DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
+_CPU_DECODE = dict(block_n=16, piece_tiles=2, warps=4, stages=3, per_sm=2)  # the interpreter (tests)
 
 
 def set_attention_invariant(invariant: bool) -> None:
@@ -164,68 +229,101 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[device]
 
 
-def _piece_tiles(device: torch.device) -> int:
-    """KV tiles per split: the fixed piece of the invariant mode, the least of the adaptive one."""
-    return 4 if device.type == "cuda" else 2
+def decode_config(row_programs: int, device: torch.device) -> dict:
+    """The decode launch's config for a key of `row_programs` (sequence, kv head) programs."""
+    if device.type != "cuda":
+        return _CPU_DECODE
+    if _INVARIANT_ATTENTION[0]:
+        return {**DECODE_INVARIANT, **DECODE_OVERRIDE}
+    sms = _num_sms(device)
+    cfg = next(c for most, c in DECODE_ADAPTIVE if most is None or row_programs <= most * sms)
+    return {**cfg, **DECODE_OVERRIDE}
 
 
 def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
-                           device: torch.device) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, query blocks per sequence, KV splits, KV tiles per split): a pure
-    function of the key's shapes, so a recorded graph always launches the same grid.
+                           device: torch.device) -> tuple[int, int, int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, query blocks per sequence, KV pieces, KV tiles per piece, programs
+    per row, warps, stages): a pure function of the key's shapes, so a recorded graph always
+    launches the same grid.
 
-    Batch-invariant (the default, and `deterministic: true`): decode splits the KV range into
-    fixed pieces of `tiles per split` tiles (flash-decoding), so a row's reduction order
+    Batch-invariant (the default, and `deterministic: true`): decode cuts the KV range into
+    fixed pieces of `tiles per piece` tiles (flash-decoding), so a row's reduction order
     depends on its own context length only: the same in every bucket and whatever else shares
-    the step; splits past a row's context do no work. Adaptive (`deterministic: false`):
-    tiles per split is 0 and the key gets as many splits as fill the GPU about twice over,
-    each row's tiles shared out over them, at least a piece each (a context of one piece is
-    one split: no partials to merge) — faster at large batches, but a row's rounding
-    then depends on its bucket."""
+    the step. The grid's third axis holds a program per piece of the longest context the table
+    holds (or, with `per_sm`, as many as fill the GPU: each strides over the row's pieces);
+    pieces past a row's context do no work. Adaptive (`deterministic: false`): tiles per piece
+    is 0 and the key gets as many pieces as fill the GPU about twice over, each row's tiles
+    shared out over them, at least a piece each (a context of one piece is one program: no
+    partials to merge) — faster at large batches, but a row's rounding then depends on its
+    bucket. Verification and prefill (q > 1): one program per query block, 64-key tiles."""
     rows = q_len * group
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
-    block_n = 64 if device.type == "cuda" else 16
     q_blocks = triton.cdiv(rows, block_m)
+    row_programs = batch * q_blocks * num_kv_heads
+    cfg = decode_config(row_programs, device)
+    block_n, piece, warps, stages = cfg["block_n"], cfg["piece_tiles"], cfg["warps"], cfg["stages"]
+    if q_len > 1:
+        block_n, warps, stages = (64 if device.type == "cuda" else 16), 4, 3
     max_tiles = triton.cdiv(max_len, block_n)
-    piece = _piece_tiles(device)
     if _INVARIANT_ATTENTION[0]:
-        splits = 1 if q_len > 1 else triton.cdiv(max_tiles, piece)
-        return block_m, block_n, q_blocks, splits, piece
-    programs = batch * q_blocks * num_kv_heads
-    splits = 1 if q_len > 1 else max(1, min(triton.cdiv(max_tiles, piece), 2 * _num_sms(device) // programs, 32))
-    return block_m, block_n, q_blocks, splits, 0
+        pieces = 1 if q_len > 1 else triton.cdiv(max_tiles, piece)
+        fill = triton.cdiv(cfg["per_sm"] * _num_sms(device), row_programs) if cfg.get("per_sm") else pieces
+        return block_m, block_n, q_blocks, pieces, piece, max(1, min(pieces, fill)), warps, stages
+    pieces = 1 if q_len > 1 else max(1, min(triton.cdiv(max_tiles, piece), 2 * _num_sms(device) // row_programs, 32))
+    return block_m, block_n, q_blocks, pieces, 0, pieces, warps, stages
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     positions: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
+    return _launch(q, kv_cache, block_tables, positions, q_len, scale)
+
+
+def rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor,
+                         positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                         block_tables: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
+    """reference.rope_paged_attention: q [T, Hq, D], k and v [T, Hkv, D] not yet rotated
+    (strided views are fine). Decode keys (q_len 1) run one kernel; others the two ops."""
+    if q_len != 1:
+        from .triton_ops import rope_write_kv
+        return _launch(rope_write_kv(q, k, v, cos_sin, positions, kv_cache, slot_mapping), kv_cache, block_tables,
+                       positions, q_len, scale)
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    return _launch(q, kv_cache, block_tables, positions, q_len, scale, (k, v, cos_sin, slot_mapping))
+
+
+def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     num_tokens, num_heads, head_dim = q.shape
     batch = num_tokens // q_len
     page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     tables = block_tables[:batch]
-    block_m, block_n, q_blocks, splits, split_tiles = attention_launch_shape(
+    block_m, block_n, q_blocks, pieces, piece_tiles, programs, warps, stages = attention_launch_shape(
         batch, q_len, group, num_kv_heads, tables.shape[1] * page, q.device)
+    min_tiles = decode_config(batch * q_blocks * num_kv_heads, q.device)["piece_tiles"]
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    grid = (batch * q_blocks, num_kv_heads, splits)
-    if splits > 1:
-        part_acc = torch.empty((batch * q_blocks * num_kv_heads * splits * block_m, head_dim),
+    grid = (batch * q_blocks, num_kv_heads, programs)
+    if pieces > 1:
+        part_acc = torch.empty((batch * q_blocks * num_kv_heads * pieces * block_m, head_dim),
                                dtype=torch.float32, device=q.device)
-        part_ml = torch.empty((batch * q_blocks * num_kv_heads * splits * block_m, 2),
+        part_ml = torch.empty((batch * q_blocks * num_kv_heads * pieces * block_m, 2),
                               dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out
-    assert q.stride(0) == out.stride(0) and q.stride(1) == out.stride(1) and kv_cache.is_contiguous()
+    assert kv_cache.is_contiguous()
+    k, v, cos_sin, slots = rope if rope is not None else (q, q, q, positions)
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-    common = dict(Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, NUM_SPLITS=splits, SPLIT_TILES=split_tiles,
-                  MIN_TILES=_piece_tiles(q.device),
-                  HEAD_DIM=head_dim, BLOCK_M=block_m)
-    arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device) if splits > 1 else out
-    _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals,
-                             q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2,
-                             PAGE=page, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             TRIGGER=ATTENTION_TRIGGER and pdl_capable(q.device), **common)
+    arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
+    _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals, k, v, cos_sin, slots,
+                             q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1),
+                             v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2, pieces,
+                             Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, SPLIT=pieces > 1,
+                             PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
+                             HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+                             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                             TRIGGER=ATTENTION_TRIGGER and pdl_capable(q.device), ROPE=rope is not None,
+                             num_warps=warps, num_stages=stages)
     return out
 
 

@@ -12,6 +12,11 @@ is small; so the model calls four fused ops, each a matrix multiply with its nei
 - `norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None)`: RMSNorm then a
   projection (the LM head, writing fp32 logits).
 
+Decode steps whose qkv projection is not one fused kernel split the first op differently:
+`norm_qkv(x, norm_weight, eps, weight, bias, heads) -> (q, k, v)` (RMSNorm, the projection,
+Qwen3's q/k norms; not rotated), then the kernel set's `rope_paged_attention` rotates, writes the
+cache and attends in one op (`KernelSet.rope_in_attention` says which steps do).
+
 `compose(...)` builds them from a kernel set's single ops: the torch references (the numbers
 every faster version is held against, and exactly the unfused model's rounding) and the
 Triton set's path for shapes where its fused kernels are not chosen.
@@ -48,6 +53,23 @@ class FusedOps(NamedTuple):
     norm_linear: Callable
 
 
+def norm_qkv_op(rms_norm: Callable, linear: Callable) -> Callable:
+    """norm_qkv(x, norm_weight, eps, weight, bias, heads) -> q [T, Hq, D], k, v [T, Hkv, D]: views
+    of the projection's output (Qwen3's normed q and k are new tensors), not rotated."""
+
+    def norm_qkv(x, norm_weight, eps, weight, bias, heads: QKVHeads):
+        T, D = x.shape[0], heads.head_dim
+        qkv = linear(rms_norm(x, norm_weight, eps), weight, bias)  # [T, (Hq + 2 Hkv) D]
+        q_size, kv_size = heads.sizes()
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = q.reshape(T, heads.num_heads, D), k.reshape(T, heads.num_kv_heads, D), v.reshape(T, heads.num_kv_heads, D)
+        if heads.q_norm is not None:
+            q, k = rms_norm(q, heads.q_norm, heads.qk_eps), rms_norm(k, heads.k_norm, heads.qk_eps)
+        return q, k, v
+
+    return norm_qkv
+
+
 def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_write_kv: Callable,
             linear_residual: Callable | None = None) -> FusedOps:
     """The four fused ops as sequences of a kernel set's single ops; `linear_residual`, where
@@ -57,15 +79,11 @@ def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_w
         y = linear(rms_norm(x, norm_weight, eps), weight, bias)
         return y if out_dtype is None else y.to(out_dtype)
 
+    norm_qkv = norm_qkv_op(rms_norm, linear)
+
     def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, positions, kv_cache, slot_mapping):
-        T, D = x.shape[0], heads.head_dim
-        qkv = norm_linear(x, norm_weight, eps, weight, bias)  # [T, (Hq + 2 Hkv) D]
-        q_size, kv_size = heads.sizes()
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q, k, v = q.reshape(T, heads.num_heads, D), k.reshape(T, heads.num_kv_heads, D), v.reshape(T, heads.num_kv_heads, D)
-        if heads.q_norm is not None:
-            q, k = rms_norm(q, heads.q_norm, heads.qk_eps), rms_norm(k, heads.k_norm, heads.qk_eps)
-        return rope_write_kv(q, k, v, cos_sin, positions, kv_cache, slot_mapping)
+        return rope_write_kv(*norm_qkv(x, norm_weight, eps, weight, bias, heads), cos_sin, positions, kv_cache,
+                             slot_mapping)
 
     def add_linear(x, weight, residual):
         return residual + linear(x, weight)

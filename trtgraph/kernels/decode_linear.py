@@ -351,14 +351,18 @@ def installed_choice() -> dict[str, str]:
     return {f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}
 
 
+def fused(name: str, weight: torch.Tensor, rows: int) -> bool:
+    """Whether dispatch's op `name` runs its fused kernel for this weight at `rows` rows."""
+    return _CHOICE.get((name, *weight.shape)) == FUSED and rows <= max_rows(name, *weight.shape)
+
+
 def dispatch(composed: FusedOps) -> FusedOps:
     """The four ops: each call runs the fused kernel when its (op, shape) was chosen and the
     step has at most max_rows(op, shape) rows, the composition otherwise (a shape-only test: the
     same for every replay of a key)."""
 
     def pick(name: str, weight: torch.Tensor, rows: int):
-        fused = _CHOICE.get((name, *weight.shape)) == FUSED and rows <= max_rows(name, *weight.shape)
-        return getattr(FUSED_OPS if fused else composed, name)
+        return getattr(FUSED_OPS if fused(name, weight, rows) else composed, name)
 
     def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads, *rest):
         fn = composed.norm_qkv_rope if heads.q_norm is not None else pick("norm_qkv_rope", weight, x.shape[0])

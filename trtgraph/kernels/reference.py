@@ -82,6 +82,15 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     return out.reshape(num_tokens, num_heads, head_dim).to(q.dtype)
 
 
+def rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor,
+                         positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                         block_tables: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
+    """RoPE + the KV-cache write + attention in one op: q [T, Hq, D], k and v [T, Hkv, D] not
+    yet rotated; rope_write_kv, then paged_attention of the rotated q. Returns [T, Hq, D]."""
+    q = rope_write_kv(q, k, v, cos_sin, positions, kv_cache, slot_mapping)
+    return paged_attention(q, kv_cache, block_tables, positions, q_len, scale)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias)."""
     return torch.nn.functional.linear(x, weight, bias)

@@ -5,7 +5,9 @@ forward(input_ids [T], positions [T], meta) -> the residual stream [T, H]
 compute_logits(hidden [R, H]) -> logits [R, V] in fp32 (the final norm, then the LM head)
 
 Each layer is four fused ops of the KernelSet (kernels/composed.py) around attention: norm +
-qkv + RoPE + KV write, o + residual, norm + gate_up + SiLU-mul, down + residual.
+qkv + RoPE + KV write, o + residual, norm + gate_up + SiLU-mul, down + residual; decode steps
+whose qkv is not one fused kernel (KernelSet.rope_in_attention) run norm + qkv, then RoPE + KV
+write + attention in one op.
 
 `meta` is an AttentionMetadata (runtime/step/metadata.py): q_len (a constant of the graph
 key), slot_mapping [T], block_tables [B, MB] and the per-layer KV caches. Every shape
@@ -78,10 +80,16 @@ class Attention(nn.Module):
 
     def forward(self, residual, norm: RMSNorm, positions, cos_sin, kv_cache, meta, ops: KernelSet):
         """residual [T, H] -> residual + attention(norm(residual)) (the o projection's sum)."""
-        T = residual.shape[0]
-        q = ops.norm_qkv_rope(residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias,
-                              self.heads(), cos_sin, positions, kv_cache, meta.slot_mapping[:T])
-        out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
+        T, heads, w = residual.shape[0], self.heads(), self.qkv_proj.weight
+        slots = meta.slot_mapping[:T]
+        if ops.rope_in_attention(w, T, meta.q_len, heads):  # RoPE + KV write inside the attention kernel
+            q, k, v = ops.norm_qkv(residual, norm.weight, norm.eps, w, self.qkv_proj.bias, heads)
+            out = ops.rope_paged_attention(q, k, v, cos_sin, positions, kv_cache, slots, meta.block_tables, meta.q_len,
+                                           self.scale)
+        else:
+            q = ops.norm_qkv_rope(residual, norm.weight, norm.eps, w, self.qkv_proj.bias, heads, cos_sin, positions,
+                                  kv_cache, slots)
+            out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
         return _add_projection(ops, self.tp, out.reshape(T, self.cfg.q_size), self.o_proj.weight, residual)
 
 
