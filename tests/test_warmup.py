@@ -18,6 +18,7 @@ from trtgraph.compiler.verify import time_step
 from trtgraph.errors import ManifestError
 from trtgraph.runtime import warmup
 from trtgraph.runtime.serving.engine import Engine
+from trtgraph.buckets import GraphKey
 from trtgraph.runtime.step.executor import Executor
 
 from conftest import tiny_config
@@ -191,6 +192,20 @@ def test_cuda_step_timing_stops_at_two_steady_runs_and_adds_runs_to_noisy_ones(d
     t = verify.PendingTiming(fake, "key", eager=False, repeats=20, budget_ms=25.0).timing()
     assert (t.repeats, fake.runs, fake.prepared) == (runs, runs, prepared)
     assert t.min_ms == pytest.approx(min(durations[:runs])) and t.max_ms == pytest.approx(max(durations[:runs]))
+
+
+@pytest.mark.parametrize("key, eager_ms, loaded_new, runs", [
+    (GraphKey(4, 0, 256, "greedy"), 9.0, False, 1),    # a long prefill step, its eager time its own: one run
+    (GraphKey(4, 0, 256, "greedy"), 9.0, True, 2),     # it loaded a kernel: that time is not the step's
+    (GraphKey(4, 0, 256, "greedy"), 7.9, False, 2),    # shorter than LONG_STEP_MS
+    (GraphKey(4, 0, 256, "greedy"), None, False, 2),   # no eager time (its reference was not kept)
+    (GraphKey(64, 0, 0, "greedy"), 30.0, False, 2),    # decode keys' times steer speculation: never one run
+])
+def test_timing_starts_with_one_run_only_for_long_prefill_steps(key, eager_ms, loaded_new, runs):
+    from trtgraph.compiler.verify import LONG_STEP_MS, timing_runs
+
+    assert LONG_STEP_MS == 8.0
+    assert timing_runs(key, eager_ms, loaded_new) == runs
 
 
 def test_capture_reads_each_key_after_launching_the_next(monkeypatch, tmp_path):

@@ -44,7 +44,8 @@ from ..runtime.step.kv_cache import kv_bytes_per_block
 from ..runtime.warmup import loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
-from .verify import StepTiming, clear_kv_cache, eager_reference, fill_kv_cache, launch_timing, launch_verify
+from .verify import (LONG_STEP_MS, StepTiming, clear_kv_cache, eager_reference, fill_kv_cache, launch_timing, launch_verify,
+                     timing_runs)
 
 # The warm-up keeps each key's eager outputs as its verification's reference while they fit in
 # this many bytes in all (the 92 keys of examples/llama-3.2-1b-synthetic.yaml: 0.4 GB); a key
@@ -114,6 +115,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
         warmup_seconds = time.perf_counter() - t0
         startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
+        warm_set = set(warm_keys)
         stats, records, timings, t1 = {}, [], [], time.perf_counter()
         pending = None  # the key launched last, read after the next one is captured and launched
         for i, key in enumerate(order + [None]):
@@ -122,7 +124,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                 stats[key] = _guard(key, "capture", lambda: ex.capture(key))
                 progress("capture", key, i + 1, len(order))
                 startup.lap("capture")
-                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats)
+                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats, key in warm_set)
             if pending is not None:
                 record, timing = _read_verify_and_time(pending, stats[pending[0]])
                 records.append(record)
@@ -205,13 +207,15 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
     return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs
 
 
-def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeats: int):
+def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeats: int, loaded_new: bool):
     """Queue the key's replay against its eager reference (a Reference, or the seed of one to
-    run now), then its replay timing; read by `_read_verify_and_time` (after the next key is
-    captured and launched, on CUDA)."""
+    run now), then its replay timing (one run for a long prefill step: `timing_runs`); read
+    by `_read_verify_and_time` (after the next key is captured and launched, on CUDA)."""
     seed, reference = (ref, None) if isinstance(ref, int) else (ref.seed, ref)
     parity = _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference))
-    replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats))
+    eager_ms = None if reference is None or ex.device.type != "cuda" else reference.clock.ms()
+    least = timing_runs(key, eager_ms, loaded_new)
+    replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats, least))
     return key, index, parity, replay
 
 
@@ -234,11 +238,13 @@ def _read_verify_and_time(launched, stats) -> tuple[KeyRecord, StepTiming]:
 
 def _timing_summary(timings: list[StepTiming]) -> dict:
     """How many runs each key's replay time is the median of, and their spread ((slowest -
-    fastest) / median): the median and the largest over keys. (With verify_seconds: the
+    fastest) / median): the median and the largest over the keys timed more than once; how
+    many long prefill keys one run timed (`verify.timing_runs`). (With verify_seconds: the
     verification and timing of every key.)"""
-    spreads = sorted(t.spread for t in timings)
+    spreads = sorted(t.spread for t in timings if t.repeats > 1) or [0.0]
     return {"repeats_min": min(t.repeats for t in timings), "repeats_max": max(t.repeats for t in timings),
-            "spread_median": round(spreads[len(spreads) // 2], 4), "spread_max": round(spreads[-1], 4)}
+            "spread_median": round(spreads[len(spreads) // 2], 4), "spread_max": round(spreads[-1], 4),
+            "single_run_keys": sum(t.repeats == 1 for t in timings), "single_run_from_eager_ms": LONG_STEP_MS}
 
 
 def _guard(key: GraphKey, stage: str, fn):

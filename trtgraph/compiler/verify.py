@@ -23,6 +23,10 @@ LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 MIN_REPEATS = 2
 SPREAD_OK = 0.03
 TIMING_BUDGET_MS = 25.0
+# A key whose eager reference ran this long, and which loaded nothing new at its warm-up (so
+# that time is its own), is a step the device is busy for throughout (a long prefill chunk):
+# one replay run times it. Only decode keys' times steer anything (the speculation policy).
+LONG_STEP_MS = 8.0
 
 
 @dataclass
@@ -285,11 +289,19 @@ class PendingTiming:
         return _timing(times)
 
 
-def launch_timing(ex: Executor, key: GraphKey, repeats: int) -> "PendingTiming | StepTiming":
+def launch_timing(ex: Executor, key: GraphKey, repeats: int, least: int = MIN_REPEATS) -> "PendingTiming | StepTiming":
     """The replay timing of `key`: launched (CUDA: read later by `.timing()`) or, on the CPU, done."""
     if ex.device.type == "cuda":
-        return PendingTiming(ex, key, eager=False, repeats=repeats)
+        return PendingTiming(ex, key, eager=False, repeats=repeats, least=least)
     return time_step(ex, key, eager=False, repeats=repeats)
+
+
+def timing_runs(key: GraphKey, eager_ms: float | None, loaded_new: bool) -> int:
+    """How many replay runs a key's timing starts with: one for a long prefill step whose
+    eager run (`eager_ms`, None where unknown) took LONG_STEP_MS or more without loading
+    anything, else MIN_REPEATS (then more where they differ)."""
+    long = key.is_prefill and eager_ms is not None and eager_ms >= LONG_STEP_MS and not loaded_new
+    return 1 if long else MIN_REPEATS
 
 
 def _read(events: list) -> list[float]:
