@@ -111,11 +111,10 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
     with torch.inference_mode():
         t0 = time.perf_counter()
         fill_kv_cache(ex, seed=0)  # the verifications' rows read a random context, not zeros
-        order, warm_keys, refs = _warm_up(ex, plan, progress, tp)
+        order, warm_keys, refs, runs = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
         startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
-        warm_set = set(warm_keys)
         stats, records, timings, t1 = {}, [], [], time.perf_counter()
         pending = None  # the key launched last, read after the next one is captured and launched
         for i, key in enumerate(order + [None]):
@@ -124,7 +123,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                 stats[key] = _guard(key, "capture", lambda: ex.capture(key))
                 progress("capture", key, i + 1, len(order))
                 startup.lap("capture")
-                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats, key in warm_set)
+                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats, runs[key])
             if pending is not None:
                 record, timing = _read_verify_and_time(pending, stats[pending[0]])
                 records.append(record)
@@ -181,40 +180,43 @@ def _local_model_config(config: Config, tp: TPGroup):
 
 
 def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
-             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict]:
+             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict, dict]:
     """Run every key eagerly once, on random valid rows (seeded by its place in the warm
     order): the verification's eager reference (`verify.eager_reference`). Returns the
     capture order: largest first (by the memory its eager step peaked at), so later keys
     reuse its pool; ranks order by the largest peak any rank saw, so all capture in the same
     order. The keys a start warms, in warm order: the first, and each whose run loaded a
-    Triton kernel or kept device memory that no earlier key had (on any rank). And each key's
+    Triton kernel or kept device memory that no earlier key had (on any rank). Each key's
     reference: its outputs while they fit in REFERENCE_BYTES in all, else only its seed (the
-    verification then runs the key eagerly again first)."""
+    verification then runs the key eagerly again first). And each key's timing runs to
+    start with (`verify.timing_runs`), from the eager times of every rank, so all replay alike."""
     warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
-    seen, refs, held = [], {}, 0  # seen, per key: (peak bytes, whether a start must warm it)
+    seen, refs, clocks, held = [], {}, [], 0  # seen, per key: (peak bytes, whether a start must warm it)
     for i, key in enumerate(warm):
         kernels = loaded_kernels()
         ref = _guard(key, "warm-up", lambda: eager_reference(ex, key, seed=i))
         now = loaded_kernels()
         seen.append((ref.peak_bytes, i == 0 or kernels is None or now is None or now > kernels or ref.kept_bytes > 0))
+        clocks.append(ref.clock)
         held += ref.nbytes
         refs[key] = ref if held <= REFERENCE_BYTES else i
         progress("warmup", key, i + 1, len(warm))
     _sync(ex.device)
-    ranks = gather(tp, seen)
+    cuda = ex.device.type == "cuda"
+    ranks = gather(tp, [(*s, c.ms() if cuda else None) for s, c in zip(seen, clocks)])
     peak = {k: max(r[i][0] for r in ranks) for i, k in enumerate(warm)}
     starts = [k for i, k in enumerate(warm) if any(r[i][1] for r in ranks)]
-    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs
+    runs = {k: timing_runs(k, None if not cuda else min(r[i][2] for r in ranks), k in starts)
+            for i, k in enumerate(warm)}
+    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs, runs
 
 
-def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeats: int, loaded_new: bool):
+def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeats: int, least: int):
     """Queue the key's replay against its eager reference (a Reference, or the seed of one to
-    run now), then its replay timing (one run for a long prefill step: `timing_runs`); read
-    by `_read_verify_and_time` (after the next key is captured and launched, on CUDA)."""
+    run now), then its replay timing (`least` runs to start with); read by
+    `_read_verify_and_time` (after the next key is captured and launched, on CUDA)."""
     seed, reference = (ref, None) if isinstance(ref, int) else (ref.seed, ref)
     parity = _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference))
-    eager_ms = None if reference is None or ex.device.type != "cuda" else reference.clock.ms()
-    least = timing_runs(key, eager_ms, loaded_new)
     replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats, least))
     return key, index, parity, replay
 
@@ -240,7 +242,8 @@ def _timing_summary(timings: list[StepTiming]) -> dict:
     """How many runs each key's replay time is the median of, and their spread ((slowest -
     fastest) / median): the median and the largest over the keys timed more than once; how
     many long prefill keys one run timed (`verify.timing_runs`). (With verify_seconds: the
-    verification and timing of every key.)"""
+    capture loop's wall time less its recordings: the verification and timing of every key,
+    with the host's waits for the device.)"""
     spreads = sorted(t.spread for t in timings if t.repeats > 1) or [0.0]
     return {"repeats_min": min(t.repeats for t in timings), "repeats_max": max(t.repeats for t in timings),
             "spread_median": round(spreads[len(spreads) // 2], 4), "spread_max": round(spreads[-1], 4),
