@@ -123,7 +123,9 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                 stats[key] = _guard(key, "capture", lambda: ex.capture(key))
                 progress("capture", key, i + 1, len(order))
                 startup.lap("capture")
-                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats, runs[key])
+                # under tensor parallelism no rank may add runs the others do not (their graphs all-reduce)
+                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats if tp.world == 1 else runs[key],
+                                                   runs[key])
             if pending is not None:
                 record, timing = _read_verify_and_time(pending, stats[pending[0]])
                 records.append(record)
