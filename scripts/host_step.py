@@ -37,6 +37,7 @@ from collections import defaultdict
 
 import torch
 
+from trtgraph.bench import own_steps_bound
 from trtgraph.compiler.pipeline import capture
 from trtgraph.config import Config
 from trtgraph.runtime.serving.engine import Engine
@@ -280,6 +281,28 @@ def timeline(n: int, prompt: int, out: int, decode_ms: float, prefill_tps: float
           f"ms before the run's clock starts: parsing the requests); after the last: {(t1 - dev.end) / 1e6:.2f} ms")
 
 
+def bound_lines(engine: Engine, run: dict) -> list[str]:
+    """The run's tokens/s against two step-time bounds, labelled: the largest decode key it ran
+    over that key's replay time in the manifest (timed at capture on padding-only inputs: no
+    cached context, no prefill steps), and the bound its own steps imply (completion tokens
+    over the GPU's busy time inside its steps: events around each, real context lengths)."""
+    lines = []
+    decode = [k for k in run.get("steps_per_key", {}) if "decode" in k]
+    times = {str(r.key): r.replay_ms for r in engine.manifest.keys}
+    if decode:
+        key = max(decode, key=lambda k: int(k.split("bs=")[1].split(",")[0]))
+        rows = int(key.split("bs=")[1].split(",")[0])
+        bound = rows / (times[key] / 1e3)
+        lines.append(f"step-time bound, manifest replay of {key} ({times[key]:.3f} ms, padding-only inputs): "
+                     f"{bound:,.0f} tokens/s; the run reached {100 * run['tokens_per_second'] / bound:.1f}%")
+    own = own_steps_bound(run)
+    if own is not None:
+        lines.append(f"step-time bound of the run's own steps (GPU busy {own['gpu_busy_seconds']:.3f} s in "
+                     f"{own['steps']} steps): {own['bound_tokens_per_second']:,.0f} tokens/s; the run reached "
+                     f"{100 * own['fraction']:.1f}%")
+    return lines
+
+
 def gpu(manifest: str, prompt_file: str, repeats: int, dump: str | None) -> None:
     """A captured manifest on CUDA: the run's tokens/s, step time and GPU idle per step
     (gpu_timing), best of `repeats` untimed runs; then the phases (timed runs)."""
@@ -299,6 +322,8 @@ def gpu(manifest: str, prompt_file: str, repeats: int, dump: str | None) -> None
     print(json.dumps({k: best[k] for k in keep if k in best}))
     print("mean step ms", round(1e3 * best["seconds"] / best["steps"], 3),
           "busy ms/step", round(1e3 * best.get("gpu_busy_seconds", 0) / best["steps"], 3))
+    for line in bound_lines(engine, best):
+        print(line)
     gaps(engine, prompts)
     ph, steps = phases(engine, prompts, repeats)
     print(f"{len(prompts)} prompts, {steps} steps; host µs per step (timed runs, best of {repeats}):")

@@ -4,6 +4,8 @@ shows those and the start-up phases."""
 
 from __future__ import annotations
 
+import pytest
+
 from trtgraph.bench import mixed_prompts, mixed_run, step_bound
 from trtgraph.bench_report import markdown
 from trtgraph.runtime.serving.engine import Engine
@@ -30,6 +32,14 @@ def test_mixed_run_bound_and_report(default_artifacts, one_torch_thread):
     bound = step_bound(run, [{"batch_size": 4, "replay_ms": 2.0}, {"batch_size": 8, "replay_ms": 4.0}])
     assert bound["batch_size"] == 8 and bound["bound_tokens_per_second"] == 2000.0 and bound["fraction"] == 0.25
     assert step_bound({"tokens_per_second": 1.0, "steps_per_key": {}}, []) is None
+    assert "own_steps" not in bound  # no gpu_timing: the first figure alone
+    timed = {**run, "completion_tokens": 1000, "seconds": 2.0, "steps": 4, "gpu_busy_seconds": 1.6}
+    both = step_bound(timed, [{"batch_size": 8, "replay_ms": 4.0}])
+    assert both["bound_tokens_per_second"] == 2000.0 and both["fraction"] == 0.25  # the first figure, kept
+    assert both["own_steps"]["bound_tokens_per_second"] == 625.0 and both["own_steps"]["fraction"] == pytest.approx(0.8)
+    assert "the run reached 80.0% of it" in markdown({"device": "cpu", "model": {"architecture": "X", "parameter_count": 1,
+        "dtype": "float32"}, "kernels": "torch", "context_len": 8, "hbm_bytes_per_second": 1e12, "decode": [], "keys": [],
+        "run": {**mixed, "tokens_per_second": 500.0}, "run_bound": both})
     r = {"device": "cpu", "model": {"architecture": "X", "parameter_count": 1, "dtype": "float32"}, "kernels": "torch",
          "context_len": 8, "hbm_bytes_per_second": 1e12, "decode": [], "keys": [],
          "run": {**mixed, "tokens_per_second": 500.0}, "run_bound": bound, "mixed": mixed,

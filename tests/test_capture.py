@@ -165,6 +165,40 @@ def test_verify_key_is_ok_for_every_key_and_seed(captured_executor, key):
             assert ex.runner.replays[key] == before + 1, "verify_key must compare a replay, not two eager runs"
 
 
+@pytest.mark.parametrize("inject", ["logit", "context"])
+def test_a_replay_that_differs_from_its_warm_up_reference_fails_the_capture(inject, tmp_path, monkeypatch):
+    """The warm-up's eager run of a key is its verification's reference. A difference injected
+    there (one logit; or the rows' context blocks swapped for others, so the replay reads a
+    context the eager run did not: the KV cache is random-filled, so it differs) stops the
+    capture: exit 2, the key named, no traceback, no manifest."""
+    from trtgraph.compiler import pipeline
+
+    real, target = pipeline.eager_reference, max((k for k in DEFAULT_KEYS if not k.is_prefill), key=lambda k: k.batch_size)
+
+    def reference(ex, key, seed):
+        ref = real(ex, key, seed)
+        if key != target:
+            return ref
+        if inject == "logit":
+            ref.logits[0, 0] += 1.0
+        else:  # the row with the longest context reads other blocks than its eager run read
+            bs = ex.block_size
+            row = max(ref.rows, key=lambda r: r.start_pos)
+            n_ctx = row.start_pos // bs  # blocks holding context only (not written by the step)
+            assert n_ctx >= 1
+            used = {b for r in ref.rows for b in r.block_table}
+            spare = [b for b in range(1, ex.num_blocks) if b not in used][:n_ctx]
+            assert len(spare) == n_ctx
+            row.block_table = spare + row.block_table[n_ctx:]
+        return ref
+
+    monkeypatch.setattr(pipeline, "eager_reference", reference)
+    result = cli("capture", "--out", tmp_path / "art", "--device", "cpu")
+    assert result.exit_code == 2, result.output
+    assert f"{target}: replay differs from eager" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "art" / MANIFEST_NAME).exists()
+
+
 # ---- selection off the plan ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [BatchShape(9), BatchShape(9, sampling=SAMPLED), BatchShape(64),

@@ -325,13 +325,13 @@ def test_a_failed_capture_leaves_nothing_behind(failure, tmp_path, monkeypatch):
 
     if failure == "parity":
         failing = types.SimpleNamespace(parity=lambda: Parity(0.5, False, False))
-        monkeypatch.setattr(pipeline, "launch_verify", lambda ex, key, seed: failing)
+        monkeypatch.setattr(pipeline, "launch_verify", lambda ex, key, seed, reference=None: failing)
         expected = pytest.raises(CaptureError, match="replay differs from eager")
     else:
-        def warmup(self, key):
+        def warmup(self, key, eager=False):  # the capture's warm-up runs each key eagerly first
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(Executor, "warmup", warmup)
+        monkeypatch.setattr(Executor, "execute", warmup)
         expected = pytest.raises(KeyboardInterrupt)
     out = tmp_path / "new" / "art"
     with expected:

@@ -117,3 +117,16 @@ def test_bytecode_that_no_longer_matches_its_source_counts_as_none(fake_package,
     Path(spec.origin).write_text("VALUE = 43  # edited: another size\n")
     assert not startup._current(spec.cached, spec.origin)
     assert startup.cache_bytecode({"TRTGRAPH_PYCACHE": str(tmp_path / "pyc")}, probe=fake_package) == str(tmp_path / "pyc")
+
+
+def test_cuda_starts_early_only_for_one_process_on_a_cuda_device_before_torch():
+    assert "torch" in sys.modules  # this test process: nothing left to overlap
+    assert startup.start_cuda_early("cuda") is None
+    code = ("import sys; from trtgraph import startup as s; "
+            "assert s.start_cuda_early('cpu') is None and s.start_cuda_early('cuda', processes=2) is None; "
+            "assert s.start_cuda_early('cuda:x') is None; t = s.start_cuda_early('cuda:0'); t.join(30); "
+            "print(t.is_alive(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "0"})
+    # the thread ends (a context made, or no driver here: quietly) and imports nothing
+    assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stderr

@@ -18,6 +18,7 @@ from trtgraph.compiler.verify import time_step
 from trtgraph.errors import ManifestError
 from trtgraph.runtime import warmup
 from trtgraph.runtime.serving.engine import Engine
+from trtgraph.buckets import GraphKey
 from trtgraph.runtime.step.executor import Executor
 
 from conftest import tiny_config
@@ -60,17 +61,17 @@ def test_capture_records_each_key_that_loaded_a_new_kernel(tmp_path, monkeypatch
     """A fake kernel count: the decode keys of batch 2 share one kernel, the prefill keys one
     per sampling mode. The first key of the warm order, and each key that loaded one of these
     first, are warmup_keys; the keys that only reuse them are not."""
-    loads, real = set(), Executor.warmup
+    loads, real = set(), pipeline.eager_reference
 
     def kernel_of(key):
         return "prefill " + key.sampling if key.is_prefill else "decode bs2" if key.batch_size == 2 else None
 
-    def warm(self, key):
+    def warm(ex, key, seed):  # the capture's warm-up run of a key (its eager reference)
         if kernel_of(key):
             loads.add(kernel_of(key))
-        return real(self, key)
+        return real(ex, key, seed)
 
-    monkeypatch.setattr(Executor, "warmup", warm)
+    monkeypatch.setattr(pipeline, "eager_reference", warm)
     monkeypatch.setattr(pipeline, "loaded_kernels", lambda: len(loads))
     pipeline.capture(tiny_config(), tmp_path)
     order = _warm_order(load_manifest(tmp_path))
@@ -193,22 +194,46 @@ def test_cuda_step_timing_stops_at_two_steady_runs_and_adds_runs_to_noisy_ones(d
     assert t.min_ms == pytest.approx(min(durations[:runs])) and t.max_ms == pytest.approx(max(durations[:runs]))
 
 
-def test_capture_reads_each_key_after_launching_the_next(monkeypatch, tmp_path):
-    """The host never waits on a key's verification before the next key's work is queued."""
-    calls = []
-    real = pipeline.launch_verify
+@pytest.mark.parametrize("key, eager_ms, loaded_new, runs", [
+    (GraphKey(4, 0, 256, "greedy"), 9.0, False, 1),    # a long prefill step, its eager time its own: one run
+    (GraphKey(4, 0, 256, "greedy"), 9.0, True, 2),     # it loaded a kernel: that time is not the step's
+    (GraphKey(4, 0, 256, "greedy"), 7.9, False, 2),    # shorter than LONG_STEP_MS
+    (GraphKey(4, 0, 256, "greedy"), None, False, 2),   # no eager time (its reference was not kept)
+    (GraphKey(64, 0, 0, "greedy"), 30.0, False, 2),    # decode keys' times steer speculation: never one run
+])
+def test_timing_starts_with_one_run_only_for_long_prefill_steps(key, eager_ms, loaded_new, runs):
+    from trtgraph.compiler.verify import LONG_STEP_MS, timing_runs
 
-    def launch(ex, key, seed):
-        calls.append(("launch", seed))
-        pending = real(ex, key, seed)
+    assert LONG_STEP_MS == 8.0
+    assert timing_runs(key, eager_ms, loaded_new) == runs
+
+
+def test_capture_reads_each_key_after_launching_the_next(monkeypatch, tmp_path):
+    """The host never waits on a key's verification before the next key is captured and its
+    work queued; each key is verified (against its warm-up's eager reference) right after
+    its capture."""
+    calls = []
+    real, real_capture = pipeline.launch_verify, Executor.capture
+
+    def launch(ex, key, seed, reference=None):
+        assert reference is not None and reference.seed == seed  # the warm-up's run, not a second one
+        calls.append(("launch", key))
+        pending = real(ex, key, seed, reference)
         read = pending.parity
-        pending.parity = lambda: (calls.append(("read", seed)), read())[1]
+        pending.parity = lambda: (calls.append(("read", key)), read())[1]
         return pending
 
+    def capture(self, key):
+        calls.append(("capture", key))
+        return real_capture(self, key)
+
     monkeypatch.setattr(pipeline, "launch_verify", launch)
+    monkeypatch.setattr(Executor, "capture", capture)
     result = pipeline.capture(tiny_config(), tmp_path / "art")
-    n = len(result.manifest.keys)
-    want = [("launch", 0)] + [c for i in range(1, n) for c in (("launch", i), ("read", i - 1))] + [("read", n - 1)]
+    k = result.manifest.capture_order
+    n = len(k)
+    want = [("capture", k[0]), ("launch", k[0])] + [
+        c for i in range(1, n) for c in (("capture", k[i]), ("launch", k[i]), ("read", k[i - 1]))] + [("read", k[-1])]
     assert calls == want
 
 

@@ -33,6 +33,11 @@ def markdown(r: dict) -> str:
             b = r["run_bound"]
             lines += [f"step-time bound: batch {b['batch_size']} / {b['replay_ms']:.3f} ms replay = "
                       f"{b['bound_tokens_per_second']:,.0f} tokens/s; the run reached {100 * b['fraction']:.1f}% of it"]
+            if b.get("own_steps"):
+                o = b["own_steps"]
+                lines += [f"step-time bound of the run's own steps (GPU busy {o['gpu_busy_seconds']:.3f} s in its "
+                          f"{o['steps']} steps, events around each): {o['bound_tokens_per_second']:,.0f} tokens/s; "
+                          f"the run reached {100 * o['fraction']:.1f}% of it"]
     lines += _mixed_and_startup_lines(r)
     if "run_without_speculation" in r:
         sp, plain = r["run"].get("speculative", {}), r["run_without_speculation"]

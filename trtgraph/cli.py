@@ -81,6 +81,7 @@ def capture(config_path, out_dir, device, as_json):
     config = _load_config(config_path)
     if device:
         config = config.replace(device=device)
+    startup.start_cuda_early(config.device, config.parallel.tensor_parallel_size)  # beside torch's import
     out = Path(out_dir or config.output)
     check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
     path, t = _on_ranks(config.parallel.tensor_parallel_size, config.device, _capture_rank, config, out)

@@ -16,8 +16,10 @@ reported beside the phases, not in their sum.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+import threading
 import time
 
 
@@ -170,6 +172,37 @@ def _can_write(directory: str) -> bool:
     if os.path.isdir(directory):
         return os.access(directory, os.W_OK)
     return os.access(os.path.dirname(directory), os.W_OK)
+
+
+# ---- CUDA's start, beside the imports ---------------------------------------------
+def start_cuda_early(device: str, processes: int = 1) -> threading.Thread | None:
+    """Start the CUDA driver and the device's primary context on a thread (through the
+    driver's C API, which releases the GIL) while this thread imports torch: torch later
+    finds the context made instead of making it (the driver's start, a few tenths of a
+    second on the H200, then overlaps the imports). Only for one process on a CUDA device
+    (`cuda`, `cuda:N`, or `auto`), before torch is imported; where there is no driver or
+    device the thread ends quietly and torch reports it as it would have. Returns the thread
+    (None where nothing was started)."""
+    if processes != 1 or "torch" in sys.modules:
+        return None
+    name, _, index = device.partition(":")
+    if name not in ("cuda", "auto") or (index and not index.isdigit()):
+        return None
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return None
+    thread = threading.Thread(target=_cuda_context, args=(int(index or 0),), name="trtgraph-cuda-start", daemon=True)
+    thread.start()
+    return thread
+
+
+def _cuda_context(index: int) -> None:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        if lib.cuInit(0) == 0 and lib.cuDeviceGet(ctypes.byref(dev), index) == 0:
+            lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)  # kept: torch retains the same context
+    except (OSError, AttributeError):
+        pass
 
 
 # ---- exit -------------------------------------------------------------------------

@@ -4,12 +4,18 @@
    scheduler may form (or a CaptureError listing the uncovered shapes).
 2. Warm up: one eager run of every key, before any capture, so lazy library state and
    workspaces reach their final size; the keys that loaded a kernel or made a buffer no
-   earlier key had are what a start warms (`totals.warmup_keys`, runtime/warmup.py).
-3. Capture: keys in descending token count, all into one shared pool.
-4. Verify: each key replayed against the eager path on fresh random valid inputs.
-5. Measure: median replay time (events in bulk; 2 runs, more where they differ by over 3%);
-   the eager time is the verification's eager run. A key's verification and timing are read
-   after the next key's are launched, so the host's launches overlap the device's runs.
+   earlier key had are what a start warms (`totals.warmup_keys`, runtime/warmup.py). Each
+   run is on random valid rows over a random-filled KV cache and its outputs are kept: the
+   key's verification reference (no second eager run). A run leaves the cache as it found
+   it, so the replay later reads the same context.
+3. Capture: keys in the order of their warm-up's peak memory, largest first, all into one
+   shared pool.
+4. Verify: right after its capture, each key is replayed on its reference's rows and
+   compared with it (on CUDA the device runs this while the host records the next key).
+5. Measure: median replay time on padding-only inputs (events in bulk; 2 runs, more where
+   they differ by over 3%), queued after the verification; the eager time is the
+   reference's run. A key's verification and timing are read after the next key is
+   captured and launched: nothing waits on the whole queue.
 6. Manifest: written atomically, only once everything above passed.
 """
 
@@ -35,10 +41,16 @@ from ..runtime.distributed import agree, gather
 from ..runtime.step.executor import Executor, resolve_device
 from ..runtime import triton_key
 from ..runtime.step.kv_cache import kv_bytes_per_block
-from ..runtime.warmup import allocated_bytes, loaded_kernels
+from ..runtime.warmup import loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
-from .verify import StepTiming, launch_timing, launch_verify
+from .verify import (LONG_STEP_MS, StepTiming, clear_kv_cache, eager_reference, fill_kv_cache, launch_timing, launch_verify,
+                     timing_runs)
+
+# The warm-up keeps each key's eager outputs as its verification's reference while they fit in
+# this many bytes in all (the 92 keys of examples/llama-3.2-1b-synthetic.yaml: 0.4 GB); a key
+# past it runs eagerly again at its verification.
+REFERENCE_BYTES = 2 << 30
 
 # progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
 Progress = Callable[[str, GraphKey | None, int, int], None]
@@ -98,27 +110,31 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
         triton_key.remember(out_dir / TRITON_CACHE_DIR)  # Triton's own key: hashed once per install
     with torch.inference_mode():
         t0 = time.perf_counter()
-        order, warm_keys = _warm_up(ex, plan, progress, tp)
+        fill_kv_cache(ex, seed=0)  # the verifications' rows read a random context, not zeros
+        order, warm_keys, refs, runs = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
         startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
-        stats = {}
-        for i, key in enumerate(order):
-            agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
-            stats[key] = _guard(key, "capture", lambda: ex.capture(key))
-            progress("capture", key, i + 1, len(order))
-        startup.lap("capture")
-        records, timings, t1 = [], [], time.perf_counter()
-        pending = None  # the key launched last, read after the next one is launched
+        stats, records, timings, t1 = {}, [], [], time.perf_counter()
+        pending = None  # the key launched last, read after the next one is captured and launched
         for i, key in enumerate(order + [None]):
-            launched = _launch_verify_and_time(ex, key, i, repeats) if key is not None else None
+            if key is not None:
+                agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
+                stats[key] = _guard(key, "capture", lambda: ex.capture(key))
+                progress("capture", key, i + 1, len(order))
+                startup.lap("capture")
+                # under tensor parallelism no rank may add runs the others do not (their graphs all-reduce)
+                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats if tp.world == 1 else runs[key],
+                                                   runs[key])
             if pending is not None:
                 record, timing = _read_verify_and_time(pending, stats[pending[0]])
                 records.append(record)
                 timings.append(timing)
-                progress("verify", pending[0], len(records), len(order))
-            pending = launched
-        verify_seconds = time.perf_counter() - t1
+            pending = launched if key is not None else None
+            startup.lap("verify_and_time")
+        clear_kv_cache(ex)
+        _sync(ex.device)
+        verify_seconds = time.perf_counter() - t1 - sum(s.capture_seconds for s in stats.values())
         startup.lap("verify_and_time")
 
     ranks = gather(tp, {"rank": tp.rank, "device": str(ex.device),
@@ -166,32 +182,44 @@ def _local_model_config(config: Config, tp: TPGroup):
 
 
 def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
-             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey]]:
-    """Run every key eagerly once. Returns the capture order: largest first (by the memory its
-    eager step peaked at), so later keys reuse its pool; ranks order by the largest peak any
-    rank saw, so all capture in the same order. And the keys a start warms, in warm order:
-    the first, and each whose run loaded a Triton kernel or kept device memory that no
-    earlier key had (on any rank)."""
+             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict, dict]:
+    """Run every key eagerly once, on random valid rows (seeded by its place in the warm
+    order): the verification's eager reference (`verify.eager_reference`). Returns the
+    capture order: largest first (by the memory its eager step peaked at), so later keys
+    reuse its pool; ranks order by the largest peak any rank saw, so all capture in the same
+    order. The keys a start warms, in warm order: the first, and each whose run loaded a
+    Triton kernel or kept device memory that no earlier key had (on any rank). Each key's
+    reference: its outputs while they fit in REFERENCE_BYTES in all, else only its seed (the
+    verification then runs the key eagerly again first). And each key's timing runs to
+    start with (`verify.timing_runs`), from the eager times of every rank, so all replay alike."""
     warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
-    seen = []  # per key: (peak bytes, whether a start must warm it)
+    seen, refs, clocks, held = [], {}, [], 0  # seen, per key: (peak bytes, whether a start must warm it)
     for i, key in enumerate(warm):
         kernels = loaded_kernels()
-        peak, kept = _guard(key, "warm-up", lambda: _warmup_peak_bytes(ex, key))
+        ref = _guard(key, "warm-up", lambda: eager_reference(ex, key, seed=i))
         now = loaded_kernels()
-        seen.append((peak, i == 0 or kernels is None or now is None or now > kernels or kept > 0))
+        seen.append((ref.peak_bytes, i == 0 or kernels is None or now is None or now > kernels or ref.kept_bytes > 0))
+        clocks.append(ref.clock)
+        held += ref.nbytes
+        refs[key] = ref if held <= REFERENCE_BYTES else i
         progress("warmup", key, i + 1, len(warm))
     _sync(ex.device)
-    ranks = gather(tp, seen)
+    cuda = ex.device.type == "cuda"
+    ranks = gather(tp, [(*s, c.ms() if cuda else None) for s, c in zip(seen, clocks)])
     peak = {k: max(r[i][0] for r in ranks) for i, k in enumerate(warm)}
     starts = [k for i, k in enumerate(warm) if any(r[i][1] for r in ranks)]
-    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts
+    runs = {k: timing_runs(k, None if not cuda else min(r[i][2] for r in ranks), k in starts)
+            for i, k in enumerate(warm)}
+    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs, runs
 
 
-def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, repeats: int):
-    """Queue the key's replay vs eager on random inputs, then its replay timing; read by
-    `_read_verify_and_time` (after the next key is launched, on CUDA)."""
-    parity = _guard(key, "verification", lambda: launch_verify(ex, key, seed=index))
-    replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats))
+def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeats: int, least: int):
+    """Queue the key's replay against its eager reference (a Reference, or the seed of one to
+    run now), then its replay timing (`least` runs to start with); read by
+    `_read_verify_and_time` (after the next key is captured and launched, on CUDA)."""
+    seed, reference = (ref, None) if isinstance(ref, int) else (ref.seed, ref)
+    parity = _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference))
+    replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats, least))
     return key, index, parity, replay
 
 
@@ -208,17 +236,20 @@ def _read_verify_and_time(launched, stats) -> tuple[KeyRecord, StepTiming]:
         replay = _guard(key, "timing", replay.timing)
     return KeyRecord(key=key, num_tokens=key.num_tokens, capture_index=index,
                      capture_seconds=stats.capture_seconds, pool_bytes=stats.pool_bytes,
-                     replay_ms=replay.median_ms, eager_ms=parity.eager_ms,  # the verification's eager run
+                     replay_ms=replay.median_ms, eager_ms=parity.eager_ms,  # the reference's eager run
                      max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal), replay
 
 
 def _timing_summary(timings: list[StepTiming]) -> dict:
     """How many runs each key's replay time is the median of, and their spread ((slowest -
-    fastest) / median): the median and the largest over keys. (With verify_seconds: the
-    verification and timing of every key.)"""
-    spreads = sorted(t.spread for t in timings)
+    fastest) / median): the median and the largest over the keys timed more than once; how
+    many long prefill keys one run timed (`verify.timing_runs`). (With verify_seconds: the
+    capture loop's wall time less its recordings: the verification and timing of every key,
+    with the host's waits for the device.)"""
+    spreads = sorted(t.spread for t in timings if t.repeats > 1) or [0.0]
     return {"repeats_min": min(t.repeats for t in timings), "repeats_max": max(t.repeats for t in timings),
-            "spread_median": round(spreads[len(spreads) // 2], 4), "spread_max": round(spreads[-1], 4)}
+            "spread_median": round(spreads[len(spreads) // 2], 4), "spread_max": round(spreads[-1], 4),
+            "single_run_keys": sum(t.repeats == 1 for t in timings), "single_run_from_eager_ms": LONG_STEP_MS}
 
 
 def _guard(key: GraphKey, stage: str, fn):
@@ -242,19 +273,6 @@ def out_of_memory(exc: BaseException) -> bool:
 
 def _memory(exc: BaseException) -> str:
     return "device memory" if isinstance(exc, torch.cuda.OutOfMemoryError) else "host memory"
-
-
-def _warmup_peak_bytes(ex: Executor, key: GraphKey) -> tuple[int, int]:
-    """Run the key's eager warm-up; on CUDA return how far it raised allocated memory, and
-    how much of that it kept (buffers made lazily by a kernel)."""
-    if ex.device.type != "cuda":
-        ex.warmup(key)
-        return 0, 0
-    base = allocated_bytes(ex.device)
-    torch.cuda.reset_peak_memory_stats(ex.device)
-    ex.warmup(key)
-    kept = allocated_bytes(ex.device) - base
-    return torch.cuda.max_memory_allocated(ex.device) - base, kept
 
 
 def _sync(device: torch.device) -> None:

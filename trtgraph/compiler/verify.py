@@ -14,6 +14,7 @@ import torch
 from ..buckets import SAMPLED, GraphKey
 from ..runtime.step.executor import Executor, StepRow
 from ..runtime.step.kv_cache import blocks_for_tokens
+from ..runtime.warmup import allocated_bytes
 
 # Replay and eager run the same kernels on the same inputs; any gap beyond this is a bug.
 LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
@@ -22,6 +23,10 @@ LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 MIN_REPEATS = 2
 SPREAD_OK = 0.03
 TIMING_BUDGET_MS = 25.0
+# A key whose eager reference ran this long, and which loaded nothing new at its warm-up (so
+# that time is its own), is a step the device is busy for throughout (a long prefill chunk):
+# one replay run times it. Only decode keys' times steer anything (the speculation policy).
+LONG_STEP_MS = 8.0
 
 
 @dataclass
@@ -67,27 +72,107 @@ def verify_key(ex: Executor, key: GraphKey, seed: int) -> Parity:
     return launch_verify(ex, key, seed).parity()
 
 
-class PendingParity:
-    """A verification launched (eager then replay on identical random inputs; the comparison
-    queued on the device), read by `parity()`. On CUDA nothing here waits for the device: the
-    comparison goes to pinned memory behind an event, so the capture can launch the next
-    key's work before this one is read (one wait per key, on this key's work only)."""
+@dataclass
+class Reference:
+    """A key's eager run on the random valid rows of `seed`: its real rows' outputs, what a
+    replay on the same rows is compared to, and (on CUDA) the memory the run peaked at and kept."""
+    seed: int
+    rows: list
+    logits: torch.Tensor
+    tokens: torch.Tensor
+    accepted: torch.Tensor
+    clock: "_StepClock"
+    peak_bytes: int = 0  # above what was allocated before the run
+    kept_bytes: int = 0  # still allocated after it, its outputs and this reference aside (lazy buffers)
 
-    def __init__(self, ex: Executor, key: GraphKey, seed: int):
-        gen = torch.Generator().manual_seed(seed)
-        rows = random_rows(ex, key, gen)
-        real = _real_logit_rows(key, len(rows))
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.logits, self.tokens, self.accepted))
+
+
+class KeptBlocks:
+    """The KV blocks `rows` write (those holding positions start_pos .. start_pos + n - 1),
+    copied on creation and written back by `restore()`: a verification run leaves the cache
+    as it found it, so a key's rows read the same context whenever they run (at warm-up for
+    the eager reference, after capture for the replay), whatever other keys ran between."""
+
+    def __init__(self, ex: Executor, rows: list[StepRow]):
+        bs = ex.block_size
+        ids = sorted({b for r in rows
+                      for b in r.block_table[r.start_pos // bs:(r.start_pos + len(r.token_ids) - 1) // bs + 1]})
+        self.caches = ex.kv_caches
+        self.index = torch.tensor(ids, dtype=torch.int64).to(ex.device, non_blocking=True)
+        self.saved = [kv.index_select(1, self.index) for kv in self.caches]  # kv: [2, blocks, ...]
+
+    def restore(self) -> None:
+        for kv, saved in zip(self.caches, self.saved):
+            kv.index_copy_(1, self.index, saved)
+        self.saved = []
+
+
+def fill_kv_cache(ex: Executor, seed: int) -> None:
+    """Random values (seeded) in every KV block, so the verifications' rows read a context
+    that is not zeros (a replay reading the wrong blocks would then differ from eager);
+    `clear_kv_cache` puts the zeros back after the last verification."""
+    gen = torch.Generator(device=ex.device).manual_seed(seed)
+    for kv in ex.kv_caches:
+        kv.normal_(generator=gen)
+
+
+def clear_kv_cache(ex: Executor) -> None:
+    for kv in ex.kv_caches:
+        kv.zero_()
+
+
+def _real_outputs(key: GraphKey, out, n: int) -> tuple:
+    real = _real_logit_rows(key, n)
+    return out.logits[real], out.tokens[real], out.accepted[:n]
+
+
+def eager_reference(ex: Executor, key: GraphKey, seed: int) -> Reference:
+    """Run `key` eagerly on the random rows of `seed` (the capture's warm-up run of the key)
+    and keep its real rows' outputs; the KV cache is left as found (KeptBlocks). On CUDA
+    also how far the run raised allocated memory and what it kept (read after a sync)."""
+    rows = random_rows(ex, key, torch.Generator().manual_seed(seed))
+    cuda = ex.device.type == "cuda"
+    kept = KeptBlocks(ex, rows)
+    ex.prepare(key, rows)
+    if cuda:
+        base = allocated_bytes(ex.device)
+        torch.cuda.reset_peak_memory_stats(ex.device)
+    clock = _StepClock(ex.device)
+    out = ex.execute(key, eager=True)
+    clock.stop()
+    peak = torch.cuda.max_memory_allocated(ex.device) - base if cuda else 0
+    before_copy = torch.cuda.memory_allocated(ex.device) if cuda else 0
+    ref = Reference(seed, rows, *(t.clone() for t in _real_outputs(key, out, len(rows))), clock)
+    copies = torch.cuda.memory_allocated(ex.device) - before_copy if cuda else 0
+    del out
+    if cuda:  # before the block copies are freed (they were allocated before `base`)
+        ref.peak_bytes, ref.kept_bytes = peak, allocated_bytes(ex.device) - base - copies
+    kept.restore()
+    return ref
+
+
+class PendingParity:
+    """A verification launched (a replay on the rows of an eager reference, the comparison
+    queued on the device), read by `parity()`. The reference is the capture's warm-up run of
+    the key, or (none given) an eager run made here first on the same rows. On CUDA nothing
+    here waits for the device: the comparison goes to pinned memory behind an event, so the
+    capture can go on to the next key before this one is read (one wait per key, on this
+    key's work only). The KV cache is left as found (KeptBlocks)."""
+
+    def __init__(self, ex: Executor, key: GraphKey, seed: int, reference: Reference | None = None):
+        ref = reference if reference is not None else eager_reference(ex, key, seed)
+        rows = ref.rows
+        self.clock = ref.clock
+        kept = KeptBlocks(ex, rows)
         ex.prepare(key, rows)
-        self.clock = _StepClock(ex.device)
-        eager = ex.execute(key, eager=True)
-        self.clock.stop()
-        eager_logits, eager_tokens = eager.logits[real].clone(), eager.tokens[real].clone()
-        eager_accepted = eager.accepted[:len(rows)].clone()
-        ex.prepare(key, rows)
-        out = ex.execute(key)
-        diff = (out.logits[real] - eager_logits).abs().max().float()
-        tokens_same = (out.tokens[real] == eager_tokens).all() & (out.accepted[:len(rows)] == eager_accepted).all()
+        logits, tokens, accepted = _real_outputs(key, ex.execute(key), len(rows))
+        diff = (logits - ref.logits).abs().max().float()
+        tokens_same = (tokens == ref.tokens).all() & (accepted == ref.accepted).all()
         pair = torch.stack([diff, tokens_same.float()])
+        kept.restore()
         self.tolerance = LOGIT_TOLERANCE[ex.config.dtype]
         self._done = None
         if ex.device.type == "cuda":
@@ -108,8 +193,8 @@ class PendingParity:
         return Parity(diff, tokens_equal, ok, self.clock.ms())
 
 
-def launch_verify(ex: Executor, key: GraphKey, seed: int) -> PendingParity:
-    return PendingParity(ex, key, seed)
+def launch_verify(ex: Executor, key: GraphKey, seed: int, reference: Reference | None = None) -> PendingParity:
+    return PendingParity(ex, key, seed, reference)
 
 
 class _StepClock:
@@ -204,11 +289,19 @@ class PendingTiming:
         return _timing(times)
 
 
-def launch_timing(ex: Executor, key: GraphKey, repeats: int) -> "PendingTiming | StepTiming":
+def launch_timing(ex: Executor, key: GraphKey, repeats: int, least: int = MIN_REPEATS) -> "PendingTiming | StepTiming":
     """The replay timing of `key`: launched (CUDA: read later by `.timing()`) or, on the CPU, done."""
     if ex.device.type == "cuda":
-        return PendingTiming(ex, key, eager=False, repeats=repeats)
+        return PendingTiming(ex, key, eager=False, repeats=repeats, least=least)
     return time_step(ex, key, eager=False, repeats=repeats)
+
+
+def timing_runs(key: GraphKey, eager_ms: float | None, loaded_new: bool) -> int:
+    """How many replay runs a key's timing starts with: one for a long prefill step whose
+    eager run (`eager_ms`, None where unknown) took LONG_STEP_MS or more without loading
+    anything, else MIN_REPEATS (then more where they differ)."""
+    long = key.is_prefill and eager_ms is not None and eager_ms >= LONG_STEP_MS and not loaded_new
+    return 1 if long else MIN_REPEATS
 
 
 def _read(events: list) -> list[float]:

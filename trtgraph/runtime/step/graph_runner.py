@@ -100,8 +100,10 @@ class GraphRunner:
     def _capture_cuda(self, step):
         """capture_begin/end on a side stream into the shared pool. Unlike torch.cuda.graph()
         this skips a gc.collect() and empty_cache() per key; the cache is emptied once,
-        before the first capture, so the growth of reserved memory is the pool's growth."""
-        torch.cuda.synchronize(self.device)
+        before the first capture, so the growth of reserved memory is the pool's growth. Nor
+        does it synchronise: recording runs nothing on the device, so work queued before it
+        (a capture's verification of the key recorded before) runs while the host records
+        (the side stream waits for that work before the recording, not after)."""
         if not self._cache_emptied:
             torch.cuda.empty_cache()
             self._cache_emptied = True
@@ -115,7 +117,6 @@ class GraphRunner:
             finally:
                 graph.capture_end()
         torch.cuda.current_stream(self.device).wait_stream(self._stream)
-        torch.cuda.synchronize(self.device)
         self._graphs_alive.append(graph)
         return outputs, torch.cuda.memory_reserved(self.device) - before, graph.replay
 
