@@ -92,31 +92,32 @@ class Acceptance:
 
     def expected_tokens(self, k: int, hope: bool = False) -> float:
         """Tokens a verify row of this sequence is expected to emit: 1 + a + ... + a**k
-        (hope: as if its pending proposal were accepted in full)."""
-        a = self.rate
+        (hope: K + 1 where its pending proposal, which agrees so far, may yet be accepted in full)."""
         if hope and self.pending is not None:
-            accepted = self.accepted + len(self.pending[1])
-            a = accepted / (accepted + self.rejected)
+            return k + 1.0  # (a pending proposal agrees so far: its best case)
+        a = self.rate
         return (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
 
-    def observe(self, ids: list[int]) -> None:
+    def observe(self, ids: list[int]) -> bool:
         """Score the pending proposal against `ids` (prompt + output so far) once its outcome
-        is known: a draft that disagrees with the token at its position, or all K agreeing."""
+        is known: a draft that disagrees with the token at its position, or all K agreeing.
+        True when it was scored with all K agreeing."""
         if self.pending is None:
-            return
+            return False
         start, drafts = self.pending
         n = 0
         while n < len(drafts) and start + n < len(ids) and ids[start + n] == drafts[n]:
             n += 1
         if n < len(drafts) and start + n >= len(ids):
             self.agreeing = n  # agrees so far; the tokens that decide it are not drawn yet
-            return
+            return False
         self.agreeing = 0
         self.accepted = DECAY * self.accepted + n
         self.rejected = DECAY * self.rejected + (n < len(drafts))
         self.proposals += 1
         self.drafts_matched += n
         self.pending = None
+        return n == len(drafts)
 
     def offer(self, position: int, drafts: list[int] | None) -> None:
         """The proposal made at `position` (len of ids), scored later unless one is pending."""
@@ -182,8 +183,9 @@ class SpeculationPolicy:
         `measure`, the time from one generation step's hand-out to the next one's is that step's
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
         count per step; the key's mean is updated when the run ends or a decision needs it)."""
-        if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as
-            self.interval, self.hoped = max(self.floor, 1), 0  # the probes' cost allows), backing off afresh
+        if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
+            # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
+            self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
             if self._episode is not None:
                 self.end_episode(rows_changed=True)
         if not self.measure:
@@ -296,9 +298,9 @@ class SpeculationPolicy:
         proposed, `probe_rows`; default all); whether this step drafts. A sample never drafts:
         it calls a full probe at the next step when the batch it stands for would pay."""
         probed = rows if probed is None else probed
-        matched = []
+        matched, confirmed = [], False
         for s in probed:
-            s.accept.observe(s.all_ids)
+            confirmed |= s.accept.observe(s.all_ids)
             d = proposals.get(id(s))
             s.accept.offer(len(s.all_ids), d)
             matched.append(d is not None)
@@ -311,8 +313,11 @@ class SpeculationPolicy:
         self.probes += 1
         self.since = 0
         # Probe again (all rows) at the next step while drafting, or while the proposals
-        # awaiting their outcome would make drafting pay if accepted (HOPE_LIMIT times in a
-        # row at most); else back off.
+        # awaiting their outcome would make drafting pay if accepted in full (HOPE_LIMIT times
+        # in a row at most, unless proposals keep being accepted in full: evidence that
+        # gathers until the estimate pays, or shows it does not); else back off.
+        if confirmed:
+            self.hoped = 0
         hopeful = draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
             probed, [s.accept.pending is not None for s in probed], hope=True, n=len(rows)))
         self.hoped = 0 if draft else self.hoped + hopeful
@@ -336,7 +341,8 @@ class SpeculationPolicy:
         self.row_ms = ms if self.row_ms is None else self.row_ms + PROBE_WEIGHT * (ms - self.row_ms)
         nxt = len(self.probe_rows(rows))
         self.floor = min(math.ceil(self.row_ms * nxt / (PROBE_SHARE * costs[0])), MAX_FLOOR)
-        self.interval = max(self.interval, self.floor)
+        if not self.full_probe:  # (a hopeful probe calls the next at the next step: HOPE_LIMIT bounds those)
+            self.interval = max(self.interval, self.floor)
 
     # ---- drafting episodes: did they pay? ---------------------------------------------------
     def _start_episode(self, rows: list) -> None:
