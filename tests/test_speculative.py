@@ -583,3 +583,55 @@ def test_a_verify_step_over_the_rows_packed_last_writes_what_the_full_path_would
     rows[1].block_table = [7, 99]  # the checks hold on the short path too
     with pytest.raises(Exception, match="block_table"):
         ex.prepare(key, rows)
+
+
+def test_a_verify_key_not_measured_yet_is_priced_with_the_host_work_measured_ones_show_per_row():
+    """On the GPU a verify step's wall time is mostly host work that grows with its rows (no step
+    is launched ahead of it): a verify key not measured yet costs its replay time plus the
+    measured host work per row of the nearest measured verify key, not the replay times' ratio
+    alone (which priced a 0.38 ms verify step that measured 5.6 ms)."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    replay = {GraphKey(b, d, 0, "greedy"): (1.0 if d else 0.8) for b in (1, 2, 4, 8) for d in (0, K)}
+    pol = SpeculationPolicy(plan, K, replay)
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(8)]
+    assert pol.costs(rows[:4]) == (0.8, 1.0)  # nothing measured: the replay times
+    pol.record(GraphKey(2, K, 0, "greedy"), 2.0)  # 1 ms beyond its replay over 2 rows
+    pol.record(GraphKey(4, 0, 0, "greedy"), 0.8)
+    assert pol.costs(rows[:4]) == (0.8, 1.0 + 2 * 1.0)  # 4 rows: twice that host work
+    assert pol.costs(rows[:1]) == (0.8, 1.5)  # (its plain key not measured: its replay time)
+    pol.record(GraphKey(8, K, 0, "greedy"), 1.5)  # 8 rows: 0.5 ms beyond the replay
+    assert pol.costs(rows[:4]) == (0.8, 3.0)  # (2 rows are nearer to 4 than 8: their host work prices it)
+    assert pol.costs(rows) == (1.5 * 0.8 / 1.0, 1.5)  # measured verify, plain scaled by the replay ratio
+
+
+def test_a_lost_episode_is_forgotten_once_its_rows_have_all_finished():
+    """A loss says drafting did not pay for those sequences: once they have all finished, new
+    rows (a workload that copies, after one whose drafts failed) start at the plain margin."""
+    from trtgraph.runtime.serving import speculation
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    plain_key, verify_key = GraphKey(2, 0, 0, "greedy"), GraphKey(2, K, 0, "greedy")
+    pol = SpeculationPolicy(plan, K, {plain_key: 1.0, verify_key: 1.2})
+    pol.measure = True
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
+    for s in rows:
+        s.accept.accepted, s.accept.rejected = 1.0, 1.0  # a = 0.5: 1.875 tokens a row, against 1.2 x 1.05
+    pol._start_episode(rows)
+    pol._episode.start -= 1.0  # a second of wall time for 4 tokens: lost
+    pol.emitted(4)
+    pol.end_episode()
+    assert pol.losses[verify_key] == 1 and not pol.pays(rows, [True, True])  # 1.875 < 1.2 x 2.1
+    rows[0].finished = True
+    assert not pol.pays(rows, [True, True])  # one of its rows still runs: the loss holds
+    rows[1].finished = True
+    new = [Sequence(Request(id=f"y{i}", prompt_token_ids=(1, 2)), 2 + i, [1, 2], seed=0) for i in range(2)]
+    for s in new:
+        s.accept.accepted, s.accept.rejected = 1.0, 1.0
+    assert pol.pays(new, [True, True]) and pol.losses[verify_key] == 0

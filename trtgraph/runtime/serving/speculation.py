@@ -142,6 +142,7 @@ class _Episode:
     start: float
     tokens: int  # emitted by its verify steps
     last: float  # when its last verify step's tokens came
+    rows: tuple = ()  # its sequences: a loss it leaves is forgotten once they have all finished
 
 
 class SpeculationPolicy:
@@ -166,6 +167,8 @@ class SpeculationPolicy:
         self.losses: dict[GraphKey, int] = {}  # verify key -> its last drafting episodes that lost, in a row
         self.episodes = [0, 0]  # drafting episodes judged: (won, lost)
         self._episode: _Episode | None = None  # the drafting episode under way
+        self._lost_rows: dict[GraphKey, tuple] = {}  # verify key -> the rows of its last lost episode
+        self._host_ms: dict[int, float] = {}  # (sampling, batch) -> a measured verify step's ms beyond its replay
         self._run: _Run | None = None  # the current run of one generation key's steps
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
 
@@ -208,9 +211,12 @@ class SpeculationPolicy:
             run.first, run.steps = run.last, 1
 
     def record(self, key: GraphKey, ms: float, n: int = 1) -> None:
-        """Fold n steps of `key` that took `ms` each into its running mean."""
+        """Fold n steps of `key` that took `ms` each into its running mean (a verify key's: also
+        what it costs beyond its replay, which prices the verify keys not measured yet)."""
         old = self.wall_ms.get(key)
         self.wall_ms[key] = ms if old is None else old + (1 - (1 - WALL_WEIGHT) ** n) * (ms - old)
+        if key.draft_len and self.replay_ms.get(key):
+            self._host_ms[key.sampling, key.batch_size] = max(self.wall_ms[key] - self.replay_ms[key], 0.0)
 
     def keys(self, rows: list, n: int | None = None) -> tuple[GraphKey, GraphKey] | None:
         """(plain, verify) keys of a step over `rows` (or over n rows like them), None where the
@@ -235,8 +241,10 @@ class SpeculationPolicy:
 
     def costs(self, rows: list, n: int | None = None) -> tuple[float, float] | None:
         """(plain, verify) cost in ms of a step over `rows` (or over n rows like them):
-        measured wall times, a measured one scaling the other by the replay times' ratio,
-        else the replay times."""
+        measured wall times; a key not measured yet, the other one measured scaled by the replay
+        times' ratio, else its replay time; a verify key not measured yet costs at least its
+        replay time plus the host work that measured verify keys show per row
+        (`_host_beyond_replay`)."""
         keys = self.keys(rows, n)
         if keys is None:
             return None
@@ -248,11 +256,21 @@ class SpeculationPolicy:
         wp, wv = self.wall_ms.get(plain), self.wall_ms.get(verify)
         if wp and wv:
             return wp, wv
-        if wp:
-            return wp, wp * rv / rp
         if wv:
             return wv * rp / rv, wv
-        return rp, rv
+        base, host = (wp * rv / rp if wp else rv), self._host_beyond_replay(verify)
+        return wp or rp, max(base, rv + host) if host else base
+
+    def _host_beyond_replay(self, verify: GraphKey) -> float:
+        """What a verify key not measured yet is expected to cost beyond its replay: the host's
+        work of the measured verify key of the nearest batch size (same sampling), per row
+        (proposals, packing and bookkeeping go by rows: a verify step at 64 rows cost 5.6 ms
+        on the H200 against a 0.38 ms replay, at 8 rows 0.70 against 0.28); 0 when none is."""
+        near = [(abs(b - verify.batch_size), b, ms) for (s, b), ms in self._host_ms.items() if s == verify.sampling]
+        if not near:
+            return 0.0
+        _, b, ms = min(near)
+        return ms * verify.batch_size / b
 
     # ---- decisions -----------------------------------------------------------------------
     def pays(self, rows: list, matched: list[bool], hope: bool = False, n: int | None = None) -> bool:
@@ -268,7 +286,7 @@ class SpeculationPolicy:
             return True  # no replay times: draft whenever a row matches
         t_plain, t_verify = costs
         tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
-        margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self.losses.get(self.keys(rows, n)[1], 0)
+        margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self._losses(self.keys(rows, n)[1])
         return tokens * n / len(rows) * t_plain > n * t_verify * margin
 
     def proposes(self) -> bool:
@@ -348,7 +366,7 @@ class SpeculationPolicy:
     def _start_episode(self, rows: list) -> None:
         costs = self.costs(rows)
         now = time.perf_counter()
-        self._episode = _Episode(self.keys(rows)[1], costs[0] / len(rows), now, 0, now) if costs else None
+        self._episode = _Episode(self.keys(rows)[1], costs[0] / len(rows), now, 0, now, tuple(rows)) if costs else None
 
     def emitted(self, tokens: int) -> None:
         """A verify step emitted `tokens` (accepted drafts and one more per row)."""
@@ -370,6 +388,18 @@ class SpeculationPolicy:
         lost = ep.tokens * ep.plain_ms_per_token < 1e3 * ((ep.last if rows_changed else time.perf_counter()) - ep.start)
         self.episodes[lost] += 1
         self.losses[ep.key] = min(self.losses.get(ep.key, 0) + 1, MAX_LOSSES) if lost else 0
+        if lost:
+            self._lost_rows[ep.key] = ep.rows
+
+    def _losses(self, verify: GraphKey) -> int:
+        """The verify key's lost episodes in a row, forgotten once the rows of the last one have
+        all finished: what lost was drafting for those sequences (their acceptance, the price of
+        their proposals), not for the ones that came after (a workload that copies, after one
+        that did not)."""
+        n, rows = self.losses.get(verify, 0), self._lost_rows.get(verify)
+        if n and rows and all(s.finished for s in rows):
+            self.losses[verify] = n = 0
+        return n
 
     def _verify_is_cheap(self, rows: list) -> bool:
         """A verify step over `rows` costs no more than a plain one (then probing at every step
