@@ -611,18 +611,17 @@ def test_a_verify_key_not_measured_yet_is_priced_with_the_host_work_measured_one
 def test_a_lost_episode_is_forgotten_once_its_rows_have_all_finished():
     """A loss says drafting did not pay for those sequences: once they have all finished, new
     rows (a workload that copies, after one whose drafts failed) start at the plain margin."""
-    from trtgraph.runtime.serving import speculation
     from trtgraph.runtime.serving.requests import Request
     from trtgraph.runtime.serving.scheduler import Sequence
     from trtgraph.runtime.serving.speculation import SpeculationPolicy
 
-    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
-    plain_key, verify_key = GraphKey(2, 0, 0, "greedy"), GraphKey(2, K, 0, "greedy")
-    pol = SpeculationPolicy(plan, K, {plain_key: 1.0, verify_key: 1.2})
+    verify_key = GraphKey(2, K, 0, "greedy")
+    pol = SpeculationPolicy(BucketPlan.from_config(tiny_config(speculative={"draft_len": K})), K,
+                            {GraphKey(2, 0, 0, "greedy"): 1.0, verify_key: 1.2})
     pol.measure = True
     rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
-    for s in rows:
-        s.accept.accepted, s.accept.rejected = 1.0, 1.0  # a = 0.5: 1.875 tokens a row, against 1.2 x 1.05
+    for s in rows:  # a = 0.5: 1.875 tokens a row, against 1.2 x 1.05
+        s.accept.accepted, s.accept.rejected = 1.0, 1.0
     pol._start_episode(rows)
     pol._episode.start -= 1.0  # a second of wall time for 4 tokens: lost
     pol.emitted(4)

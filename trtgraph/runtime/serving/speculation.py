@@ -16,7 +16,9 @@ a match never drafts; a batch that does not draft needs 5% more than break-even 
 The costs are, per key, the measured wall time between consecutive generation steps (an
 EWMA, `measure` on; it holds the host's work too: proposals, the full-path packing of a
 verify step, the lost overlap), and the manifest's replay times until a key has been
-measured (one measured key prices the other by the replay times' ratio).
+measured (one measured key prices the other by the replay times' ratio; a verify key not
+measured yet costs at least its replay plus the host work per row that the measured verify
+keys show: that host work, not the replay, is most of a verify step's cost).
 
 Proposals cost host time on every row, so a batch that does not draft makes none: it runs
 plain steps on the fast path, launched ahead of the last one's tokens, and probes (makes
@@ -24,14 +26,16 @@ proposals, scores the earlier ones, decides) only every `interval` generation st
 a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a full probe at
 the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
 interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
-the proposals awaiting their outcome would make drafting pay were they accepted (at most
-HOPE_LIMIT probes in a row where a verify step costs more than a plain one: a batch whose
-proposals keep looking hopeful but never pay does not make proposals at every step), and
-it returns to 1 while drafting and after a prefill step (new rows). With `measure`, each probe
+the proposals awaiting their outcome (which agree so far) would make drafting pay were they
+accepted in full (at most HOPE_LIMIT probes in a row where a verify step costs more than a
+plain one, unless proposals keep being accepted in full: a batch whose proposals look hopeful
+but fail does not make proposals at every step, one that copies gathers the evidence until
+its estimate pays), and it returns to 1 while drafting and after a prefill step (new rows;
+hope survives it). With `measure`, each probe
 that does not draft is timed, and the next comes no sooner than keeps probes within
 PROBE_SHARE of the plain steps' measured time (a full probe of 64 rows is rare; after a
 prefill, too: prompts admitted a chunk of rows at a time do not call a probe at every decode
-step in between). A probe due at a step
+step in between), unless the probe was hopeful. A probe due at a step
 launched ahead is made after that launch (the scheduler's postprocess of the step before), so
 a batch that does not draft runs the plain engine's path: the same steps launched ahead (the
 decode step after a prefill included), no proposal before a launch, and per step only a clock
@@ -41,7 +45,8 @@ Each drafting episode (from the decision to draft to the one not to) is judged b
 emitted per ms of wall time against a plain step's tokens per ms: the price of a verify step
 misses costs that only the episode shows (its first proposals' indexing, the return to the
 fast path). A lost episode doubles the margin its verify key needs to start drafting again
-(8x after MAX_LOSSES in a row: never, in practice); a won one clears it.
+(8x after MAX_LOSSES in a row: never, in practice); a won one clears it, and so does the end
+of the sequences that lost (what lost was drafting for them, not for the ones after).
 
 Without replay times (a scheduler built without them) every step proposes, and every step
 with a match drafts. Which steps draft depends on measured times; what every row emits does
@@ -56,9 +61,8 @@ from dataclasses import dataclass
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from ...errors import BucketMissError
+from .acceptance import Acceptance  # noqa: F401 (the scheduler's sequences import it from here)
 
-DECAY = 0.75  # weight of a sequence's earlier proposals against its newest one
-PRIOR = (0.5, 1.5)  # (accepted, rejected) pseudo-counts of a new sequence: a = 0.25
 ENTER_MARGIN = 1.05  # a batch that does not draft starts when drafting pays 5% over break-even
 MAX_INTERVAL = 64  # generation steps between probes of a batch that does not draft, at most
 WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
@@ -71,58 +75,6 @@ PROBE_WEIGHT = 0.25  # weight of the newest probe's cost per row in its running 
 MAX_FLOOR = 4 * MAX_INTERVAL  # generation steps between probes that their cost may call for, at most
 HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would pay if accepted) keeps every step
 #                where a verify step costs more than a plain one
-
-
-@dataclass
-class Acceptance:
-    """Per sequence: decayed counts of accepted drafts and of rejections (a proposal whose
-    drafts were not all accepted ends in one), and the proposal awaiting its outcome."""
-    accepted: float = PRIOR[0]
-    rejected: float = PRIOR[1]
-    pending: tuple[int, list[int]] | None = None  # (position of the first draft, drafts)
-    proposals: int = 0  # proposals scored so far
-    drafts_matched: int = 0  # their drafts that the following tokens agreed with
-    agreeing: int = 0  # drafts of the pending proposal that agree so far (counted as accepted)
-    sampled: bool | None = None  # whether its request runs on the sampled keys (looked up once)
-
-    @property
-    def rate(self) -> float:
-        accepted = self.accepted + self.agreeing
-        return accepted / (accepted + self.rejected)
-
-    def expected_tokens(self, k: int, hope: bool = False) -> float:
-        """Tokens a verify row of this sequence is expected to emit: 1 + a + ... + a**k
-        (hope: K + 1 where its pending proposal, which agrees so far, may yet be accepted in full)."""
-        if hope and self.pending is not None:
-            return k + 1.0  # (a pending proposal agrees so far: its best case)
-        a = self.rate
-        return (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
-
-    def observe(self, ids: list[int]) -> bool:
-        """Score the pending proposal against `ids` (prompt + output so far) once its outcome
-        is known: a draft that disagrees with the token at its position, or all K agreeing.
-        True when it was scored with all K agreeing."""
-        if self.pending is None:
-            return False
-        start, drafts = self.pending
-        n = 0
-        while n < len(drafts) and start + n < len(ids) and ids[start + n] == drafts[n]:
-            n += 1
-        if n < len(drafts) and start + n >= len(ids):
-            self.agreeing = n  # agrees so far; the tokens that decide it are not drawn yet
-            return False
-        self.agreeing = 0
-        self.accepted = DECAY * self.accepted + n
-        self.rejected = DECAY * self.rejected + (n < len(drafts))
-        self.proposals += 1
-        self.drafts_matched += n
-        self.pending = None
-        return n == len(drafts)
-
-    def offer(self, position: int, drafts: list[int] | None) -> None:
-        """The proposal made at `position` (len of ids), scored later unless one is pending."""
-        if drafts is not None and self.pending is None:
-            self.pending = (position, list(drafts))
 
 
 @dataclass(slots=True)
