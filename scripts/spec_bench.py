@@ -5,9 +5,16 @@ random weights would make acceptance meaningless), for random token ids, code-li
 (standard-library source) and repetitive prompts, at batch 1, 8 and 64. Outputs are checked
 equal token for token. Each cell (16 requests at batch 1, 32 at 8, 128 at 64, 128 tokens each)
 runs 5 times, speculative and plain alternating; the table gives medians and the spread.
-Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] (writes spec_bench.json,
-prints a table; --cpu-smoke: a small plan and few tokens, to test this script on the CPU;
---repeats: paired runs per cell, 5 by default)."""
+A fourth set, "copy", holds lines this model repeats when prompted with them ten times over
+(its greedy output loops): the n-gram drafts of its outputs are mostly accepted, so it shows
+whether speculation pays where acceptance is high. Each cell also gives what its workload
+offers the drafter whatever the policy does (the drafter run over the plain outputs as if
+every step drafted: tokens per verify step, accepted / fed drafts), and the policy's measured
+wall ms per step of the batch's plain and verify keys (host work included) beside their
+replay times.
+Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] [--sets a,b] (writes
+spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to test this script on
+the CPU; --repeats: paired runs per cell, 5 by default; --sets: which prompt sets, all by default)."""
 
 import inspect
 import json
@@ -20,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from trtgraph.buckets import GREEDY
 from trtgraph.compiler.pipeline import capture
 from trtgraph.config import Config
 from trtgraph.runtime.serving.engine import Engine
@@ -64,11 +72,36 @@ def repetitive_prompt(i):
     return f"# repeated\n{line * 8}"
 
 
+# Lines whose greedy continuation this model repeats (it loops on them): the n-gram drafts of
+# its 128-token greedy output after each line ten times over are 79-99% accepted (the eager
+# model on the CPU), the repetitive set's lines 7-62%.
+COPY_LINES = ["d['key'] = value\n", "value[key] = name\n", "name[key] = item\n", "data[key] = result\n",
+              "args['key'] = key\n", "item['key'] = value\n"]
 sets = {
     "random": lambda i: {"prompt_token_ids": [rng.randrange(vocab) for _ in range(64)]},
     "code-like": lambda i: {"prompt": code_prompt(i)},
     "repetitive": lambda i: {"prompt": repetitive_prompt(i)},
+    "copy": lambda i: {"prompt": COPY_LINES[i % len(COPY_LINES)] * 10},
 }
+SETS = sys.argv[sys.argv.index("--sets") + 1].split(",") if "--sets" in sys.argv[2:] else list(sets)
+
+
+def ngram_acceptance(prompt_ids, outputs, k=4):
+    """What the workload offers the drafter, whatever the policy decides: the n-gram drafter
+    run over each (prompt, plain output) as if every step drafted: (tokens per verify step,
+    accepted / fed drafts)."""
+    from trtgraph.runtime.serving.drafter import NgramDrafter, NgramIndex
+
+    steps = accepted = tokens = 0
+    for ids, out in zip(prompt_ids, outputs):
+        d, index, full, p = NgramDrafter(k, 1, 3), NgramIndex(), list(ids) + list(out), len(ids)
+        while p < len(full):
+            drafts, a = d.propose(full[:p], index), 0
+            while drafts is not None and a < k and p + a < len(full) and full[p + a] == drafts[a]:
+                a += 1
+            steps, accepted, p = steps + 1, accepted + a, p + a + 1
+        tokens += len(out)
+    return tokens / max(steps, 1), accepted / max(k * steps, 1)
 engines = {"speculative": Engine(raw["output"]), "plain": Engine(raw["output"], speculative=False)}
 REPEATS = REPEATS_ARG or (2 if SMOKE else 5)  # each cell runs this often, speculative and plain alternating
 PROMPTS = {1: 2, 8: 8} if SMOKE else {1: 16, 8: 32, 64: 128}  # requests per cell (groups of `batch`)
@@ -94,7 +127,8 @@ def median(xs):
 
 
 rows = []
-for set_name, make in sets.items():
+for set_name in SETS:
+    make = sets[set_name]
     for batch in BATCHES:
         prompts = [{"id": f"{set_name}-{i}", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, **make(i)}
                    for i in range(PROMPTS[batch])]
@@ -108,6 +142,10 @@ for set_name, make in sets.items():
         for run in runs["speculative"] + runs["plain"]:
             assert run[2] == runs["plain"][0][2], f"{set_name} batch {batch}: outputs differ"
         row = {"prompts": set_name, "batch": batch, "requests": len(prompts), "tokens": runs["plain"][0][0]}
+        tk = engines["plain"].tokenizer
+        in_order = [p for g in groups for p in sorted(g, key=lambda p: p["id"])]  # as `timed` lists the outputs
+        prompt_ids = [p["prompt_token_ids"] if "prompt_token_ids" in p else tk.encode(p["prompt"]) for p in in_order]
+        row["ngram_tokens_per_step"], row["ngram_acceptance"] = ngram_acceptance(prompt_ids, runs["plain"][0][2])
         for mode, rs in runs.items():
             tps = [t / s for t, s, _, _ in rs]
             row[mode] = {"tokens_per_second": median(tps), "min": min(tps), "max": max(tps)}
@@ -117,6 +155,10 @@ for set_name, make in sets.items():
         row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows", "probes")})
         fed = [s for s in sp if s["verify_steps"]]
         row["acceptance_rate"] = sum(s["acceptance_rate"] for s in fed) / len(fed) if fed else None
+        pol = engines["speculative"].scheduler.speculation
+        keys = pol._keys.get((batch, GREEDY)) or (None, None)  # (plain, verify) keys of this batch size, when it formed steps
+        row["wall_ms_plain_verify"] = [round(pol.wall_ms[k], 4) if k in pol.wall_ms else None for k in keys]
+        row["replay_ms_plain_verify"] = [pol.replay_ms.get(k) for k in keys]
         rows.append(row)
         print(row, flush=True)
 pol = engines["speculative"].scheduler.speculation
@@ -131,12 +173,15 @@ out_dir.mkdir(parents=True, exist_ok=True)
 print(f"\n{REPEATS} runs per cell, speculative and plain alternating; tok/s: median (min-max); ratio: median of "
       f"the paired runs' speculative / plain (min-max); steps and acceptance: the last speculative run")
 print("| prompts | batch | tokens | speculative tok/s | plain tok/s | speculative / plain | verify steps "
-      "| plain decode steps | probes | draft acceptance |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| plain decode steps | probes | draft acceptance | offered: tokens/step, acceptance | wall ms plain / verify "
+      "| replay ms plain / verify |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     s, p = r["speculative"], r["plain"]
     acc = f"{100 * r['acceptance_rate']:.1f}%" if r["acceptance_rate"] is not None else "no drafts"
     print(f"| {r['prompts']} | {r['batch']} | {r['tokens']} | {s['tokens_per_second']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
           f"| {p['tokens_per_second']:,.0f} ({p['min']:,.0f}-{p['max']:,.0f}) | {r['ratio_median']:.3f} "
           f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['verify_steps']} | {r['plain_decode_steps']} | {r['probes']} "
-          f"| {acc} |")
+          f"| {acc} | {r['ngram_tokens_per_step']:.2f}, {100 * r['ngram_acceptance']:.0f}% "
+          f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['wall_ms_plain_verify'])} "
+          f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['replay_ms_plain_verify'])} |")

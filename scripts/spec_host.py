@@ -27,6 +27,9 @@ ap.add_argument("out")
 ap.add_argument("--batches", default="1,8,64")
 ap.add_argument("--tokens", type=int, default=64)
 ap.add_argument("--repeats", type=int, default=3)
+ap.add_argument("--workloads", default="never-match", help="never-match, copy (comma-separated)")
+ap.add_argument("--always", action="store_true", help="no replay times: the speculative engine drafts at every match")
+ap.add_argument("--profile", type=int, default=0, help="print the N costliest functions of the speculative run (cumulative)")
 args = ap.parse_args()
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
@@ -44,6 +47,8 @@ spec, plain = Engine(art), Engine(art, speculative=False)
 pol = spec.scheduler.speculation
 pol.replay_ms = {k: (1.5 if k.draft_len else 1.0) for k in spec.manifest.graph_keys if not k.is_prefill}
 pol.measure = True
+if args.always:
+    pol.replay_ms = {}
 calls = [0]
 propose = spec.drafter.propose
 spec.drafter.propose = lambda *a, **kw: calls.__setitem__(0, calls[0] + 1) or propose(*a, **kw)
@@ -54,16 +59,56 @@ rows = spec.executor.buffers.max_rows
 accepted = torch.zeros(spec.executor.buffers.max_seqs, dtype=torch.int64)
 
 
-def fake_execute(key, eager=False):
-    """The model's step, replaced: random tokens, no draft accepted."""
-    return StepOutputs(None, torch.randint(3, 300, (rows,), generator=gen), accepted)
+CYCLE = 37  # the copy workload: a model that continues a cycle of CYCLE distinct tokens
+succ = torch.arange(512)
+succ[3:3 + CYCLE] = torch.roll(torch.arange(3, 3 + CYCLE), -1)
+mode = {"copy": False}
+
+
+def fake_execute(key, eager=False, ex=None):
+    """The model's step, replaced. never-match: random tokens, no draft accepted. copy: each
+    token's successor in the cycle (the inputs as the graph would see them: the packed ones on
+    the full path, the last step's tokens on the fast path), drafts verified as the graph does."""
+    if not mode["copy"]:
+        return StepOutputs(None, torch.randint(3, 300, (rows,), generator=gen), accepted)
+    b, T, B, q = ex.buffers, key.num_tokens, key.batch_size, key.q_len
+    if ex._fake_fresh:
+        ids = torch.from_numpy(b.host.input_ids[:T].copy())
+        src = torch.from_numpy(b.host.gather_src[:B].copy())
+        if not key.is_prefill and (src >= 0).any():
+            ids[:B] = torch.where(src >= 0, b.next_tokens[src.clamp(min=0)], ids[:B])
+    else:  # the fast path: the last step's drawn tokens
+        ids = b.next_tokens[:T].clone()
+    ex._fake_fresh = False
+    last = torch.from_numpy(b.host.logits_indices[:B].copy()) if key.is_prefill else None
+    toks = succ[ids.clamp(0, 511)]
+    if key.is_prefill:
+        toks = toks[last]
+    b.next_tokens[:len(toks)] = toks
+    if key.draft_len:
+        match = ids.view(B, q)[:, 1:] == toks.view(B, q)[:, :-1]
+        b.accepted[:B] = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    return StepOutputs(None, b.next_tokens, b.accepted)
+
+
+def fresh(method, ex):
+    def call(*a, **kw):
+        ex._fake_fresh = method.__name__ == "prepare"
+        return method(*a, **kw)
+    return call
 
 
 for eng in (spec, plain):
-    eng.executor.execute = fake_execute
+    ex = eng.executor
+    ex._fake_fresh = True
+    ex.prepare, ex.advance_decode = fresh(ex.prepare, ex), fresh(ex.advance_decode, ex)
+    ex.execute = lambda key, eager=False, ex=ex: fake_execute(key, eager, ex)
 rng = random.Random(0)
-workloads = {"never-match": lambda i: {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(32)]}}
-for name, make in workloads.items():
+workloads = {"never-match": lambda i: {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(32)]},
+             "copy": lambda i: {"prompt_token_ids": [3 + (i + j) % CYCLE for j in range(2 * CYCLE)]}}
+for name in args.workloads.split(","):
+    make = workloads[name]
+    mode["copy"] = name == "copy"
     for bs in batches:
         reqs = [{"id": f"{name}-{i}", "max_tokens": args.tokens, "ignore_eos": True, **make(i)} for i in range(bs)]
         res = {}
@@ -89,8 +134,12 @@ for name, make in workloads.items():
             list(eng.generate(reqs))
             prof.disable()
             r["calls_per_step"] = sum(v[1] for v in pstats.Stats(prof).stats.values()) / eng.stats.steps
+            if eng is spec and args.profile:
+                print(f"{name} bs {bs}: speculative, {eng.stats.steps} steps, {eng.stats.verify_steps} verify")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+        st = spec.stats.to_json().get("speculative") or {}
         hs, hp = min(s["host"]), min(p["host"])  # the least disturbed run
         print(f"{name:12s} bs {bs:3d}: host us/step plain {hp:7.1f}  speculative {hs:7.1f}  (+{hs - hp:6.1f}, "
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
-              f"verify {s['verify']}  propose calls {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
+              f"verify {s['verify']} accepted {st.get('acceptance_rate')}  propose calls {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)

@@ -490,3 +490,147 @@ def test_probes_are_spaced_by_their_measured_cost_and_a_prefill_keeps_the_spacin
     assert math.isclose(pol.row_ms, 1.0) and pol.floor == 200
     pol.spaced(10.0, rows, rows)
     assert pol.floor == pol.interval == MAX_FLOOR
+
+
+def _copying(engine, monkeypatch, cycle: int = 11):
+    """The engine's model replaced by one that copies: each token's successor in a cycle of
+    `cycle` ids (3 ..), computed from the step's inputs as the graph sees them (the packed ones,
+    or on the fast path the last step's tokens), drafts verified as the graph verifies them."""
+    from trtgraph.runtime.step.executor import StepOutputs
+
+    ex, b = engine.executor, engine.executor.buffers
+    succ = torch.arange(b.vocab_size)
+    succ[3:3 + cycle] = torch.roll(torch.arange(3, 3 + cycle), -1)
+    fresh = [True]
+    prepare, advance = ex.prepare, ex.advance_decode
+    monkeypatch.setattr(ex, "prepare", lambda *a, **kw: fresh.__setitem__(0, True) or prepare(*a, **kw))
+    monkeypatch.setattr(ex, "advance_decode", lambda *a, **kw: fresh.__setitem__(0, False) or advance(*a, **kw))
+
+    def execute(key, eager=False):
+        T, B, q = key.num_tokens, key.batch_size, key.q_len
+        if fresh[0]:
+            ids = torch.from_numpy(b.host.input_ids[:T].copy())
+            src = torch.from_numpy(b.host.gather_src[:B].copy())
+            if not key.is_prefill:
+                ids[:B] = torch.where(src >= 0, b.next_tokens[src.clamp(min=0)], ids[:B])
+        else:
+            ids = b.next_tokens[:T].clone()
+        tokens = succ[ids]
+        if key.is_prefill:
+            tokens = tokens[torch.from_numpy(b.host.logits_indices[:B].copy())]
+        b.next_tokens[:len(tokens)] = tokens
+        if key.draft_len:
+            match = ids.view(B, q)[:, 1:] == tokens.view(B, q)[:, :-1]
+            b.accepted[:B] = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
+        return StepOutputs(None, b.next_tokens, b.accepted)
+
+    monkeypatch.setattr(ex, "execute", execute)
+
+
+def test_a_batch_whose_drafts_are_accepted_drafts_though_a_verify_step_costs_several_plain_ones(engines, monkeypatch):
+    """As on the GPU: a verify step measured at 2.5x a plain step (its host work: no step is
+    launched ahead of it), the probes spaced by their measured cost. A model that copies (the
+    copy workload: each prompt a cycle the model continues): hope (a pending proposal that
+    agrees so far and would pay if accepted in full) keeps probing at every step past the
+    spacing, each proposal accepted in full renews it, until the estimate pays; then most
+    steps draft, and their drafts are accepted. Outputs equal plain decoding's (the same
+    model), and a verify step over the rows of the one before packs only what moved."""
+    spec, plain = engines
+    pol = spec.scheduler.speculation
+    keys = [k for k in spec.manifest.graph_keys if not k.is_prefill]
+    for name, value in (("replay_ms", {k: 2.5 if k.draft_len else 1.0 for k in keys}),
+                        ("wall_ms", {k: 2.5 if k.draft_len else 1.0 for k in keys}),
+                        ("record", lambda *a, **kw: None),  # (the CPU's step times: not the GPU's)
+                        ("measure", True), ("losses", {}), ("interval", 1), ("floor", 0), ("row_ms", None)):
+        monkeypatch.setattr(pol, name, value)
+    for engine in engines:
+        _copying(engine, monkeypatch)
+    reqs = [{"id": f"c{i}", "prompt_token_ids": [3 + (i + j) % 11 for j in range(30)], "max_tokens": 60,
+             "ignore_eos": True} for i in range(2)]
+    again = []
+    monkeypatch.setattr(spec.executor, "_prepare_verify_again",
+                        lambda *a, f=spec.executor._prepare_verify_again: again.append(1) or f(*a))
+    got, _ = _run(spec, reqs)
+    sp = spec.stats.to_json()["speculative"]
+    want, _ = _run(plain, reqs)
+    assert pol.floor > 1  # the probes' cost spaces them (a probe of a row: 5+ us against a 1 ms step)
+    assert sp["verify_steps"] > sp["plain_decode_steps"] and sp["acceptance_rate"] == 1.0, sp
+    assert len(again) >= sp["verify_steps"] - 2
+    for r in reqs:
+        assert got[r["id"]].token_ids == want[r["id"]].token_ids == \
+            [3 + (int(r["id"][1:]) + 30 + j) % 11 for j in range(60)], r["id"]
+
+
+def test_a_verify_step_over_the_rows_packed_last_writes_what_the_full_path_would():
+    """The same rows (StepRow objects) and verify key as the full-path step packed last: only
+    their tokens, positions, slots and tables are written; the staging then holds exactly what a
+    full pack of those rows writes."""
+    from trtgraph.runtime.step.executor import Executor, StepRow
+
+    config = tiny_config(speculative={"draft_len": K}, kv_cache={"num_blocks": 30})
+    ex = Executor.build(config, BucketPlan.from_config(config))
+    key = GraphKey(2, K, 0, "greedy")
+    rows = [StepRow([5, 6, 7, 8], 14, [3, 4], temperature=0.0, seed=1),
+            StepRow([9, 10, 11, 12], 3, [7], seed=2, top_k=5)]
+    ex.prepare(key, rows)
+    for r, (tokens, start, table) in zip(rows, [([8, 1, 2, 3], 17, [3, 4, 9]), ([12, 4, 4, 4], 5, [7])]):
+        r.token_ids, r.start_pos, r.block_table = tokens, start, table
+    ex.prepare(key, rows)  # the rows packed last: only what moves is written
+    again = (ex.buffers.ints_host.clone(), ex.buffers.floats_host.clone())
+    ex.prepare(GraphKey(2, 0, 0, "greedy"), [StepRow([1], 0, [5])])  # something else in between
+    ex.prepare(key, rows)  # a full pack
+    assert torch.equal(again[0], ex.buffers.ints_host) and torch.equal(again[1], ex.buffers.floats_host)
+    rows[1].block_table = [7, 99]  # the checks hold on the short path too
+    with pytest.raises(Exception, match="block_table"):
+        ex.prepare(key, rows)
+
+
+def test_a_verify_key_not_measured_yet_is_priced_with_the_host_work_measured_ones_show_per_row():
+    """On the GPU a verify step's wall time is mostly host work that grows with its rows (no step
+    is launched ahead of it): a verify key not measured yet costs its replay time plus the
+    measured host work per row of the nearest measured verify key, not the replay times' ratio
+    alone (which priced a 0.38 ms verify step that measured 5.6 ms)."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    replay = {GraphKey(b, d, 0, "greedy"): (1.0 if d else 0.8) for b in (1, 2, 4, 8) for d in (0, K)}
+    pol = SpeculationPolicy(plan, K, replay)
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(8)]
+    assert pol.costs(rows[:4]) == (0.8, 1.0)  # nothing measured: the replay times
+    pol.record(GraphKey(2, K, 0, "greedy"), 2.0)  # 1 ms beyond its replay over 2 rows
+    pol.record(GraphKey(4, 0, 0, "greedy"), 0.8)
+    assert pol.costs(rows[:4]) == (0.8, 1.0 + 2 * 1.0)  # 4 rows: twice that host work
+    assert pol.costs(rows[:1]) == (0.8, 1.5)  # (its plain key not measured: its replay time)
+    pol.record(GraphKey(8, K, 0, "greedy"), 1.5)  # 8 rows: 0.5 ms beyond the replay
+    assert pol.costs(rows[:4]) == (0.8, 3.0)  # (2 rows are nearer to 4 than 8: their host work prices it)
+    assert pol.costs(rows) == (1.5 * 0.8 / 1.0, 1.5)  # measured verify, plain scaled by the replay ratio
+
+
+def test_a_lost_episode_is_forgotten_once_its_rows_have_all_finished():
+    """A loss says drafting did not pay for those sequences: once they have all finished, new
+    rows (a workload that copies, after one whose drafts failed) start at the plain margin."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import SpeculationPolicy
+
+    verify_key = GraphKey(2, K, 0, "greedy")
+    pol = SpeculationPolicy(BucketPlan.from_config(tiny_config(speculative={"draft_len": K})), K,
+                            {GraphKey(2, 0, 0, "greedy"): 1.0, verify_key: 1.2})
+    pol.measure = True
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(2)]
+    for s in rows:  # a = 0.5: 1.875 tokens a row, against 1.2 x 1.05
+        s.accept.accepted, s.accept.rejected = 1.0, 1.0
+    pol._start_episode(rows)
+    pol._episode.start -= 1.0  # a second of wall time for 4 tokens: lost
+    pol.emitted(4)
+    pol.end_episode()
+    assert pol.losses[verify_key] == 1 and not pol.pays(rows, [True, True])  # 1.875 < 1.2 x 2.1
+    rows[0].finished = True
+    assert not pol.pays(rows, [True, True])  # one of its rows still runs: the loss holds
+    rows[1].finished = True
+    new = [Sequence(Request(id=f"y{i}", prompt_token_ids=(1, 2)), 2 + i, [1, 2], seed=0) for i in range(2)]
+    for s in new:
+        s.accept.accepted, s.accept.rejected = 1.0, 1.0
+    assert pol.pays(new, [True, True]) and pol.losses[verify_key] == 0

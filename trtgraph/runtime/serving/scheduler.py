@@ -390,11 +390,12 @@ class Scheduler(LaunchAhead, Drafting):
         step drew past that point are dropped."""
         req, ids, p = seq.request, seq.all_ids, len(seq.prompt_ids)
         num_out = len(ids) - p
+        min_tokens, max_tokens, stops, eos = req.min_tokens, req.max_tokens, req.stop_token_ids, self.eos_ids
         for j in range(num_out - n_new, num_out):
             t = ids[p + j]
-            if j + 1 >= req.min_tokens and (t in req.stop_token_ids or (t in self.eos_ids and not req.ignore_eos)):
+            if j + 1 >= min_tokens and (t in stops or (t in eos and not req.ignore_eos)):
                 reason = "stop"
-            elif j + 1 >= req.max_tokens:
+            elif j + 1 >= max_tokens:
                 reason = "length"
             else:
                 continue

@@ -16,7 +16,9 @@ a match never drafts; a batch that does not draft needs 5% more than break-even 
 The costs are, per key, the measured wall time between consecutive generation steps (an
 EWMA, `measure` on; it holds the host's work too: proposals, the full-path packing of a
 verify step, the lost overlap), and the manifest's replay times until a key has been
-measured (one measured key prices the other by the replay times' ratio).
+measured (one measured key prices the other by the replay times' ratio; a verify key not
+measured yet costs at least its replay plus the host work per row that the measured verify
+keys show: that host work, not the replay, is most of a verify step's cost).
 
 Proposals cost host time on every row, so a batch that does not draft makes none: it runs
 plain steps on the fast path, launched ahead of the last one's tokens, and probes (makes
@@ -24,14 +26,16 @@ proposals, scores the earlier ones, decides) only every `interval` generation st
 a sample of about PROBE_ROWS rows in a larger batch (a hopeful sample calls a full probe at
 the next step, which may draft), indexing at most PROBE_WINDOW new tokens per row; the
 interval doubles after each probe that does not draft (1, 2, 4, ... MAX_INTERVAL), unless
-the proposals awaiting their outcome would make drafting pay were they accepted (at most
-HOPE_LIMIT probes in a row where a verify step costs more than a plain one: a batch whose
-proposals keep looking hopeful but never pay does not make proposals at every step), and
-it returns to 1 while drafting and after a prefill step (new rows). With `measure`, each probe
+the proposals awaiting their outcome (which agree so far) would make drafting pay were they
+accepted in full (at most HOPE_LIMIT probes in a row where a verify step costs more than a
+plain one, unless proposals keep being accepted in full: a batch whose proposals look hopeful
+but fail does not make proposals at every step, one that copies gathers the evidence until
+its estimate pays), and it returns to 1 while drafting and after a prefill step (new rows;
+hope survives it). With `measure`, each probe
 that does not draft is timed, and the next comes no sooner than keeps probes within
 PROBE_SHARE of the plain steps' measured time (a full probe of 64 rows is rare; after a
 prefill, too: prompts admitted a chunk of rows at a time do not call a probe at every decode
-step in between). A probe due at a step
+step in between), unless the probe was hopeful. A probe due at a step
 launched ahead is made after that launch (the scheduler's postprocess of the step before), so
 a batch that does not draft runs the plain engine's path: the same steps launched ahead (the
 decode step after a prefill included), no proposal before a launch, and per step only a clock
@@ -41,7 +45,8 @@ Each drafting episode (from the decision to draft to the one not to) is judged b
 emitted per ms of wall time against a plain step's tokens per ms: the price of a verify step
 misses costs that only the episode shows (its first proposals' indexing, the return to the
 fast path). A lost episode doubles the margin its verify key needs to start drafting again
-(8x after MAX_LOSSES in a row: never, in practice); a won one clears it.
+(8x after MAX_LOSSES in a row: never, in practice); a won one clears it, and so does the end
+of the sequences that lost (what lost was drafting for them, not for the ones after).
 
 Without replay times (a scheduler built without them) every step proposes, and every step
 with a match drafts. Which steps draft depends on measured times; what every row emits does
@@ -56,9 +61,8 @@ from dataclasses import dataclass
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from ...errors import BucketMissError
+from .acceptance import Acceptance  # noqa: F401 (the scheduler's sequences import it from here)
 
-DECAY = 0.75  # weight of a sequence's earlier proposals against its newest one
-PRIOR = (0.5, 1.5)  # (accepted, rejected) pseudo-counts of a new sequence: a = 0.25
 ENTER_MARGIN = 1.05  # a batch that does not draft starts when drafting pays 5% over break-even
 MAX_INTERVAL = 64  # generation steps between probes of a batch that does not draft, at most
 WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
@@ -71,57 +75,6 @@ PROBE_WEIGHT = 0.25  # weight of the newest probe's cost per row in its running 
 MAX_FLOOR = 4 * MAX_INTERVAL  # generation steps between probes that their cost may call for, at most
 HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would pay if accepted) keeps every step
 #                where a verify step costs more than a plain one
-
-
-@dataclass
-class Acceptance:
-    """Per sequence: decayed counts of accepted drafts and of rejections (a proposal whose
-    drafts were not all accepted ends in one), and the proposal awaiting its outcome."""
-    accepted: float = PRIOR[0]
-    rejected: float = PRIOR[1]
-    pending: tuple[int, list[int]] | None = None  # (position of the first draft, drafts)
-    proposals: int = 0  # proposals scored so far
-    drafts_matched: int = 0  # their drafts that the following tokens agreed with
-    agreeing: int = 0  # drafts of the pending proposal that agree so far (counted as accepted)
-    sampled: bool | None = None  # whether its request runs on the sampled keys (looked up once)
-
-    @property
-    def rate(self) -> float:
-        accepted = self.accepted + self.agreeing
-        return accepted / (accepted + self.rejected)
-
-    def expected_tokens(self, k: int, hope: bool = False) -> float:
-        """Tokens a verify row of this sequence is expected to emit: 1 + a + ... + a**k
-        (hope: as if its pending proposal were accepted in full)."""
-        a = self.rate
-        if hope and self.pending is not None:
-            accepted = self.accepted + len(self.pending[1])
-            a = accepted / (accepted + self.rejected)
-        return (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
-
-    def observe(self, ids: list[int]) -> None:
-        """Score the pending proposal against `ids` (prompt + output so far) once its outcome
-        is known: a draft that disagrees with the token at its position, or all K agreeing."""
-        if self.pending is None:
-            return
-        start, drafts = self.pending
-        n = 0
-        while n < len(drafts) and start + n < len(ids) and ids[start + n] == drafts[n]:
-            n += 1
-        if n < len(drafts) and start + n >= len(ids):
-            self.agreeing = n  # agrees so far; the tokens that decide it are not drawn yet
-            return
-        self.agreeing = 0
-        self.accepted = DECAY * self.accepted + n
-        self.rejected = DECAY * self.rejected + (n < len(drafts))
-        self.proposals += 1
-        self.drafts_matched += n
-        self.pending = None
-
-    def offer(self, position: int, drafts: list[int] | None) -> None:
-        """The proposal made at `position` (len of ids), scored later unless one is pending."""
-        if drafts is not None and self.pending is None:
-            self.pending = (position, list(drafts))
 
 
 @dataclass(slots=True)
@@ -141,6 +94,7 @@ class _Episode:
     start: float
     tokens: int  # emitted by its verify steps
     last: float  # when its last verify step's tokens came
+    rows: tuple = ()  # its sequences: a loss it leaves is forgotten once they have all finished
 
 
 class SpeculationPolicy:
@@ -165,6 +119,8 @@ class SpeculationPolicy:
         self.losses: dict[GraphKey, int] = {}  # verify key -> its last drafting episodes that lost, in a row
         self.episodes = [0, 0]  # drafting episodes judged: (won, lost)
         self._episode: _Episode | None = None  # the drafting episode under way
+        self._lost_rows: dict[GraphKey, tuple] = {}  # verify key -> the rows of its last lost episode
+        self._host_ms: dict[int, float] = {}  # (sampling, batch) -> a measured verify step's ms beyond its replay
         self._run: _Run | None = None  # the current run of one generation key's steps
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
 
@@ -182,8 +138,9 @@ class SpeculationPolicy:
         `measure`, the time from one generation step's hand-out to the next one's is that step's
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
         count per step; the key's mean is updated when the run ends or a decision needs it)."""
-        if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as
-            self.interval, self.hoped = max(self.floor, 1), 0  # the probes' cost allows), backing off afresh
+        if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
+            # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
+            self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
             if self._episode is not None:
                 self.end_episode(rows_changed=True)
         if not self.measure:
@@ -206,9 +163,12 @@ class SpeculationPolicy:
             run.first, run.steps = run.last, 1
 
     def record(self, key: GraphKey, ms: float, n: int = 1) -> None:
-        """Fold n steps of `key` that took `ms` each into its running mean."""
+        """Fold n steps of `key` that took `ms` each into its running mean (a verify key's: also
+        what it costs beyond its replay, which prices the verify keys not measured yet)."""
         old = self.wall_ms.get(key)
         self.wall_ms[key] = ms if old is None else old + (1 - (1 - WALL_WEIGHT) ** n) * (ms - old)
+        if key.draft_len and self.replay_ms.get(key):
+            self._host_ms[key.sampling, key.batch_size] = max(self.wall_ms[key] - self.replay_ms[key], 0.0)
 
     def keys(self, rows: list, n: int | None = None) -> tuple[GraphKey, GraphKey] | None:
         """(plain, verify) keys of a step over `rows` (or over n rows like them), None where the
@@ -233,8 +193,10 @@ class SpeculationPolicy:
 
     def costs(self, rows: list, n: int | None = None) -> tuple[float, float] | None:
         """(plain, verify) cost in ms of a step over `rows` (or over n rows like them):
-        measured wall times, a measured one scaling the other by the replay times' ratio,
-        else the replay times."""
+        measured wall times; a key not measured yet, the other one measured scaled by the replay
+        times' ratio, else its replay time; a verify key not measured yet costs at least its
+        replay time plus the host work that measured verify keys show per row
+        (`_host_beyond_replay`)."""
         keys = self.keys(rows, n)
         if keys is None:
             return None
@@ -246,11 +208,21 @@ class SpeculationPolicy:
         wp, wv = self.wall_ms.get(plain), self.wall_ms.get(verify)
         if wp and wv:
             return wp, wv
-        if wp:
-            return wp, wp * rv / rp
         if wv:
             return wv * rp / rv, wv
-        return rp, rv
+        base, host = (wp * rv / rp if wp else rv), self._host_beyond_replay(verify)
+        return wp or rp, max(base, rv + host) if host else base
+
+    def _host_beyond_replay(self, verify: GraphKey) -> float:
+        """What a verify key not measured yet is expected to cost beyond its replay: the host's
+        work of the measured verify key of the nearest batch size (same sampling), per row
+        (proposals, packing and bookkeeping go by rows: a verify step at 64 rows cost 5.6 ms
+        on the H200 against a 0.38 ms replay, at 8 rows 0.70 against 0.28); 0 when none is."""
+        near = [(abs(b - verify.batch_size), b, ms) for (s, b), ms in self._host_ms.items() if s == verify.sampling]
+        if not near:
+            return 0.0
+        _, b, ms = min(near)
+        return ms * verify.batch_size / b
 
     # ---- decisions -----------------------------------------------------------------------
     def pays(self, rows: list, matched: list[bool], hope: bool = False, n: int | None = None) -> bool:
@@ -266,7 +238,7 @@ class SpeculationPolicy:
             return True  # no replay times: draft whenever a row matches
         t_plain, t_verify = costs
         tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
-        margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self.losses.get(self.keys(rows, n)[1], 0)
+        margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self._losses(self.keys(rows, n)[1])
         return tokens * n / len(rows) * t_plain > n * t_verify * margin
 
     def proposes(self) -> bool:
@@ -296,9 +268,9 @@ class SpeculationPolicy:
         proposed, `probe_rows`; default all); whether this step drafts. A sample never drafts:
         it calls a full probe at the next step when the batch it stands for would pay."""
         probed = rows if probed is None else probed
-        matched = []
+        matched, confirmed = [], False
         for s in probed:
-            s.accept.observe(s.all_ids)
+            confirmed |= s.accept.observe(s.all_ids)
             d = proposals.get(id(s))
             s.accept.offer(len(s.all_ids), d)
             matched.append(d is not None)
@@ -311,8 +283,11 @@ class SpeculationPolicy:
         self.probes += 1
         self.since = 0
         # Probe again (all rows) at the next step while drafting, or while the proposals
-        # awaiting their outcome would make drafting pay if accepted (HOPE_LIMIT times in a
-        # row at most); else back off.
+        # awaiting their outcome would make drafting pay if accepted in full (HOPE_LIMIT times
+        # in a row at most, unless proposals keep being accepted in full: evidence that
+        # gathers until the estimate pays, or shows it does not); else back off.
+        if confirmed:
+            self.hoped = 0
         hopeful = draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
             probed, [s.accept.pending is not None for s in probed], hope=True, n=len(rows)))
         self.hoped = 0 if draft else self.hoped + hopeful
@@ -336,13 +311,14 @@ class SpeculationPolicy:
         self.row_ms = ms if self.row_ms is None else self.row_ms + PROBE_WEIGHT * (ms - self.row_ms)
         nxt = len(self.probe_rows(rows))
         self.floor = min(math.ceil(self.row_ms * nxt / (PROBE_SHARE * costs[0])), MAX_FLOOR)
-        self.interval = max(self.interval, self.floor)
+        if not self.full_probe:  # (a hopeful probe calls the next at the next step: HOPE_LIMIT bounds those)
+            self.interval = max(self.interval, self.floor)
 
     # ---- drafting episodes: did they pay? ---------------------------------------------------
     def _start_episode(self, rows: list) -> None:
         costs = self.costs(rows)
         now = time.perf_counter()
-        self._episode = _Episode(self.keys(rows)[1], costs[0] / len(rows), now, 0, now) if costs else None
+        self._episode = _Episode(self.keys(rows)[1], costs[0] / len(rows), now, 0, now, tuple(rows)) if costs else None
 
     def emitted(self, tokens: int) -> None:
         """A verify step emitted `tokens` (accepted drafts and one more per row)."""
@@ -364,6 +340,18 @@ class SpeculationPolicy:
         lost = ep.tokens * ep.plain_ms_per_token < 1e3 * ((ep.last if rows_changed else time.perf_counter()) - ep.start)
         self.episodes[lost] += 1
         self.losses[ep.key] = min(self.losses.get(ep.key, 0) + 1, MAX_LOSSES) if lost else 0
+        if lost:
+            self._lost_rows[ep.key] = ep.rows
+
+    def _losses(self, verify: GraphKey) -> int:
+        """The verify key's lost episodes in a row, forgotten once the rows of the last one have
+        all finished: what lost was drafting for those sequences (their acceptance, the price of
+        their proposals), not for the ones that came after (a workload that copies, after one
+        that did not)."""
+        n, rows = self.losses.get(verify, 0), self._lost_rows.get(verify)
+        if n and rows and all(s.finished for s in rows):
+            self.losses[verify] = n = 0
+        return n
 
     def _verify_is_cheap(self, rows: list) -> bool:
         """A verify step over `rows` costs no more than a plain one (then probing at every step

@@ -67,6 +67,7 @@ class StepInputs:
 
     _real_rows = 0  # real rows of the last full-path step (the device's control[1])
     _inputs_set = False  # prepare or advance_decode since the last execute
+    _last_packed: tuple = (None, ())  # (key, rows) of the last full-path verify step (`_prepare_verify_again`)
 
     # ---- input preparation (full path) ------------------------------------------------
     def prepare(self, key: GraphKey, rows: list[StepRow], gather: list[tuple[int, int]] = ()) -> None:
@@ -79,6 +80,12 @@ class StepInputs:
         q, B, bs, T = key.q_len, key.batch_size, self.block_size, key.num_tokens
         if len(rows) > B:
             raise ReplayMismatchError(f"{len(rows)} rows do not fit {key}")
+        last_key, last_rows = self._last_packed
+        if rows and key is last_key and key.draft_len and not gather and len(rows) == len(last_rows) \
+                and all(a is b for a, b in zip(rows, last_rows)):
+            self._prepare_verify_again(key, rows)
+            return
+        self._last_packed = (key, rows if key.draft_len and not gather else ())
         n = len(rows)
         lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n)  # [n] query tokens per row
         starts = np.fromiter((r.start_pos for r in rows), np.int64, n)
@@ -119,6 +126,35 @@ class StepInputs:
         b.host.gather_src[:B] = -1
         b.host.gather_src[pairs[:, 0]] = pairs[:, 1]
         b.host.control[:] = (FRESH, n)
+        b.upload()
+        self._real_rows, self._inputs_set = n, True
+
+    def _prepare_verify_again(self, key: GraphKey, rows: list[StepRow]) -> None:
+        """A verify step over the very rows (the same StepRow objects, in order) of the full-path
+        step packed last, with the same key: what depends only on the rows and the key (their
+        sampling fields, the padding, the logit rows, the gather sources, the control) is in the
+        staging already; only each row's q tokens, positions, slots and block table are written
+        and checked (a verify row feeds exactly q tokens, so no row has a tail)."""
+        q, bs, n = key.q_len, self.block_size, len(rows)
+        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n)
+        starts = np.fromiter((r.start_pos for r in rows), np.int64, n)
+        have = np.fromiter((len(r.block_table) for r in rows), np.int64, n)
+        self._check_row_shapes(key, rows, lens, starts, have)
+        if (lens != q).any():
+            raise ReplayMismatchError(f"{key} row {int(np.flatnonzero(lens != q)[0])}: a verify row feeds {q} tokens")
+        b = self.buffers
+        b.staging_ready()
+        ids, pos, slots, tables = b.host.input_ids, b.host.positions, b.host.slot_mapping, b.host.block_tables
+        table_row = np.repeat(np.arange(n), have)
+        table_col = np.arange(len(table_row)) - np.repeat(np.cumsum(have) - have, have)
+        tables[table_row, table_col] = np.fromiter(chain.from_iterable(r.block_table for r in rows), np.int64,
+                                                   len(table_row))
+        ids[:n * q] = np.fromiter(chain.from_iterable(r.token_ids for r in rows), np.int64, n * q)
+        p = (starts[:, None] + np.arange(q)[None, :]).ravel()  # [n * q]
+        pos[:n * q] = p
+        slots[:n * q] = tables[np.arange(n * q) // q, p // bs] * bs + p % bs
+        self._check_values(key, "token_ids", ids[:n * q], 0, self.loaded.config.vocab_size, q)
+        self._check_values(key, "block_table", tables[table_row, table_col], 1, self.num_blocks, None, table_row)
         b.upload()
         self._real_rows, self._inputs_set = n, True
 
