@@ -120,7 +120,7 @@ class SpeculationPolicy:
         self.episodes = [0, 0]  # drafting episodes judged: (won, lost)
         self._episode: _Episode | None = None  # the drafting episode under way
         self._lost_rows: dict[GraphKey, tuple] = {}  # verify key -> the rows of its last lost episode
-        self._host_ms: dict[int, float] = {}  # (sampling, batch) -> a measured verify step's ms beyond its replay
+        self._host_ms: dict[tuple, float] = {}  # (sampling, batch size) -> a measured verify step's ms beyond its replay
         self._run: _Run | None = None  # the current run of one generation key's steps
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
 
