@@ -60,10 +60,10 @@ def test_out_of_memory_keeps_an_earlier_manifest_intact(tmp_path, monkeypatch):
     pipeline.capture(tiny_config(), tmp_path)
     before = (tmp_path / MANIFEST_NAME).read_bytes()
 
-    def warmup(self, key):
+    def warmup(self, key, eager=False):  # the capture's warm-up runs each key eagerly first
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(Executor, "warmup", warmup)
+    monkeypatch.setattr(Executor, "execute", warmup)
     with pytest.raises(CaptureError, match="during warm-up"):
         pipeline.capture(tiny_config(), tmp_path)
     assert (tmp_path / MANIFEST_NAME).read_bytes() == before
