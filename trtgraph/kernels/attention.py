@@ -327,6 +327,9 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     return out
 
 
-# The attention kernel lets its successor (the o projection, when launched with programmatic
-# dependent launch: decode_linear._PDL_MODES) start from its first instruction. Off with PDL.
-ATTENTION_TRIGGER = False
+# The attention kernel lets its successor start from its first instruction. Only a successor
+# launched with programmatic dependent launch can: the one-row steps' light o projection
+# (decode_tuned.LIGHT_PDL), which loads its first weight tile and then waits (`gdc_wait`) for
+# this kernel to finish and its writes to be visible. On: -14 to -19 us per batch-1 step on
+# the H200 (docs/performance.md, branch h/k6, `light-attn`); with any other successor a no-op.
+ATTENTION_TRIGGER = True
