@@ -19,7 +19,7 @@ from trtgraph.cli import main
 from trtgraph.compiler.pipeline import capture
 from trtgraph.compiler.verify import verify_key
 from trtgraph.config import Config
-from trtgraph.errors import BucketMissError, CaptureError, ManifestError
+from trtgraph.errors import ConfigError, BucketMissError, CaptureError, ManifestError
 from trtgraph.report import key_label
 from trtgraph.runtime.step.executor import Executor
 
@@ -352,6 +352,21 @@ def test_capture_refuses_a_plan_that_does_not_cover_max_batch_size(tmp_path, siz
     for mode in (GREEDY, SAMPLED):
         assert f"generation batches of {uncovered} (draft_len=0, sampling={mode})" in msg
     assert "prefill" not in msg, "prefill keys cover their batches"
+    assert not (out / MANIFEST_NAME).exists()
+
+
+def test_capture_names_kv_cache_num_blocks_when_a_full_batch_does_not_fit(tmp_path):
+    """A fixed kv_cache.num_blocks too small for the plan's largest batch (capture checks every
+    key on a full batch of rows) is a ConfigError naming the field and the blocks needed, not a
+    ValueError from inside the capture; nothing is written."""
+    out = tmp_path / "out"
+    cfg = tiny_config(kv_cache={"num_blocks": 6}, limits={"max_seq_len": 32},  # a sequence fits: 2 blocks + 1
+                      buckets={"chunk_sizes": [16]})
+    with pytest.raises(ConfigError, match=r"kv_cache.num_blocks = 6 cannot hold the key \(bs=\d+.* need at least "
+                                          r"\d+ blocks.*Raise kv_cache.num_blocks to \d+") as err:
+        capture(cfg, out)
+    need = int(str(err.value).split("need at least ")[1].split()[0])
+    assert need > 6 and f"to {need} or more" in str(err.value)
     assert not (out / MANIFEST_NAME).exists()
 
 

@@ -158,6 +158,29 @@ def test_light_choice(monkeypatch):
     dl._LIGHT_ON.clear()
 
 
+def test_manifest_accepts_every_recorded_choice(monkeypatch, tmp_path):
+    """Every name installed_choice() records (fused, fused<=64, either with +light<=1) is a valid
+    totals.fused_ops value, so the manifest a capture with the light kernel writes loads (the
+    H200 capture at e7f51a9 wrote "fused+light<=1" and `run` refused its own manifest); an
+    unknown name is still refused with "Recapture"."""
+    from trtgraph.errors import ManifestError
+    from trtgraph.manifest_schema import FieldReader, check_totals
+
+    monkeypatch.setattr(dl, "_LIGHT_TUNED", {(64, 32): (8, 32, 1, 1), (72, 48): (8, 16, 1, 1)})
+    monkeypatch.setattr(dl, "_SLOWER", set())
+    monkeypatch.setattr(dl, "_WIDE", {("norm_linear", 72, 48)})
+    shapes = [("linear_residual", 64, 32), ("norm_linear", 72, 48), ("linear_residual", 32, 32)]
+    got = dl.choose_fused(shapes, {}, torch.device("cuda"), False, False, dtype=torch.bfloat16)
+    dl._LIGHT_ON.clear()
+    assert sorted(got.values()) == ["fused", "fused+light<=1", "fused<=64+light<=1"]
+    v = FieldReader(tmp_path / "manifest.json", "Recapture.")
+    totals = {"num_keys": 1, "warmup_seconds": 0.5, "capture_seconds": 0.5, "pool_bytes": 0,
+              "largest_key_pool_bytes": 0, "fused_ops": got}
+    check_totals(v, totals, [0])
+    with pytest.raises(ManifestError, match=r"totals.fused_ops .*Recapture"):
+        check_totals(v, {**totals, "fused_ops": {"norm_linear:72x48": "fused+heavy<=1"}}, [0])
+
+
 def test_prenorm_row_pass_does_not_depend_on_the_rows_beside():
     """The row pass's output for row 0 is bitwise the same alone and among 40 rows."""
     g, x, nw = _inputs(40, 48, torch.float32, torch.device("cpu"))

@@ -118,7 +118,7 @@ def test_cuda_out_of_memory_during_capture_names_the_key(tmp_path, cuda):
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=32000, seed=0)
     cfg = tiny_config(device="cuda", model={"synthetic": synthetic},
                       limits={"max_batch_size": 512, "max_seq_len": 256, "max_num_tokens": 512},
-                      kv_cache={"num_blocks": 64},
+                      kv_cache={"num_blocks": 600},  # a full batch of 512 one-block rows fits: the sampler does not
                       buckets={"batch_sizes": [1, 512], "sampling": ["sampled"], "context_batch_sizes": [1],
                                "chunk_sizes": [16]})
     torch.cuda.empty_cache()

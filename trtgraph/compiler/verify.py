@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..buckets import SAMPLED, GraphKey
+from ..errors import ConfigError
 from ..runtime.step.executor import Executor, StepRow
 from ..runtime.step.kv_cache import blocks_for_tokens
 from ..runtime.warmup import allocated_bytes
@@ -45,7 +46,11 @@ def random_rows(ex: Executor, key: GraphKey, gen: torch.Generator) -> list[StepR
     budget = (ex.num_blocks - 1) // key.batch_size  # blocks each row may own
     max_len = min(lim.max_seq_len, budget * bs)
     if max_len < q:
-        raise ValueError(f"{ex.num_blocks} KV blocks cannot hold {key.batch_size} rows of {q} tokens")
+        need = key.batch_size * blocks_for_tokens(q, bs) + 1  # block 0 is reserved
+        raise ConfigError(f"kv_cache.num_blocks = {ex.num_blocks} cannot hold the key {key}: its "
+                          f"{key.batch_size} rows of {q} tokens need at least {need} blocks of {bs} tokens "
+                          f"(capture checks every key on a full batch). Raise kv_cache.num_blocks to {need} or "
+                          f"more (or leave it auto), or drop the larger buckets.batch_sizes / chunk_sizes.")
     blocks = (torch.randperm(ex.num_blocks - 1, generator=gen) + 1).tolist()
     rows = []
 
