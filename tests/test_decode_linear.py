@@ -292,32 +292,29 @@ def test_fused_ops_batch_invariant_gpu(monkeypatch):
             assert torch.equal(a, b), f"row 0 differs at T={T}"
 
 
-@pytest.mark.gpu
-def test_pdl_chain_in_a_cuda_graph_gpu(monkeypatch):
-    """Three layers' fused ops launched with programmatic dependent launch (L2 prefetch before
-    the wait) and recorded in a CUDA graph: the replay is bitwise what the eager, PDL-free
-    launches compute (the prefetch and the early launch change no arithmetic)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
+def _pdl_chain_replays_eager(monkeypatch, rows: int, modes: str):
+    """Three layers of the fused ops at `rows` rows on the 1B shapes: with the `modes` table of
+    decode_linear (which ops launch with PDL) empty, eagerly; with every op in it, recorded in a
+    CUDA graph and replayed: outputs and KV cache bitwise equal."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     H, inter, _, heads = LLAMA_1B
-    g, x, nw = _inputs(8, H, dt, dev)
+    g, x, nw = _inputs(rows, H, dt, dev)
     n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
     layers = [(_weight(g, n_qkv, H, dt, dev), _weight(g, H, heads.num_heads * heads.head_dim, dt, dev),
                _weight(g, 2 * inter, H, dt, dev), _weight(g, H, inter, dt, dev)) for _ in range(3)]
-    cos_sin, positions, cache, slots = _rope_case(g, 8, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
+    cos_sin, positions, cache, slots = _rope_case(g, rows, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
 
     def step(h):
         for qkv, o, gu, down in layers:
             q = dl.norm_qkv_rope(h, nw, 1e-5, qkv, None, heads, cos_sin, positions, cache, slots)
-            h = dl.linear_residual(q.view(8, -1), o, h)
+            h = dl.linear_residual(q.view(rows, -1), o, h)
             h = dl.linear_residual(dl.norm_gate_up_silu(h, nw, 1e-5, gu), down, h)
         return h
 
-    monkeypatch.setattr(dl, "_PDL_MODES", frozenset())
+    monkeypatch.setattr(dl, modes, frozenset())
     want = step(x.clone())
     want_cache = cache.clone()
-    monkeypatch.setattr(dl, "_PDL_MODES", frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
+    monkeypatch.setattr(dl, modes, frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
     h = x.clone()
     step(h.clone())  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -328,6 +325,16 @@ def test_pdl_chain_in_a_cuda_graph_gpu(monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want) and torch.equal(cache, want_cache)
+
+
+@pytest.mark.gpu
+def test_pdl_chain_in_a_cuda_graph_gpu(monkeypatch):
+    """Three layers' fused ops launched with programmatic dependent launch (L2 prefetch before
+    the wait) and recorded in a CUDA graph: the replay is bitwise what the eager, PDL-free
+    launches compute (the prefetch and the early launch change no arithmetic)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _pdl_chain_replays_eager(monkeypatch, 8, "_PDL_MODES")
 
 
 def _light_1b(monkeypatch):
@@ -355,35 +362,7 @@ def test_light_pdl_chain_in_a_cuda_graph_gpu(monkeypatch, rows=1):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     _light_1b(monkeypatch)
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    H, inter, _, heads = LLAMA_1B
-    g, x, nw = _inputs(rows, H, dt, dev)
-    n_qkv = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim
-    layers = [(_weight(g, n_qkv, H, dt, dev), _weight(g, H, heads.num_heads * heads.head_dim, dt, dev),
-               _weight(g, 2 * inter, H, dt, dev), _weight(g, H, inter, dt, dev)) for _ in range(3)]
-    cos_sin, positions, cache, slots = _rope_case(g, rows, heads, dt, dev, num_blocks=32, block_size=16, max_pos=128)
-
-    def step(h):
-        for qkv, o, gu, down in layers:
-            q = dl.norm_qkv_rope(h, nw, 1e-5, qkv, None, heads, cos_sin, positions, cache, slots)
-            h = dl.linear_residual(q.view(rows, -1), o, h)
-            h = dl.linear_residual(dl.norm_gate_up_silu(h, nw, 1e-5, gu), down, h)
-        return h
-
-    monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset())
-    want = step(x.clone())
-    want_cache = cache.clone()
-    monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE}))
-    h = x.clone()
-    step(h.clone())  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step(h)
-    cache.zero_()
-    h.copy_(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want) and torch.equal(cache, want_cache)
+    _pdl_chain_replays_eager(monkeypatch, rows, "_LIGHT_PDL")
 
 
 def test_pipeline_depth_fits_shared_memory(monkeypatch):

@@ -12,7 +12,6 @@ Writes bench.md, bench.json and (with matplotlib) bench.png.
 
 from __future__ import annotations
 
-import gc
 import json
 import random
 import statistics
@@ -28,7 +27,9 @@ from .errors import ConfigError
 from .models import DTYPES
 from . import startup
 from .artifacts import Manifest, load_manifest
+from .bench_hf import hf_baseline
 from .bench_report import markdown, plot
+from .bench_sync import free as _free, sync as _sync
 from .runtime.serving.engine import Engine
 from .runtime.step.executor import Executor, StepRow
 from .runtime.step.kv_cache import blocks_for_tokens
@@ -261,61 +262,6 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     a = torch.randn((n, n), device=device, dtype=dtype)
     a @ a
     return 2 * n ** 3 / statistics.median(_timed(device, lambda: a @ a, 5) for _ in range(3))
-
-
-def hf_baseline(ex: Executor, prompts: list[dict], opts: BenchOptions, log: Log) -> dict | None:
-    """transformers eager `generate` on the same prompts (random weights of the same shapes)."""
-    try:
-        import transformers
-    except ImportError:
-        log("transformers is not installed: no Hugging Face baseline")
-        return None
-    cfg = ex.loaded.config
-    hf_cls = getattr(transformers, cfg.architecture)
-    conf_cls = getattr(transformers, cfg.architecture.replace("ForCausalLM", "Config"))
-    conf = conf_cls(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                    num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                    num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
-                    max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
-                    rms_norm_eps=cfg.rms_norm_eps, eos_token_id=None, pad_token_id=0, bos_token_id=None)
-    with torch.device(ex.device):
-        model = hf_cls(conf).to(DTYPES[ex.config.dtype]).eval()
-    batch = ex.config.limits.max_batch_size
-    tokens, t0 = 0, time.perf_counter()
-    with torch.inference_mode():
-        # one short warm-up
-        ids = torch.tensor([prompts[0]["prompt_token_ids"]], device=ex.device)
-        model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)
-        _sync(ex.device)
-        step_t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=opts.run_max_tokens, min_new_tokens=opts.run_max_tokens, do_sample=False)
-        _sync(ex.device)
-        bs1_step_ms = (time.perf_counter() - step_t0) * 1e3 / opts.run_max_tokens
-        t0 = time.perf_counter()
-        for i in range(0, len(prompts), batch):
-            chunk = prompts[i:i + batch]
-            ids = torch.tensor([p["prompt_token_ids"] for p in chunk], device=ex.device)
-            out = model.generate(ids, max_new_tokens=opts.run_max_tokens, min_new_tokens=opts.run_max_tokens,
-                                 do_sample=False, attention_mask=torch.ones_like(ids))
-            tokens += (out.shape[1] - ids.shape[1]) * len(chunk)
-            log(f"transformers generate: {i + len(chunk)}/{len(prompts)} prompts")
-        _sync(ex.device)
-    seconds = time.perf_counter() - t0
-    del model
-    _free(ex.device)
-    return {"version": transformers.__version__, "tokens": tokens, "seconds": seconds,
-            "tokens_per_second": tokens / seconds, "batch_size": batch, "bs1_step_ms": bs1_step_ms}
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _free(device):
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def run_bench(artifacts: Path | Manifest, out_dir: Path, opts: BenchOptions, log: Log) -> dict:

@@ -14,14 +14,14 @@ TRTGRAPH_RAISE_ERRORS=1 (not 0, false, no or off) shows tracebacks.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 
 import click
 
 from . import __version__, startup
-from .cli_exits import EXIT_INTERRUPTED, Group, is_utf8
+from .cli_exits import EXIT_INTERRUPTED, Group
+from .cli_ranks import capture_rank, on_ranks, run_rank
 
 MiB = 1 << 20
 _PROGRAM = False  # set by entry(): this process is the `trtgraph` program, not a caller of main()
@@ -84,7 +84,7 @@ def capture(config_path, out_dir, device, as_json):
     startup.start_cuda_early(config.device, config.parallel.tensor_parallel_size)  # beside torch's import
     out = Path(out_dir or config.output)
     check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
-    path, t = _on_ranks(config.parallel.tensor_parallel_size, config.device, _capture_rank, config, out)
+    path, t = on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out)
     phases = startup.CLOCK.to_json()  # the process's phases, from its start to the manifest written
     if as_json:
         click.echo(json.dumps({"manifest": str(path), **t, "phases": phases}, indent=2))
@@ -120,55 +120,6 @@ def _checkpoint(config):
     from .outputs import place
 
     return place("the checkpoint directory (model.path)", config.model.path, is_dir=True)
-
-
-def _on_ranks(world: int, device: str, fn, *args):
-    """fn(tp, *args) in this process (world 1, tp None) or on `world` tensor-parallel ranks
-    (rank 0's result)."""
-    if world == 1:
-        return fn(None, *args)
-    import torch
-
-    from .runtime.distributed import launch
-
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    return launch(world, fn, *args, use_cuda=use_cuda)
-
-
-def _capture_rank(tp, config, out):
-    """One rank's capture (tp None: the only process). Returns (manifest path, totals)."""
-    from .compiler.pipeline import capture as run_capture
-    from .models.parallel import TPGroup
-
-    tp = tp or TPGroup()
-    bar = _KeyProgress() if tp.rank == 0 else None
-    try:
-        result = run_capture(config, out, progress=bar, tp=tp)
-    finally:
-        if bar:
-            bar.close()
-    return str(result.path), result.manifest.totals
-
-
-class _KeyProgress:
-    """A progress bar on stderr over the keys of each stage."""
-
-    def __init__(self):
-        self._bar, self._stage = None, None
-
-    def __call__(self, stage, key, done, total):
-        if stage != self._stage:
-            self.close()
-            self._stage = stage
-            self._bar = click.progressbar(length=total, label=f"{stage:<8}", file=sys.stderr,
-                                          show_pos=True, item_show_func=lambda k: str(k) if k else None)
-            self._bar.__enter__()
-        self._bar.update(1, key)
-
-    def close(self):
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)
-            self._bar = None
 
 
 @main.command()
@@ -259,9 +210,9 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         requests = requests.without(done)
         click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
     config = loaded.app_config()
-    args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose)
+    args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose, _PROGRAM)
     try:
-        code = _on_ranks(config.parallel.tensor_parallel_size, config.device, _run_rank, *args)
+        code = on_ranks(config.parallel.tensor_parallel_size, config.device, run_rank, *args)
     except KeyboardInterrupt:  # from the ranks' launcher: rank 0 has already said what finished
         if config.parallel.tensor_parallel_size == 1:
             raise
@@ -270,48 +221,6 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
         sys.exit(code)
     if config.parallel.tensor_parallel_size == 1:
         _done()
-
-
-def _run_rank(tp, requests, manifest, output, eager, summary_json, resume, speculative, model=None,
-              verbose=False) -> int:
-    """One rank of `run` (tp None: the only process); rank 0 serves and writes, the others
-    replay what it broadcasts. Returns the exit code."""
-    from .models.parallel import TPGroup
-    from .report import run_summary
-    from .runtime.serving.engine import Engine
-    from .runtime.serving.file_run import serve_file, write_summary_json
-
-    tp = tp or TPGroup()
-    if tp.rank == 0:
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
-    else:  # followers stop when rank 0 says so, or when the launcher ends them
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    engine = Engine(manifest, eager=eager, speculative=speculative, tp=tp, model=model)
-    if tp.rank != 0:
-        engine.follow()
-        return 0
-    stats = None
-    try:
-        ascii_only = not output and not is_utf8(sys.stdout)  # JSON escapes what the terminal cannot show
-        with click.progressbar(length=len(requests.ids), label="requests", file=sys.stderr, show_pos=True) as bar:
-            stats = serve_file(engine, requests, output, resume, ascii_only, on_result=lambda: bar.update(1),
-                               log=lambda msg: click.echo(msg, err=True))
-    finally:
-        # After an interrupt, rank 0 may have stopped between two broadcasts of a step: the
-        # launcher ends the followers instead of a stop message they would misread.
-        if stats is not None or not tp.active:
-            engine.close()
-    if stats is None:
-        return EXIT_INTERRUPTED
-    if summary_json:
-        write_summary_json(summary_json, stats)
-    click.echo(run_summary(stats, eager), err=True)
-    if verbose:
-        startup.lap("summary")  # the summary JSON written and printed (the JSON's phases end before it)
-        click.echo(startup.CLOCK.text() + "\n  (then the process exits at once: nothing after this is unmeasured)"
-                   if _PROGRAM else startup.CLOCK.text(), err=True)
-    return 0
 
 
 @main.command()
@@ -382,7 +291,7 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
     check_options(opts, config.limits)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if loaded is None:
-        _on_ranks(config.parallel.tensor_parallel_size, config.device, _capture_rank, config, out / "artifacts")
+        on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out / "artifacts")
         loaded = out / "artifacts"
     run_bench(loaded, out, opts, log)
     click.echo((out / "bench.md").read_text(encoding="utf-8"))
