@@ -223,7 +223,7 @@ def test_plain_steps_of_a_speculative_engine_take_the_fast_path_when_drafting_ca
 
 
 def test_acceptance_estimate_scores_proposals_against_the_tokens_that_followed():
-    from trtgraph.runtime.serving.speculation import Acceptance
+    from trtgraph.runtime.serving.acceptance import Acceptance
 
     a = Acceptance()
     assert a.rate == 0.25 and math.isclose(a.expected_tokens(3), 1 + 0.25 + 0.25 ** 2 + 0.25 ** 3)  # pessimistic

@@ -30,7 +30,8 @@ from .ahead import LaunchAhead
 from .drafting import Drafting
 from .outcomes import Outcomes
 from .drafter import NgramDrafter, NgramIndex
-from .speculation import Acceptance, SpeculationPolicy
+from .acceptance import Acceptance
+from .speculation import SpeculationPolicy
 from ..step.kv_cache import BlockAllocator, blocks_for_tokens
 from .requests import Request
 

@@ -61,7 +61,6 @@ from dataclasses import dataclass
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from ...errors import BucketMissError
-from .acceptance import Acceptance  # noqa: F401 (the scheduler's sequences import it from here)
 
 ENTER_MARGIN = 1.05  # a batch that does not draft starts when drafting pays 5% over break-even
 MAX_INTERVAL = 64  # generation steps between probes of a batch that does not draft, at most
