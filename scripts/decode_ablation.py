@@ -23,7 +23,11 @@ a variant's two results):
   decode_tuned.LIGHT's shapes, with PDL for decode_tuned.LIGHT_PDL's ops (the shipped default:
   `new` is the tree before it); `light-no-pdl`, `light-no-gate-up`, `light-o-qkv`: without PDL,
   gate_up on the tensor-core kernel, only o and qkv light; `light-attn`: `light` with the
-  attention kernel letting its successor (o) launch early (attention.ATTENTION_TRIGGER).
+  attention kernel letting its successor (o) launch early (attention.ATTENTION_TRIGGER);
+- `tail`: `light` + the persistent layer tail (kernels/decode_persistent.py: o, norm + gate_up
+  + SiLU, down in one launch) for steps of 33-64 rows; `tail-pf0`, `tail-pf4k`: with no / 4 KB
+  per weight row of L2 prefetch before each phase boundary (1 KB in `tail`); `tail-all`: the
+  tail for steps of 2-64 rows.
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -40,6 +44,7 @@ from trtgraph.bench import _timed, decode_rows, measure_bandwidth
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
 from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import decode_persistent as dp
 from trtgraph.kernels import decode_tuned
 from trtgraph.kernels import linear as lin
 from trtgraph.kernels import attention
@@ -47,7 +52,7 @@ from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import compose
 from trtgraph.runtime.step.executor import Executor
 
-BATCHES = (1, 2, 8, 32, 40, 64)
+BATCHES = (1, 2, 8, 32, 33, 40, 48, 64)
 ALL = frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE})
 OPS = {"qkv": dl._ROPE, "o_down": dl._RESIDUAL, "gate_up": dl._SILU, "lm_head": dl._PLAIN}
 # main 5b27c9f's kernels/decode_tuned.py (no SLOWER, no WIDE)
@@ -74,6 +79,10 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "light-no-gate-up": {**NEW, **LIGHT, "light": LIGHT["light"] - {(16384, 2048)}, "batches": (1, 2)},
             "light-o-qkv": {**NEW, **LIGHT, "light": LIGHT["light"] & {(2048, 2048), (3072, 2048)}, "batches": (1, 2)},
             "light-attn": {**NEW, **LIGHT, "attn_trigger": True, "batches": (1,)},
+            "tail": {**NEW, **LIGHT, "tail": True},
+            "tail-pf0": {**NEW, **LIGHT, "tail": True, "tail_prefetch": 0, "batches": (33, 40, 48, 64)},
+            "tail-pf4k": {**NEW, **LIGHT, "tail": True, "tail_prefetch": 4096, "batches": (33, 40, 48, 64)},
+            "tail-all": {**NEW, **LIGHT, "tail": True, "tail_min": 2},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
             "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
             "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
@@ -89,6 +98,9 @@ def install(ex, v):
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED
+    decode_tuned.TAIL, dp.TAIL_MIN_ROWS = v.get("tail", False), v.get("tail_min", 33)
+    dp._PREFETCH_BYTES = v.get("tail_prefetch", 1024)
+    dp.choose_tail(dl._CHOICE, ex.device, False, False, torch.bfloat16)
     fused = compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                     lin.linear_residual if v["epilogue"] else None)
     ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops, **dl.dispatch(fused)._asdict())

@@ -31,6 +31,9 @@ class KernelSet:
     linear_residual: Callable
     norm_gate_up_silu: Callable
     norm_linear: Callable
+    # a layer after attention: o + residual, norm + gate_up + SiLU-mul, down + residual (composed.tail_op;
+    # the Triton set's persistent kernel for steps of 33-64 rows, kernels/decode_persistent.py)
+    layer_tail: Callable
     # decode steps whose qkv is not one fused kernel: norm + qkv (+ Qwen3's q/k norms) not
     # rotated, then RoPE + KV write + attention in one op; rope_in_attention(qkv weight, rows,
     # q_len, heads) says which steps (a shape-only test, the same for every replay of a key)

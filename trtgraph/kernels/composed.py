@@ -10,7 +10,10 @@ is small; so the model calls four fused ops, each a matrix multiply with its nei
   projections; the result may reuse `residual`'s storage, so the caller drops the old one);
 - `norm_gate_up_silu(x, norm_weight, eps, weight) -> silu(gate) * up [T, I]`;
 - `norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None)`: RMSNorm then a
-  projection (the LM head, writing fp32 logits).
+  projection (the LM head, writing fp32 logits);
+- `layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight)`: a
+  layer after attention, o + residual then the MLP (`tail_op`: the three ops above in order; the
+  Triton set runs it as one persistent kernel at 33-64 rows, kernels/decode_persistent.py).
 
 Decode steps whose qkv projection is not one fused kernel split the first op differently:
 `norm_qkv(x, norm_weight, eps, weight, bias, heads) -> (q, k, v)` (RMSNorm, the projection,
@@ -51,6 +54,19 @@ class FusedOps(NamedTuple):
     linear_residual: Callable
     norm_gate_up_silu: Callable
     norm_linear: Callable
+    layer_tail: Callable | None = None  # tail_op's signature (compose: tail_op of the four)
+
+
+def tail_op(ops: FusedOps) -> Callable:
+    """layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight) -> the
+    residual stream after the layer: o + residual, then norm + gate_up + SiLU-mul, down + residual,
+    as ops' own three calls (the result may reuse residual's storage)."""
+
+    def layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight):
+        h = ops.linear_residual(attn, o_weight, residual)
+        return ops.linear_residual(ops.norm_gate_up_silu(h, norm_weight, eps, gate_up_weight), down_weight, h)
+
+    return layer_tail
 
 
 def norm_qkv_op(rms_norm: Callable, linear: Callable) -> Callable:
@@ -91,4 +107,5 @@ def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_w
     def norm_gate_up_silu(x, norm_weight, eps, weight):
         return silu_and_mul(norm_linear(x, norm_weight, eps, weight))
 
-    return FusedOps(norm_qkv_rope, linear_residual or add_linear, norm_gate_up_silu, norm_linear)
+    ops = FusedOps(norm_qkv_rope, linear_residual or add_linear, norm_gate_up_silu, norm_linear)
+    return ops._replace(layer_tail=tail_op(ops))

@@ -173,9 +173,24 @@ def _decode_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr
     do not depend on the previous kernel), then wait for the previous kernel's writes."""
     if PDL:
         gdc_launch_dependents()
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    split = tl.program_id(2)
+    _tile(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr, cnt_ptr,
+          tl.program_id(0), tl.program_id(1), tl.program_id(2), M, N, K, k_per_split, x_stride, w_stride, out_stride,
+          res_stride, eps, pair_offset, cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads,
+          num_kv_heads, MODE, HAS_NORM, HAS_BIAS, HALF, PRECISION, BLOCK_N, BLOCK_K, SPLIT_K, NACC, BLOCK_T, EVEN,
+          STACK, PDL, PREFETCH, PRENORM)
+
+
+@triton.jit
+def _tile(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr, cnt_ptr,
+          pid_m, pid_n, split, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
+          cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
+          MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
+          PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+          NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr,
+          PREFETCH: tl.constexpr, PRENORM: tl.constexpr):
+    """One work item of the kernel: the output tile (pid_m, pid_n)'s split `split` (the
+    tensor-core kernel's program; the persistent layer tail, kernels/decode_persistent.py, runs
+    several per program). PDL: the weight prefetch, then the wait for the previous kernel."""
     rows = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < M
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -337,17 +337,26 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
         # where no step of the plan has more rows than it serves
         if ok and (n, k) in _LIGHT_TUNED and (not deterministic or most <= LIGHT_MAX_ROWS):
             _LIGHT_ON.add((n, k))
+    from .decode_persistent import choose_tail
+
+    choose_tail(_CHOICE, device, deterministic, tensor_parallel, dtype)
     return installed_choice()
 
 
 def installed_choice() -> dict[str, str]:
     """The installed choice as the manifest records it: "composed", "fused" (steps of <=
-    FUSED_MAX_ROWS rows), or "fused<=64" for a WIDE shape, so that a manifest captured when the
+    FUSED_MAX_ROWS rows), or "fused<=64" for a WIDE shape, "+light<=1" where the light kernel
+    serves one row, "+tail<=64" for the persistent layer tail's three shapes, so that a manifest captured when the
     shape was fused for fewer rows is refused (Recapture) rather than replayed another way."""
+    from .decode_persistent import TAIL_MAX_ROWS, tail_shapes
+
+    tail = tail_shapes()
+
     def name(op: str, n: int, k: int, c: str) -> str:
         rows = max_rows(op, n, k)
         c = f"{FUSED}<={rows}" if c == FUSED and rows != FUSED_MAX_ROWS else c
-        return f"{c}+light<={LIGHT_MAX_ROWS}" if (n, k) in _LIGHT_ON else c
+        c = f"{c}+light<={LIGHT_MAX_ROWS}" if (n, k) in _LIGHT_ON else c
+        return f"{c}+tail<={TAIL_MAX_ROWS}" if (op, n, k) in tail else c
     return {f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}
 
 
@@ -377,4 +386,6 @@ def dispatch(composed: FusedOps) -> FusedOps:
     def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
         return pick("norm_linear", weight, x.shape[0])(x, norm_weight, eps, weight, bias, out_dtype)
 
-    return FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
+    from .decode_persistent import with_tail
+
+    return with_tail(FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear))

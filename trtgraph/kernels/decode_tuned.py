@@ -48,3 +48,6 @@ LIGHT = {
     (2048, 8192): (4, 2048, 1, 8),
 }
 LIGHT_PDL = {1, 2, 3}
+# The persistent layer tail (kernels/decode_persistent.py: o + residual, norm + gate_up + SiLU,
+# down + residual in one launch) for steps of 33-64 rows, with deterministic off.
+TAIL = False

@@ -5,7 +5,8 @@ forward(input_ids [T], positions [T], meta) -> the residual stream [T, H]
 compute_logits(hidden [R, H]) -> logits [R, V] in fp32 (the final norm, then the LM head)
 
 Each layer is four fused ops of the KernelSet (kernels/composed.py) around attention: norm +
-qkv + RoPE + KV write, o + residual, norm + gate_up + SiLU-mul, down + residual; decode steps
+qkv + RoPE + KV write, o + residual, norm + gate_up + SiLU-mul, down + residual (the last three
+as one op on one GPU, `layer_tail`); decode steps
 whose qkv is not one fused kernel (KernelSet.rope_in_attention) run norm + qkv, then RoPE + KV
 write + attention in one op.
 
@@ -80,6 +81,11 @@ class Attention(nn.Module):
 
     def forward(self, residual, norm: RMSNorm, positions, cos_sin, kv_cache, meta, ops: KernelSet):
         """residual [T, H] -> residual + attention(norm(residual)) (the o projection's sum)."""
+        out = self.attend(residual, norm, positions, cos_sin, kv_cache, meta, ops)
+        return _add_projection(ops, self.tp, out, self.o_proj.weight, residual)
+
+    def attend(self, residual, norm: RMSNorm, positions, cos_sin, kv_cache, meta, ops: KernelSet):
+        """residual [T, H] -> attention(norm(residual)) [T, q_size], before the o projection."""
         T, heads, w = residual.shape[0], self.heads(), self.qkv_proj.weight
         slots = meta.slot_mapping[:T]
         if ops.rope_in_attention(w, T, meta.q_len, heads):  # RoPE + KV write inside the attention kernel
@@ -90,7 +96,7 @@ class Attention(nn.Module):
             q = ops.norm_qkv_rope(residual, norm.weight, norm.eps, w, self.qkv_proj.bias, heads, cos_sin, positions,
                                   kv_cache, slots)
             out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
-        return _add_projection(ops, self.tp, out.reshape(T, self.cfg.q_size), self.o_proj.weight, residual)
+        return out.reshape(T, self.cfg.q_size)
 
 
 class MLP(nn.Module):
@@ -123,9 +129,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, tp)
 
     def forward(self, residual, positions, cos_sin, kv_cache, meta, ops: KernelSet):
-        """The residual stream in, the residual stream out (each norm lives in its consumer)."""
-        residual = self.self_attn(residual, self.input_layernorm, positions, cos_sin, kv_cache, meta, ops)
-        return self.mlp(residual, self.post_attention_layernorm, ops)
+        """The residual stream in, the residual stream out (each norm lives in its consumer). On
+        one GPU everything after attention is the kernel set's `layer_tail` (o + residual, then
+        the MLP: one op, so a set may run it as one kernel)."""
+        attn, mlp, norm = self.self_attn, self.mlp, self.post_attention_layernorm
+        if attn.tp.active:
+            residual = attn(residual, self.input_layernorm, positions, cos_sin, kv_cache, meta, ops)
+            return mlp(residual, norm, ops)
+        out = attn.attend(residual, self.input_layernorm, positions, cos_sin, kv_cache, meta, ops)
+        return ops.layer_tail(out, attn.o_proj.weight, residual, norm.weight, norm.eps, mlp.gate_up_proj.weight,
+                              mlp.down_proj.weight)
 
 
 class CausalLM(nn.Module):
