@@ -25,9 +25,12 @@ a variant's two results):
   gate_up on the tensor-core kernel, only o and qkv light; `light-attn`: `light` with the
   attention kernel letting its successor (o) launch early (attention.ATTENTION_TRIGGER);
 - `tail`: `light` + the persistent layer tail (kernels/decode_persistent.py: o, norm + gate_up
-  + SiLU, down in one launch) for steps of 33-64 rows; `tail-pf0`, `tail-pf4k`: with no / 4 KB
-  per weight row of L2 prefetch before each phase boundary (1 KB in `tail`); `tail-all`: the
-  tail for steps of 2-64 rows.
+  + SiLU, down in one launch) for steps of 33-64 rows; `tail-pf1k`, `tail-pf4k`: with 1 / 4 KB
+  per weight row of L2 prefetch before each phase boundary (none in `tail`); `tail-all`: the
+  tail for steps of 2-64 rows;
+- `wide-pdl`: `light` with qkv, o and down fused up to 64 rows too (WIDE), and past 32 rows every
+  fused op launched with PDL at a depth where two programs share an SM (decode_linear._WIDE_PDL);
+  `wide-light`: the same WIDE shapes without that.
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -79,10 +82,13 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "light-no-gate-up": {**NEW, **LIGHT, "light": LIGHT["light"] - {(16384, 2048)}, "batches": (1, 2)},
             "light-o-qkv": {**NEW, **LIGHT, "light": LIGHT["light"] & {(2048, 2048), (3072, 2048)}, "batches": (1, 2)},
             "light-attn": {**NEW, **LIGHT, "attn_trigger": True, "batches": (1,)},
-            "tail": {**NEW, **LIGHT, "tail": True},
-            "tail-pf0": {**NEW, **LIGHT, "tail": True, "tail_prefetch": 0, "batches": (33, 40, 48, 64)},
+            "tail": {**NEW, **LIGHT, "tail": True, "batches": (33, 40, 48, 64)},
+            "tail-pf1k": {**NEW, **LIGHT, "tail": True, "tail_prefetch": 1024, "batches": (33, 40, 48, 64)},
             "tail-pf4k": {**NEW, **LIGHT, "tail": True, "tail_prefetch": 4096, "batches": (33, 40, 48, 64)},
-            "tail-all": {**NEW, **LIGHT, "tail": True, "tail_min": 2},
+            "tail-all": {**NEW, **LIGHT, "tail": True, "tail_min": 2, "batches": (2, 8, 32)},
+            "wide-pdl": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "wide_pdl": True,
+                         "batches": (33, 40, 48, 64)},
+            "wide-light": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
             "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
             "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
@@ -92,14 +98,14 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
-    dl._TWO_PER_SM = v["two_per_sm"]
+    dl._TWO_PER_SM, dl._WIDE_PDL = v["two_per_sm"], v.get("wide_pdl", False)
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED
     decode_tuned.TAIL, dp.TAIL_MIN_ROWS = v.get("tail", False), v.get("tail_min", 33)
-    dp._PREFETCH_BYTES = v.get("tail_prefetch", 1024)
+    dp._PREFETCH_BYTES = v.get("tail_prefetch", 0)
     dp.choose_tail(dl._CHOICE, ex.device, False, False, torch.bfloat16)
     fused = compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                     lin.linear_residual if v["epilogue"] else None)

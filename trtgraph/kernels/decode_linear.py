@@ -141,7 +141,8 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         norm_weight = None
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
-    pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else _uses_pdl(mode, x.device)
+    wide_pdl = not light and T > FUSED_MAX_ROWS and _WIDE_PDL and pdl_capable(x.device)
+    pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else (_uses_pdl(mode, x.device) or wide_pdl)
     extra = {"launch_pdl": True} if pdl else {}
     if light:
         _light_kernel[grid](
@@ -168,7 +169,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
         num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
-                                                        grid[0] * grid[1] * grid[2]), **extra)
+                                                        grid[0] * grid[1] * grid[2], two=wide_pdl), **extra)
     return out
 
 
@@ -213,17 +214,23 @@ _PDL_MODES: frozenset[int] = frozenset()
 _PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
 
 
+# Steps of more than FUSED_MAX_ROWS rows (the WIDE shapes): every op launched with PDL and its
+# pipeline depth cut until two programs share an SM, so that an early-launched successor finds
+# room beside it (`_fit_stages(two=True)`). Off: measured by decode_ablation.py's `wide-pdl`.
+_WIDE_PDL = False
+
+
 def _uses_pdl(mode: int, device: torch.device) -> bool:
     return mode in _PDL_MODES and pdl_capable(device)
 
 
 def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.device, rows: int = _ROW_TILES_MAX,
-                programs: int = 0) -> int:
+                programs: int = 0, two: bool = False) -> int:
     """The config's pipeline depth, cut until the staged weight and x tiles fit the device's
     shared memory (fp32 weights need twice bf16's; the table was tuned in bf16); and where the
     grid has at least two programs per SM (the LM head's 1002), cut (to no fewer than 2 stages)
     until two programs of `rows`-row tiles share an SM (`_TWO_PER_SM`), so that one's epilogue
-    and start overlap the other's weight stream. The depth never changes what a row sums, or in
+    and start overlap the other's weight stream (`two`: whatever the grid, for `_WIDE_PDL`). The depth never changes what a row sums, or in
     what order: a function of the shape, dtype, device and row tile, never of the results."""
     if device.type != "cuda":
         return cfg.num_stages
@@ -233,8 +240,8 @@ def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.dev
     stages = cfg.num_stages
     while stages > 1 and stages * per_stage > budget:
         stages -= 1
-    sms, per_sm = _sm_resources(index) if _TWO_PER_SM and programs else (1, 0)
-    if _TWO_PER_SM and programs >= 2 * sms:
+    sms, per_sm = _sm_resources(index) if (_TWO_PER_SM and programs) or two else (1, 0)
+    if two or (_TWO_PER_SM and programs >= 2 * sms):
         per_stage = (nacc * cfg.block_n + rows) * cfg.block_k * elem_bytes
         while stages > 2 and stages * per_stage > per_sm // 2 - 3072:  # 1 KB per program reserved, 2 KB spare
             stages -= 1

@@ -48,8 +48,9 @@ TAIL_MIN_ROWS, TAIL_MAX_ROWS = 33, 64
 # decode_linear.choose_fused (empty unless installed: the op then runs the composition)
 _TAIL_ON: set[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]] = set()
 # Bytes per weight row of a program's next item put on their way to L2 before it waits at a phase
-# boundary (a multiple of 16): gate_up's 128 programs x 128 rows x 1 KB = 16 MB of the 50 MB L2.
-_PREFETCH_BYTES = 1024
+# boundary (a multiple of 16). 0: on the H200, 1 KB per row (gate_up: 16 MB of the 50 MB L2) made
+# the tail 5.7-5.8 us per layer slower at 33-64 rows (scripts/tail_bench.py; docs/performance.md).
+_PREFETCH_BYTES = 0
 
 
 @triton.jit
