@@ -26,7 +26,8 @@ a variant's two results):
   attention kernel letting its successor (o) launch early (attention.ATTENTION_TRIGGER);
 - `tail`: `light` + the persistent layer tail (kernels/decode_persistent.py: o, norm + gate_up
   + SiLU, down in one launch) for steps of 33-64 rows; `tail-pf1k`, `tail-pf4k`: with 1 / 4 KB
-  per weight row of L2 prefetch before each phase boundary (none in `tail`); `tail-all`: the
+  per weight row of L2 prefetch before each phase boundary (none in `tail`); `tail-w4`: 4 warps
+  (the most of the three configs' in `tail`: 8); `tail-all`: the
   tail for steps of 2-64 rows;
 - `wide-pdl`: `light` with qkv, o and down fused up to 64 rows too (WIDE), and past 32 rows every
   fused op launched with PDL at a depth where two programs share an SM (decode_linear._WIDE_PDL);
@@ -85,6 +86,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "tail": {**NEW, **LIGHT, "tail": True, "batches": (33, 40, 48, 64)},
             "tail-pf1k": {**NEW, **LIGHT, "tail": True, "tail_prefetch": 1024, "batches": (33, 40, 48, 64)},
             "tail-pf4k": {**NEW, **LIGHT, "tail": True, "tail_prefetch": 4096, "batches": (33, 40, 48, 64)},
+            "tail-w4": {**NEW, **LIGHT, "tail": True, "tail_warps": 4, "batches": (33, 40, 48, 64)},
             "tail-all": {**NEW, **LIGHT, "tail": True, "tail_min": 2, "batches": (2, 8, 32)},
             "wide-pdl": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "wide_pdl": True,
                          "batches": (33, 40, 48, 64)},
@@ -105,7 +107,7 @@ def install(ex, v):
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED
     decode_tuned.TAIL, dp.TAIL_MIN_ROWS = v.get("tail", False), v.get("tail_min", 33)
-    dp._PREFETCH_BYTES = v.get("tail_prefetch", 0)
+    dp._PREFETCH_BYTES, dp._NUM_WARPS = v.get("tail_prefetch", 0), v.get("tail_warps")
     dp.choose_tail(dl._CHOICE, ex.device, False, False, torch.bfloat16)
     fused = compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                     lin.linear_residual if v["epilogue"] else None)

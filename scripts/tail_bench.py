@@ -6,7 +6,7 @@ composition: cuBLAS addmm_ for o and down, the fused gate_up kernel), us per lay
 20 replays) and the weights' floor at the measured copy bandwidth. Checks: the replay bitwise equal
 to the eager launches; the tail's rows bitwise equal to the separate fused-kernel ops at the same
 rows (decode_linear's ops, whose configs the tail shares: the rounding question of `deterministic`).
-Usage: python scripts/tail_bench.py OUT.json [--rows 8,16,33,48,64] [--prefetch 0,1024,4096]
+Usage: python scripts/tail_bench.py OUT.json [--rows 8,16,33,48,64] [--prefetch 0,1024,4096] [--warps 4,8]
 """
 
 import json
@@ -36,6 +36,7 @@ def _arg(name, default):
 def main():
     rows = _arg("--rows", [33, 48, 64])
     prefetch = _arg("--prefetch", [dp._PREFETCH_BYTES])
+    warps = _arg("--warps", [0])  # 0: the kernel's default (decode_persistent._NUM_WARPS)
     out_path = sys.argv[1]
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator().manual_seed(0)
@@ -69,10 +70,10 @@ def main():
             x = dl.linear_residual(a_, wo, x)
             return dl.linear_residual(dl.norm_gate_up_silu(x, nw_, eps, wgu), wd, x)
         res = {}
-        for name, fn, pf in ([("today", ops.layer_tail, None)]
-                             + [(f"tail-pf{p}", dp.layer_tail, p) for p in prefetch]):
+        for name, fn, pf, nwarps in ([("today", ops.layer_tail, None, 0)]
+                                  + [(f"tail-pf{p}-w{n}", dp.layer_tail, p, n) for p in prefetch for n in warps]):
             if pf is not None:
-                dp._PREFETCH_BYTES = pf
+                dp._PREFETCH_BYTES, dp._NUM_WARPS = pf, nwarps or None
             dp._TAIL_ON = set(tail_on) if pf is not None else set()
             eager = step(h0.clone(), fn)
             x = h0.clone()

@@ -51,6 +51,7 @@ _TAIL_ON: set[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]] = set()
 # boundary (a multiple of 16). 0: on the H200, 1 KB per row (gate_up: 16 MB of the 50 MB L2) made
 # the tail 5.7-5.8 us per layer slower at 33-64 rows (scripts/tail_bench.py; docs/performance.md).
 _PREFETCH_BYTES = 0
+_NUM_WARPS: int | None = None  # None: the most of the three configs' (8); scripts/decode_ablation.py's `tail-w4`: 4
 
 
 @triton.jit
@@ -59,10 +60,11 @@ def _grid_sync(bar_ptr, target):
     arrived programs before their arrival is visible after it (release, then acquire)."""
     tl.debug_barrier()
     tl.atomic_add(bar_ptr, 1, sem="release")
-    seen = tl.load(bar_ptr, volatile=True)
+    # a scalar atomic is one thread's (its value broadcast to the program): one poller per
+    # program, not every thread (call 2's volatile loads from every thread hammered one L2 line)
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire")
     while seen < target:
-        seen = tl.load(bar_ptr, volatile=True)
-    tl.atomic_add(bar_ptr, 0, sem="acquire")
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire")
     tl.debug_barrier()
 
 
@@ -168,7 +170,7 @@ def layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_
         PF_G=min(kpg * el, _PREFETCH_BYTES) if cuda and even_g else 0,
         BN_D=cd.block_n, BK_D=cd.block_k, SK_D=sd, EVEN_D=even_d,
         PF_D=min(kpd * el, _PREFETCH_BYTES) if cuda and even_d else 0,
-        num_warps=max(co.num_warps, cg.num_warps, cd.num_warps), num_stages=stages)
+        num_warps=_NUM_WARPS or max(co.num_warps, cg.num_warps, cd.num_warps), num_stages=stages)
     return residual
 
 
