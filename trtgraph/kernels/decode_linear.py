@@ -216,7 +216,9 @@ _PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
 
 # Steps of more than FUSED_MAX_ROWS rows (the WIDE shapes): every op launched with PDL and its
 # pipeline depth cut until two programs share an SM, so that an early-launched successor finds
-# room beside it (`_fit_stages(two=True)`). Off: measured by decode_ablation.py's `wide-pdl`.
+# room beside it (`_fit_stages(two=True)`). Off: with qkv, o and down WIDE too (decode_ablation.py's
+# `wide-pdl`), the H200's replayed step took 1.52-1.55 ms at bs 40-64 against 1.11-1.20 (86 kernels
+# against 118; docs/performance.md, seventh session).
 _WIDE_PDL = False
 
 

@@ -7,8 +7,12 @@ Structure. A grid of at most one program per SM (all co-resident: `_programs`); 
 in a fixed order, each phase's work items (output tile x split-K split, the tensor-core kernel's
 programs: decode_kernel._tile, the same configs as the fused ops, decode_linear.decode_config)
 dealt round-robin to the programs; between phases a grid-wide arrival counter (`_grid_sync`).
-Before a program waits there, it puts its next item's weights on their way to L2 (the weights
-do not depend on the previous phase), so the boundary's ramp overlaps the previous phase's tail.
+Before a program waits there, it may put its next item's first weight bytes on their way to L2
+(`_PREFETCH_BYTES`; the weights do not depend on the previous phase), meant to overlap the
+boundary's ramp with the previous phase's tail: on the H200 it made the tail slower (off).
+
+Off (decode_tuned.TAIL): on the H200 the tail was 3-5 us per layer slower than the separate
+kernels, and the replayed step 42-62 us slower at bs 40-64 (docs/performance.md, seventh session).
 The split-K arrival counters (decode_kernel._finish) and the phase counters put themselves back
 to 0 in every launch (the last program to leave resets the phase counters), so CUDA-graph
 replays need no reset.

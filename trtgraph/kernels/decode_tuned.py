@@ -49,5 +49,8 @@ LIGHT = {
 }
 LIGHT_PDL = {1, 2, 3}
 # The persistent layer tail (kernels/decode_persistent.py: o + residual, norm + gate_up + SiLU,
-# down + residual in one launch) for steps of 33-64 rows, with deterministic off.
+# down + residual in one launch) for steps of 33-64 rows, with deterministic off. Off: on the H200
+# (seventh session, docs/performance.md) it was 3.3-4.8 us per layer slower than today's 33-64-row
+# path alone (46.4-47.4 vs 42.3-43.1, scripts/tail_bench.py) and the replayed step 42-62 us slower
+# at bs 40 and 64 (scripts/decode_ablation.py `tail`), for 70 kernels per step instead of 118.
 TAIL = False
