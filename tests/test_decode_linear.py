@@ -394,6 +394,11 @@ def test_two_programs_per_sm_where_the_grid_has_two_waves(monkeypatch):
     assert dl._fit_stages(dl.DecodeConfig(64, 256, 1, 4, 4), 1, 2, cuda, 64, 1002) == 2  # 3 fit one: never under 2
     monkeypatch.setattr(dl, "_TWO_PER_SM", False)
     assert dl._fit_stages(lm, 1, 2, cuda, 64, 1002) == 3
+    # _WIDE_PDL's launches (two=True): two programs per SM whatever the grid (o: 4 -> 3 stages of
+    # 32 KB; qkv's paired rows 3 -> 2 of 48 KB at 64-row tiles)
+    o, qkv = dl.DecodeConfig(64, 128, 4, 4, 4), dl.DecodeConfig(64, 128, 4, 8, 3, True)
+    assert [dl._fit_stages(o, 1, 2, cuda, 64, 128, two=t) for t in (False, True)] == [4, 3]
+    assert [dl._fit_stages(qkv, 2, 2, cuda, 64, 96, two=t) for t in (False, True)] == [3, 2]
 
 
 def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp_path, monkeypatch):
