@@ -143,6 +143,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
     pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else _uses_pdl(mode, x.device)
     extra = {"launch_pdl": True} if pdl else {}
+    trigger = mode in _TRIGGER_MODES and pdl_capable(x.device)
     if light:
         _light_kernel[grid](
             x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight,
@@ -153,7 +154,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
             kv.stride(3) if rope is not None else 0, hq, hkv,
             MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt, EVEN=even, PDL=pdl,
-            PRENORM=rs is not out, num_warps=cfg.num_warps, num_stages=1, **extra)
+            PRENORM=rs is not out, TRIGGER=trigger, num_warps=cfg.num_warps, num_stages=1, **extra)
         return out
     _decode_kernel[grid](
         x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight, out,
@@ -165,7 +166,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out,
+        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out, TRIGGER=trigger,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
         num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
                                                         grid[0] * grid[1] * grid[2]), **extra)
@@ -211,6 +212,10 @@ _LIGHT_TUNED: dict[tuple[int, int], tuple] = dict(decode_tuned.LIGHT)
 # branch h/k4; scripts/decode_ablation.py measures it per op).
 _PDL_MODES: frozenset[int] = frozenset()
 _PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
+# The ops (by MODE) whose kernel lets its successor launch from its start even when it is not
+# PDL-launched itself: the qkv, whose successor, attention, is PDL-launched on decode keys and
+# loads its block table and KV rows before it waits (kernels/attention.py, ATTENTION_PDL).
+_TRIGGER_MODES: frozenset[int] = frozenset({_ROPE})
 
 
 def _uses_pdl(mode: int, device: torch.device) -> bool:
