@@ -8,12 +8,16 @@ step at bs 1 and 64 from one eager step):
 - `kernel`: the attention kernel, RoPE + KV write in their own kernel;
 - `new`: the step before PDL-launched attention: RoPE + KV write inside attention where the qkv
   is not one fused kernel (bs 40-64 on the 1B), attention launched without PDL;
-- `pdl`: the shipped step: attention PDL-launched on decode keys (block table read and its first
-  K / V rows prefetched to L2 before it waits), the fused qkv letting it launch from its start;
+- `pdl`: attention PDL-launched on every decode key (block table read and its first K / V rows
+  prefetched to L2 before it waits), the fused qkv letting it launch from its start, attention
+  letting its successor launch from its own start;
 - `pdl-no-prefetch`: `pdl` without the L2 prefetch; `pdl-no-trigger`: `pdl` with the tensor-core
   qkv not triggering early (bs 2-32: attention launches at the qkv's end); `pdl-fused-only`:
   PDL only after the fused qkv (bs 40-64, after cuBLAS, without).
-Usage: python scripts/attention_ab.py OUT.json [CONFIG.yaml] [VARIANT ...]"""
+- `pdl-late`, `pdl-late-no-prefetch`: `pdl` (without the prefetch) with attention letting its
+  successor launch only once it has waited (ATTENTION_TRIGGER 2), not from its start (1);
+  `shipped`: the tree's own settings.
+Usage: python scripts/attention_ab.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,8,...]"""
 
 import dataclasses
 import importlib
@@ -31,12 +35,17 @@ sys.path.insert(0, "scripts")
 from decode_ablation import floor_ms, kernels_per_step, measure  # noqa: E402
 
 BATCHES = (1, 8, 32, 64)
-PDL_ON = dict(attention_pdl=frozenset({"decode", "rope"}), trigger=frozenset({dl._ROPE}), prefetch=True)
-FLAGS = {"old": {**PDL_ON, "attention_pdl": frozenset()}, "kernel": {**PDL_ON, "attention_pdl": frozenset()},
-         "new": {**PDL_ON, "attention_pdl": frozenset(), "trigger": frozenset()},
+ALL, NONE = {"decode": 64, "rope": 64}, {"decode": 0, "rope": 0}
+PDL_ON = dict(attention_pdl=ALL, trigger=frozenset({dl._ROPE}), prefetch=True, attn_trigger=1)
+FLAGS = {"old": {**PDL_ON, "attention_pdl": NONE}, "kernel": {**PDL_ON, "attention_pdl": NONE},
+         "new": {**PDL_ON, "attention_pdl": NONE, "trigger": frozenset()},
          "pdl": PDL_ON, "pdl-no-prefetch": {**PDL_ON, "prefetch": False},
          "pdl-no-trigger": {**PDL_ON, "trigger": frozenset(), "batches": (8, 32)},
-         "pdl-fused-only": {**PDL_ON, "attention_pdl": frozenset({"decode"}), "batches": (64,)}}
+         "pdl-fused-only": {**PDL_ON, "attention_pdl": {"decode": 64, "rope": 0}, "batches": (64,)},
+         "pdl-late": {**PDL_ON, "attn_trigger": 2},
+         "pdl-late-no-prefetch": {**PDL_ON, "attn_trigger": 2, "prefetch": False},
+         "shipped": {"attention_pdl": dict(attention.ATTENTION_PDL), "trigger": dl._TRIGGER_MODES,
+                     "prefetch": attention.PREFETCH_KV, "attn_trigger": attention.ATTENTION_TRIGGER}}
 
 
 def install(ex, name, shipped):
@@ -44,6 +53,7 @@ def install(ex, name, shipped):
     attention.ATTENTION_PDL = flags["attention_pdl"]
     attention.PREFETCH_KV = flags["prefetch"]
     dl._TRIGGER_MODES = flags["trigger"]
+    attention.ATTENTION_TRIGGER = flags["attn_trigger"]
     ops = shipped
     if name in ("old", "kernel"):
         ops = dataclasses.replace(ops, rope_in_attention=lambda *a: False)
@@ -55,13 +65,18 @@ def install(ex, name, shipped):
 
 
 def main():
+    only = BATCHES
+    if "--batches" in sys.argv:  # --batches 1,8: only these batch sizes of every variant
+        at = sys.argv.index("--batches")
+        only = tuple(int(b) for b in sys.argv[at + 1].split(","))
+        del sys.argv[at:at + 2]
     out_path = sys.argv[1]
     cfg = Config.from_yaml(sys.argv[2] if len(sys.argv) > 2 else "examples/llama-3.2-1b-synthetic.yaml")
-    keys = {b: GraphKey(b, 0, 0, "greedy") for b in BATCHES}
+    keys = {b: GraphKey(b, 0, 0, "greedy") for b in only}
     ex = Executor.build(cfg, BucketPlan.from_config(cfg).with_keys(list(keys.values())))
     shipped = ex.loaded.model.ops
     bw = measure_bandwidth(ex.device) if ex.device.type == "cuda" else 1e12
-    floors = {b: floor_ms(ex, b, bw) for b in BATCHES}
+    floors = {b: floor_ms(ex, b, bw) for b in keys}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s; floor ms: " + ", ".join(f"bs {b} {v:.3f}" for b, v in floors.items()),
           flush=True)
     for key in keys.values():
@@ -71,7 +86,7 @@ def main():
     for i, name in enumerate(names + names[::-1]):
         install(ex, name, shipped)
         tag = f"{name}#{1 + (i >= len(names))}"
-        batches = FLAGS[name].get("batches", BATCHES)
+        batches = [b for b in FLAGS[name].get("batches", BATCHES) if b in keys]
         try:
             results[tag] = {b: measure(ex, keys[b]) for b in batches}
             if i < len(names) and ex.device.type == "cuda" and name in ("old", "kernel"):

@@ -17,16 +17,18 @@ from trtgraph.kernels.composed import QKVHeads
 
 
 def test_pdl_launch_is_for_decode_keys_on_pdl_devices(monkeypatch):
-    """Decode keys (q = 1) launch attention with PDL on a PDL-capable device, for each path
-    ATTENTION_PDL lists; verification and prefill (q > 1) and the CPU never."""
+    """Decode keys (q = 1) of at most ATTENTION_PDL[path] sequences launch attention with PDL on a
+    PDL-capable device; verification and prefill (q > 1) and the CPU never."""
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert not attention.launches_with_pdl(1, False, cpu) and not attention.launches_with_pdl(1, True, cpu)
+    monkeypatch.setattr(attention, "ATTENTION_PDL", {"decode": 8, "rope": 64})
+    assert not attention.launches_with_pdl(1, False, 1, cpu) and not attention.launches_with_pdl(1, True, 1, cpu)
     monkeypatch.setattr(attention, "pdl_capable", lambda device: device.type == "cuda")
+    assert [attention.launches_with_pdl(1, False, b, cuda) for b in (1, 8, 9, 64)] == [True, True, False, False]
+    assert [attention.launches_with_pdl(1, True, b, cuda) for b in (1, 40, 64, 65)] == [True, True, True, False]
     for rope in (False, True):
-        assert attention.launches_with_pdl(1, rope, cuda) == (("rope" if rope else "decode") in attention.ATTENTION_PDL)
-        assert not attention.launches_with_pdl(2, rope, cuda) and not attention.launches_with_pdl(64, rope, cuda)
-    monkeypatch.setattr(attention, "ATTENTION_PDL", frozenset())
-    assert not attention.launches_with_pdl(1, False, cuda) and not attention.launches_with_pdl(1, True, cuda)
+        assert not attention.launches_with_pdl(2, rope, 1, cuda) and not attention.launches_with_pdl(64, rope, 1, cuda)
+    monkeypatch.setattr(attention, "ATTENTION_PDL", {"decode": 0, "rope": 0})
+    assert not attention.launches_with_pdl(1, False, 1, cuda) and not attention.launches_with_pdl(1, True, 1, cuda)
 
 
 def test_attention_runs_without_pdl_in_the_interpreter():
@@ -38,11 +40,13 @@ def test_attention_runs_without_pdl_in_the_interpreter():
     test_kernels.run_rope_attention(torch.device("cpu"), torch.float32, 1, 3, seed=6)
 
 
-def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_attention: bool, invariant: bool):
+def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_attention: bool, invariant: bool,
+                         trigger: int):
     """Three layers of qkv -> attention -> o at `rows` rows on the 1B shapes (32 q / 8 kv heads of
     64, page 16). The qkv is the fused kernel (light at one row), or with `rope_in_attention` a
     cuBLAS GEMM and RoPE + KV write inside attention (bs 40-64's path). Eager with every PDL
-    table empty, then recorded with them on and replayed: outputs and caches bitwise equal."""
+    table empty, then with them on (attention's trigger at `trigger`), eagerly and recorded and
+    replayed: outputs and caches bitwise equal."""
     dev = torch.device("cuda")
     H, heads, eps, scale = 2048, QKVHeads(32, 8, 64), 1e-5, 64 ** -0.5
     monkeypatch.setattr(attention, "_INVARIANT_ATTENTION", [invariant])
@@ -79,8 +83,8 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
             kv.copy_(c0)
 
     def pdl(on: bool):
-        monkeypatch.setattr(attention, "ATTENTION_PDL", frozenset({"decode", "rope"} if on else ()))
-        monkeypatch.setattr(attention, "ATTENTION_TRIGGER", on)
+        monkeypatch.setattr(attention, "ATTENTION_PDL", {"decode": 64 if on else 0, "rope": 64 if on else 0})
+        monkeypatch.setattr(attention, "ATTENTION_TRIGGER", trigger if on else 0)
         monkeypatch.setattr(dl, "_TRIGGER_MODES", frozenset({dl._ROPE} if on else ()))
         monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset({dl._RESIDUAL, dl._SILU, dl._ROPE} if on else ()))
 
@@ -89,7 +93,7 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
     want_caches = [kv.clone() for _, _, kv in layers]
     reset()
     pdl(True)
-    assert attention.launches_with_pdl(1, rope_in_attention, dev)
+    assert attention.launches_with_pdl(1, rope_in_attention, rows, dev)
     eager_pdl = step(x.clone())  # also compiles outside the capture
     assert torch.equal(eager_pdl, want)
     h = x.clone()
@@ -110,6 +114,7 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
 def test_pdl_attention_chain_in_a_cuda_graph_gpu(monkeypatch, dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    for rows, rope, invariant in ((1, False, False), (8, False, dtype == torch.float32), (48, True, False)):
+    for rows, rope, invariant, trigger in ((1, False, False, 2), (1, False, False, 1), (8, False, dtype == torch.float32, 2),
+                                           (48, True, False, 2)):
         with monkeypatch.context() as m:
-            _chain_replays_eager(m, rows, dtype, rope, invariant)
+            _chain_replays_eager(m, rows, dtype, rope, invariant, trigger)

@@ -114,11 +114,13 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr, TRIGGER: tl.constexpr, ROPE: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH_ROWS: tl.constexpr, PREFETCH_BYTES: tl.constexpr):
-    """PDL (launched with programmatic dependent launch, decode keys): everything up to
+    """TRIGGER: 0 none, 1 a PDL-launched successor may launch from this kernel's start, 2 from
+    its start or, if this launch is PDL, once it has waited (ATTENTION_TRIGGER).
+    PDL (launched with programmatic dependent launch, decode keys): everything up to
     `gdc_wait()` reads only what no kernel of the step's chain writes, and puts the program's
     first KV rows on their way to L2; q, the step's k / v and the KV loads come after the wait
     (see `_launch` for why that is safe)."""
-    if TRIGGER:  # a successor launched with programmatic dependent launch (the o GEMV) may start now
+    if TRIGGER == 1 or (TRIGGER == 2 and not PDL):  # a PDL-launched successor (the o GEMV) may start now
         gdc_launch_dependents()
     pid = tl.program_id(0)
     b = pid // NUM_Q_BLOCKS
@@ -159,6 +161,8 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                              cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE, PREFETCH_ROWS,
                              PREFETCH_BYTES)
         gdc_wait()  # the predecessors' writes (q, the step's k and v or the cache rows) visible from here
+        if TRIGGER == 2:  # the successor launches now, not while the predecessor still runs
+            gdc_launch_dependents()
     if ROPE:  # q rows rotated here, rounded to q's dtype as triton_ops.rope_write_kv rounds them
         q = _rotate(q_ptr + head[:, None] * q_stride_h, tok, q_stride_t, pos, cs_ptr, row_ok,
                     HEAD_DIM).to(q_ptr.dtype.element_ty)
@@ -347,7 +351,7 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     k, v, cos_sin, slots = rope if rope is not None else (q, q, q, positions)
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
-    pdl = launches_with_pdl(q_len, rope is not None, q.device)
+    pdl = launches_with_pdl(q_len, rope is not None, batch, q.device)
     row_bytes = head_dim * kv_cache.element_size()
     prefetch = row_bytes if pdl and PREFETCH_KV and row_bytes % 16 == 0 else 0
     extra = {"launch_pdl": True} if pdl else {}
@@ -362,27 +366,30 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
                              PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             TRIGGER=ATTENTION_TRIGGER and pdl_capable(q.device), ROPE=rope is not None,
+                             TRIGGER=ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
                              PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, num_warps=warps, num_stages=stages, **extra)
     return out
 
 
-def launches_with_pdl(q_len: int, rope: bool, device: torch.device) -> bool:
-    """Whether the attention launch is PDL-launched (ATTENTION_PDL): decode keys (q = 1) on a
-    device with programmatic dependent launch; a function of the key's shapes and the build."""
-    return q_len == 1 and ("rope" if rope else "decode") in ATTENTION_PDL and pdl_capable(device)
+def launches_with_pdl(q_len: int, rope: bool, batch: int, device: torch.device) -> bool:
+    """Whether the attention launch is PDL-launched: decode keys (q = 1) of at most ATTENTION_PDL's
+    sequences for the path, on a device with programmatic dependent launch (the key's shapes only)."""
+    return q_len == 1 and batch <= ATTENTION_PDL["rope" if rope else "decode"] and pdl_capable(device)
 
 
-# The attention kernel lets its successor start from its first instruction. Only a successor
+# The attention kernel lets its successor start early (TRIGGER 2): from its first instruction,
+# or, when it is PDL-launched itself, once it has waited for its predecessor. Only a successor
 # launched with programmatic dependent launch can: the one-row steps' light o projection
 # (decode_tuned.LIGHT_PDL), which loads its first weight tile and then waits (`gdc_wait`) for
-# this kernel to finish and its writes to be visible. On: -14 to -19 us per batch-1 step on
-# the H200 (docs/performance.md, branch h/k6, `light-attn`); with any other successor a no-op.
-ATTENTION_TRIGGER = True
+# this kernel to finish and its writes to be visible. From the start: -14 to -19 us per batch-1
+# step on the H200 (docs/performance.md, branch h/k6, `light-attn`); with any other successor a
+# no-op. After the wait: so that a PDL-launched attention does not let the whole step's chain of
+# early launches run ahead of the qkv (1 would, docs/performance.md, branch h/a7).
+ATTENTION_TRIGGER = 2
 
 
-# Decode keys (q = 1) launch attention with programmatic dependent launch (PDL) where its
-# predecessor is: "decode" (attention after the qkv projection's own kernel: the fused qkv,
+# Decode keys (q = 1) of at most ATTENTION_PDL[path] sequences launch attention with programmatic
+# dependent launch (PDL) after their predecessor, per path: "decode" (attention after the qkv projection's own kernel: the fused qkv,
 # which lets it launch from its start, decode_linear._TRIGGER_MODES, or the composition's RoPE
 # kernel) and "rope" (RoPE + KV write inside attention, after the composition's qkv GEMM). An
 # early-launched program reads the block table and the context lengths, puts its first
@@ -396,6 +403,6 @@ ATTENTION_TRIGGER = True
 # kernel's end implies its predecessors'. The prefetch only warms L2, the point of coherence: a
 # page the predecessor is still writing (the step's own k / v row) is read after the wait, from
 # L2 (the program loaded none of it into L1 before), never stale.
-ATTENTION_PDL: frozenset = frozenset({"decode", "rope"})
+ATTENTION_PDL: dict[str, int] = {"decode": 64, "rope": 64}  # path -> most sequences launched with PDL
 PREFETCH_KV = True
 PREFETCH_ROWS = 256  # at most this many K and V rows prefetched per program (the first of its first piece)
