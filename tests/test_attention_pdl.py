@@ -41,12 +41,12 @@ def test_attention_runs_without_pdl_in_the_interpreter():
 
 
 def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_attention: bool, invariant: bool,
-                         trigger: int):
+                         trigger: int, prefetch: bool):
     """Three layers of qkv -> attention -> o at `rows` rows on the 1B shapes (32 q / 8 kv heads of
     64, page 16). The qkv is the fused kernel (light at one row), or with `rope_in_attention` a
     cuBLAS GEMM and RoPE + KV write inside attention (bs 40-64's path). Eager with every PDL
-    table empty, then with them on (attention's trigger at `trigger`), eagerly and recorded and
-    replayed: outputs and caches bitwise equal."""
+    table empty, then with them on (attention's trigger at `trigger`, its L2 prefetch per
+    `prefetch`), eagerly and recorded and replayed: outputs and caches bitwise equal."""
     dev = torch.device("cuda")
     H, heads, eps, scale = 2048, QKVHeads(32, 8, 64), 1e-5, 64 ** -0.5
     monkeypatch.setattr(attention, "_INVARIANT_ATTENTION", [invariant])
@@ -83,6 +83,7 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
             kv.copy_(c0)
 
     def pdl(on: bool):
+        monkeypatch.setattr(attention, "PREFETCH_KV", prefetch)
         monkeypatch.setattr(attention, "ATTENTION_PDL", {"decode": 64 if on else 0, "rope": 64 if on else 0})
         monkeypatch.setattr(attention, "ATTENTION_TRIGGER", trigger if on else 0)
         monkeypatch.setattr(dl, "_TRIGGER_MODES", frozenset({dl._ROPE} if on else ()))
@@ -114,7 +115,8 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
 def test_pdl_attention_chain_in_a_cuda_graph_gpu(monkeypatch, dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    for rows, rope, invariant, trigger in ((1, False, False, 2), (1, False, False, 1), (8, False, dtype == torch.float32, 2),
-                                           (48, True, False, 2)):
+    cases = ((1, False, False, 2, False), (1, False, False, 1, True), (8, False, dtype == torch.float32, 2, True),
+             (48, True, False, 2, True))
+    for rows, rope, invariant, trigger, prefetch in cases:
         with monkeypatch.context() as m:
-            _chain_replays_eager(m, rows, dtype, rope, invariant, trigger)
+            _chain_replays_eager(m, rows, dtype, rope, invariant, trigger, prefetch)

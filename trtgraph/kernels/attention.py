@@ -6,7 +6,8 @@ depend on the key's shapes only; context lengths are read on the device.
 `rope_paged_attention` is the same kernel with RoPE and the KV-cache write folded in (decode
 keys whose qkv projection is not a fused kernel): every program rotates its q rows, and the
 program that owns a row's last KV piece rotates the step's k, writes k and v to the cache and,
-after a barrier, reads them back with the rest of the piece."""
+after a barrier, reads them back with the rest of the piece. Decode launches of few sequences are
+PDL-launched (ATTENTION_PDL, at the end): block table read before they wait for the qkv."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     PDL (launched with programmatic dependent launch, decode keys): everything up to
     `gdc_wait()` reads only what no kernel of the step's chain writes, and puts the program's
     first KV rows on their way to L2; q, the step's k / v and the KV loads come after the wait
-    (see `_launch` for why that is safe)."""
+    (docs/design.md, "Paged attention", says why that is safe)."""
     if TRIGGER == 1 or (TRIGGER == 2 and not PDL):  # a PDL-launched successor (the o GEMV) may start now
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -367,7 +368,8 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              TRIGGER=ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
-                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, num_warps=warps, num_stages=stages, **extra)
+                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, num_warps=warps,
+                             num_stages=stages, **extra)
     return out
 
 
@@ -377,32 +379,25 @@ def launches_with_pdl(q_len: int, rope: bool, batch: int, device: torch.device) 
     return q_len == 1 and batch <= ATTENTION_PDL["rope" if rope else "decode"] and pdl_capable(device)
 
 
-# The attention kernel lets its successor start early (TRIGGER 2): from its first instruction,
-# or, when it is PDL-launched itself, once it has waited for its predecessor. Only a successor
-# launched with programmatic dependent launch can: the one-row steps' light o projection
-# (decode_tuned.LIGHT_PDL), which loads its first weight tile and then waits (`gdc_wait`) for
-# this kernel to finish and its writes to be visible. From the start: -14 to -19 us per batch-1
-# step on the H200 (docs/performance.md, branch h/k6, `light-attn`); with any other successor a
-# no-op. After the wait: so that a PDL-launched attention does not let the whole step's chain of
-# early launches run ahead of the qkv (1 would, docs/performance.md, branch h/a7).
+# The attention kernel lets its successor start early: 1 from its first instruction, 2 the same
+# unless it is PDL-launched itself, then once it has waited. Only a successor launched with
+# programmatic dependent launch can start early: the one-row steps' light o projection
+# (decode_tuned.LIGHT_PDL), which loads its first weight tile, then waits for this kernel. From
+# the start: -14 to -19 us per batch-1 step on the H200 (docs/performance.md, h/k6 `light-attn`).
+# After the wait when PDL-launched: from its start, the whole step's chain of early launches can
+# run ahead of the qkv (h/a7, two calls: bs 1 -8 to +10 us with 1, -5 to -15 with 2).
 ATTENTION_TRIGGER = 2
-
-
 # Decode keys (q = 1) of at most ATTENTION_PDL[path] sequences launch attention with programmatic
-# dependent launch (PDL) after their predecessor, per path: "decode" (attention after the qkv projection's own kernel: the fused qkv,
-# which lets it launch from its start, decode_linear._TRIGGER_MODES, or the composition's RoPE
-# kernel) and "rope" (RoPE + KV write inside attention, after the composition's qkv GEMM). An
-# early-launched program reads the block table and the context lengths, puts its first
-# PREFETCH_ROWS K and V rows (PREFETCH_KV) on their way to L2, then waits (`gdc_wait`) for the
-# predecessor to finish and its writes to be visible; only then q, the step's k and v, and every
-# K / V load. Why the pre-wait reads are safe: the block tables and positions of a decode step
-# are written by the host's copies before the replay and by the advance (kernels/advance.py) at
-# the top of the graph, which no kernel of the step's chain writes after; the advance's successor
-# (the embedding) is not PDL-launched, so every early-launched kernel of the step started after
-# the advance had finished; and every PDL-launched kernel of the chain waits before it ends, so a
-# kernel's end implies its predecessors'. The prefetch only warms L2, the point of coherence: a
-# page the predecessor is still writing (the step's own k / v row) is read after the wait, from
-# L2 (the program loaded none of it into L1 before), never stale.
-ATTENTION_PDL: dict[str, int] = {"decode": 64, "rope": 64}  # path -> most sequences launched with PDL
-PREFETCH_KV = True
+# dependent launch, per path: "decode" (after the qkv's own kernel: the fused qkv, which
+# triggers it from its start at one row, light and PDL-launched itself, and with decode_linear.
+# _TRIGGER_MODES at more; or the composition's RoPE kernel) and "rope" (RoPE + KV write inside
+# attention, after the composition's qkv GEMM). A program reads the block table and context
+# lengths (and with PREFETCH_KV puts its first PREFETCH_ROWS K and V rows on their way to L2),
+# then waits for the predecessor; q, the step's k / v and every K / V load come after the wait.
+# Why the pre-wait reads are safe: docs/design.md, "Paged attention". Measured on the H200
+# (docs/performance.md, branch h/a7): at bs 1 without the prefetch -5 to -15 us per step (at the
+# edge of the run-to-run spread), with it +6 to +22; bs 8-32 no gain; bs 64 (after cuBLAS) +8 to
+# +13 us, +51 with the prefetch. So: bs 1 only, no prefetch.
+ATTENTION_PDL: dict[str, int] = {"decode": 1, "rope": 0}  # path -> most sequences launched with PDL
+PREFETCH_KV = False
 PREFETCH_ROWS = 256  # at most this many K and V rows prefetched per program (the first of its first piece)

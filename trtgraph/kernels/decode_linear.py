@@ -213,9 +213,10 @@ _LIGHT_TUNED: dict[tuple[int, int], tuple] = dict(decode_tuned.LIGHT)
 _PDL_MODES: frozenset[int] = frozenset()
 _PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
 # The ops (by MODE) whose kernel lets its successor launch from its start even when it is not
-# PDL-launched itself: the qkv, whose successor, attention, is PDL-launched on decode keys and
-# loads its block table and KV rows before it waits (kernels/attention.py, ATTENTION_PDL).
-_TRIGGER_MODES: frozenset[int] = frozenset({_ROPE})
+# PDL-launched itself (for the qkv: attention, when kernels/attention.py's ATTENTION_PDL launches
+# it with PDL past one row). Empty: attention after the tensor-core qkv gained nothing at bs 8-32
+# on the H200 (docs/performance.md, branch h/a7; scripts/attention_ab.py `pdl`).
+_TRIGGER_MODES: frozenset[int] = frozenset()
 
 
 def _uses_pdl(mode: int, device: torch.device) -> bool:
