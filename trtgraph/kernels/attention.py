@@ -6,14 +6,15 @@ depend on the key's shapes only; context lengths are read on the device.
 `rope_paged_attention` is the same kernel with RoPE and the KV-cache write folded in (decode
 keys whose qkv projection is not a fused kernel): every program rotates its q rows, and the
 program that owns a row's last KV piece rotates the step's k, writes k and v to the cache and,
-after a barrier, reads them back with the rest of the piece."""
+after a barrier, reads them back with the rest of the piece. Decode launches of few sequences are
+PDL-launched (ATTENTION_PDL, at the end): block table read before they wait for the qkv."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .triton_ops import arrival_counters, pdl_capable
 
@@ -83,17 +84,44 @@ def _write_new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_
 
 
 @triton.jit
+def _prefetch_kv(k_base, bt_row, lo, hi, num_blocks, cache_kv_stride, cache_block_stride, cache_slot_stride,
+                 PAGE: tl.constexpr, ROWS: tl.constexpr, NBYTES: tl.constexpr):
+    """cp.async.bulk.prefetch.L2 of one kv head's K and V rows lo .. min(lo + ROWS, hi) - 1 of a
+    sequence (NBYTES each: a head's row; a multiple of 16, 16-byte aligned), their pages read
+    from the block-table row; the page index clamped into the cache, so no address leaves it."""
+    n = lo + tl.arange(0, ROWS)
+    ok = n < hi
+    n = tl.where(ok, n, lo)
+    page = tl.load(bt_row + n // PAGE, mask=ok, other=0)
+    page = tl.minimum(tl.maximum(page, 0), num_blocks - 1)
+    ptrs = k_base + page * cache_block_stride + (n % PAGE) * cache_slot_stride
+    size = tl.full([ROWS], NBYTES, tl.int32)
+    on = ok.to(tl.int32)
+    for kv in tl.static_range(2):
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptrs + kv * cache_kv_stride, size, on], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr,
                        k_ptr, v_ptr, cs_ptr, slot_ptr,
                        q_stride_t, q_stride_h, out_stride_t, out_stride_h, k_stride_t, k_stride_h,
                        v_stride_t, v_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
-                       cache_head_stride, bt_stride, scale_log2, num_pieces,
+                       cache_head_stride, bt_stride, scale_log2, num_pieces, num_blocks,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
                        SPLIT: tl.constexpr, PIECE_TILES: tl.constexpr, MIN_TILES: tl.constexpr,
                        PAGE: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PRECISION: tl.constexpr, TRIGGER: tl.constexpr, ROPE: tl.constexpr):
-    if TRIGGER:  # a successor launched with programmatic dependent launch (the o GEMV) may start now
+                       PRECISION: tl.constexpr, TRIGGER: tl.constexpr, ROPE: tl.constexpr,
+                       PDL: tl.constexpr, PREFETCH_ROWS: tl.constexpr, PREFETCH_BYTES: tl.constexpr):
+    """TRIGGER: 0 none, 1 a PDL-launched successor may launch from this kernel's start, 2 from
+    its start or, if this launch is PDL, once it has waited (ATTENTION_TRIGGER).
+    PDL (launched with programmatic dependent launch, decode keys): everything up to
+    `gdc_wait()` reads only what no kernel of the step's chain writes, and puts the program's
+    first KV rows on their way to L2; q, the step's k / v and the KV loads come after the wait
+    (docs/design.md, "Paged attention", says why that is safe)."""
+    if TRIGGER == 1 or (TRIGGER == 2 and not PDL):  # a PDL-launched successor (the o GEMV) may start now
         gdc_launch_dependents()
     pid = tl.program_id(0)
     b = pid // NUM_Q_BLOCKS
@@ -109,13 +137,6 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     tok = b * Q_LEN + r // GROUP
     head = kvh * GROUP + r % GROUP
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=-1)  # query t sees keys 0..pos[t]
-    if ROPE:  # q rows rotated here, rounded to q's dtype as triton_ops.rope_write_kv rounds them
-        q = _rotate(q_ptr + head[:, None] * q_stride_h, tok, q_stride_t, pos, cs_ptr, row_ok,
-                    HEAD_DIM).to(q_ptr.dtype.element_ty)
-    else:
-        d = tl.arange(0, HEAD_DIM)
-        q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
     ctx = tl.max(pos, axis=0) + 1
 
     # The row's KV tiles are cut into pieces of `per_split` tiles. Batch-invariant (PIECE_TILES
@@ -133,6 +154,23 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         owner = 0
     bt_row = bt_ptr + b * bt_stride
     k_base = kv_ptr + kvh * cache_head_stride
+    if PDL:
+        if PREFETCH_BYTES > 0:
+            if split < used:  # the first rows of this program's first piece, K and V, towards L2
+                lo = split * per_split * BLOCK_N
+                _prefetch_kv(k_base, bt_row, lo, tl.minimum(lo + per_split * BLOCK_N, ctx), num_blocks,
+                             cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE, PREFETCH_ROWS,
+                             PREFETCH_BYTES)
+        gdc_wait()  # the predecessors' writes (q, the step's k and v or the cache rows) visible from here
+        if TRIGGER == 2:  # the successor launches now, not while the predecessor still runs
+            gdc_launch_dependents()
+    if ROPE:  # q rows rotated here, rounded to q's dtype as triton_ops.rope_write_kv rounds them
+        q = _rotate(q_ptr + head[:, None] * q_stride_h, tok, q_stride_t, pos, cs_ptr, row_ok,
+                    HEAD_DIM).to(q_ptr.dtype.element_ty)
+    else:
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
     if ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
         if split == owner:
             _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
@@ -314,22 +352,52 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     k, v, cos_sin, slots = rope if rope is not None else (q, q, q, positions)
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
+    pdl = launches_with_pdl(q_len, rope is not None, batch, q.device)
+    row_bytes = head_dim * kv_cache.element_size()
+    prefetch = row_bytes if pdl and PREFETCH_KV and row_bytes % 16 == 0 else 0
+    extra = {"launch_pdl": True} if pdl else {}
+    # the first rows of a piece (the least piece, adaptive mode), at most PREFETCH_ROWS: a power of 2
+    pf_rows = min(PREFETCH_ROWS, triton.next_power_of_2(block_n * (piece_tiles or min_tiles))) if prefetch else 0
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals, k, v, cos_sin, slots,
                              q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1),
                              v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
                              kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2, pieces,
+                             kv_cache.shape[1],
                              Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, SPLIT=pieces > 1,
                              PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             TRIGGER=ATTENTION_TRIGGER and pdl_capable(q.device), ROPE=rope is not None,
-                             num_warps=warps, num_stages=stages)
+                             TRIGGER=ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
+                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, num_warps=warps,
+                             num_stages=stages, **extra)
     return out
 
 
-# The attention kernel lets its successor start from its first instruction. Only a successor
-# launched with programmatic dependent launch can: the one-row steps' light o projection
-# (decode_tuned.LIGHT_PDL), which loads its first weight tile and then waits (`gdc_wait`) for
-# this kernel to finish and its writes to be visible. On: -14 to -19 us per batch-1 step on
-# the H200 (docs/performance.md, branch h/k6, `light-attn`); with any other successor a no-op.
-ATTENTION_TRIGGER = True
+def launches_with_pdl(q_len: int, rope: bool, batch: int, device: torch.device) -> bool:
+    """Whether the attention launch is PDL-launched: decode keys (q = 1) of at most ATTENTION_PDL's
+    sequences for the path, on a device with programmatic dependent launch (the key's shapes only)."""
+    return q_len == 1 and batch <= ATTENTION_PDL["rope" if rope else "decode"] and pdl_capable(device)
+
+
+# The attention kernel lets its successor start early: 1 from its first instruction, 2 the same
+# unless it is PDL-launched itself, then once it has waited. Only a successor launched with
+# programmatic dependent launch can start early: the one-row steps' light o projection
+# (decode_tuned.LIGHT_PDL), which loads its first weight tile, then waits for this kernel. From
+# the start: -14 to -19 us per batch-1 step on the H200 (docs/performance.md, h/k6 `light-attn`).
+# After the wait when PDL-launched: from its start, the whole step's chain of early launches can
+# run ahead of the qkv (h/a7, two calls: bs 1 -8 to +10 us with 1, -5 to -15 with 2).
+ATTENTION_TRIGGER = 2
+# Decode keys (q = 1) of at most ATTENTION_PDL[path] sequences launch attention with programmatic
+# dependent launch, per path: "decode" (after the qkv's own kernel: the fused qkv, which
+# triggers it from its start at one row, light and PDL-launched itself, and with decode_linear.
+# _TRIGGER_MODES at more; or the composition's RoPE kernel) and "rope" (RoPE + KV write inside
+# attention, after the composition's qkv GEMM). A program reads the block table and context
+# lengths (and with PREFETCH_KV puts its first PREFETCH_ROWS K and V rows on their way to L2),
+# then waits for the predecessor; q, the step's k / v and every K / V load come after the wait.
+# Why the pre-wait reads are safe: docs/design.md, "Paged attention". Measured on the H200
+# (docs/performance.md, branch h/a7): at bs 1 without the prefetch -5 to -15 us per step (at the
+# edge of the run-to-run spread), with it +6 to +22; bs 8-32 no gain; bs 64 (after cuBLAS) +8 to
+# +13 us, +51 with the prefetch. So: bs 1 only, no prefetch.
+ATTENTION_PDL: dict[str, int] = {"decode": 1, "rope": 0}  # path -> most sequences launched with PDL
+PREFETCH_KV = False
+PREFETCH_ROWS = 256  # at most this many K and V rows prefetched per program (the first of its first piece)

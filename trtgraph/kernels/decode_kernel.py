@@ -166,12 +166,14 @@ def _decode_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr
                    MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, PRENORM: tl.constexpr):
+                   STACK: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, PRENORM: tl.constexpr,
+                   TRIGGER: tl.constexpr = False):
     """N: output columns (pairs for MODE 2 / 3); grid (m-tiles of BLOCK_T rows, N-tiles, SPLIT_K).
     PDL (launched with programmatic dependent launch): let the next kernel launch now, put the
     first PREFETCH bytes of each of this program's weight rows on their way to L2 (the weights
-    do not depend on the previous kernel), then wait for the previous kernel's writes."""
-    if PDL:
+    do not depend on the previous kernel), then wait for the previous kernel's writes.
+    TRIGGER: let a PDL-launched successor (attention) launch from the start, PDL or not."""
+    if PDL or TRIGGER:
         gdc_launch_dependents()
     _tile(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr, cnt_ptr,
           tl.program_id(0), tl.program_id(1), tl.program_id(2), M, N, K, k_per_split, x_stride, w_stride, out_stride,

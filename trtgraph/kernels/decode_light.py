@@ -61,12 +61,14 @@ def _light_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr,
                   cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
                   MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, NACC: tl.constexpr,
-                  BLOCK_T: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, PRENORM: tl.constexpr):
+                  BLOCK_T: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, PRENORM: tl.constexpr,
+                  TRIGGER: tl.constexpr = False):
     """The arguments of decode_kernel._decode_kernel (BLOCK_T 1, M <= 1); grid (1, N-tiles,
     SPLIT_K). EVEN: every split a whole number of BLOCK_K and every N-tile full (unmasked weight
-    loads, the next tile's loads issued before the current tile's arithmetic)."""
+    loads, the next tile's loads issued before the current tile's arithmetic). TRIGGER: as the
+    tensor-core kernel's (a PDL-launched successor may launch from the start)."""
     tl.static_assert(BLOCK_T == 1)
-    if PDL:
+    if PDL or TRIGGER:
         gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)

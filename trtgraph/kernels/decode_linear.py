@@ -144,6 +144,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     wide_pdl = not light and T > FUSED_MAX_ROWS and _WIDE_PDL and pdl_capable(x.device)
     pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else (_uses_pdl(mode, x.device) or wide_pdl)
     extra = {"launch_pdl": True} if pdl else {}
+    trigger = mode in _TRIGGER_MODES and pdl_capable(x.device)
     if light:
         _light_kernel[grid](
             x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight,
@@ -154,7 +155,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
             kv.stride(3) if rope is not None else 0, hq, hkv,
             MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt, EVEN=even, PDL=pdl,
-            PRENORM=rs is not out, num_warps=cfg.num_warps, num_stages=1, **extra)
+            PRENORM=rs is not out, TRIGGER=trigger, num_warps=cfg.num_warps, num_stages=1, **extra)
         return out
     _decode_kernel[grid](
         x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight, out,
@@ -166,7 +167,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out,
+        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out, TRIGGER=trigger,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
         num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
                                                         grid[0] * grid[1] * grid[2], two=wide_pdl), **extra)
@@ -212,6 +213,11 @@ _LIGHT_TUNED: dict[tuple[int, int], tuple] = dict(decode_tuned.LIGHT)
 # branch h/k4; scripts/decode_ablation.py measures it per op).
 _PDL_MODES: frozenset[int] = frozenset()
 _PREFETCH_BYTES = 1024  # per weight row and program (a multiple of 16)
+# The ops (by MODE) whose kernel lets its successor launch from its start even when it is not
+# PDL-launched itself (for the qkv: attention, when kernels/attention.py's ATTENTION_PDL launches
+# it with PDL past one row). Empty: attention after the tensor-core qkv gained nothing at bs 8-32
+# on the H200 (docs/performance.md, branch h/a7; scripts/attention_ab.py `pdl`).
+_TRIGGER_MODES: frozenset[int] = frozenset()
 
 
 # Steps of more than FUSED_MAX_ROWS rows (the WIDE shapes): every op launched with PDL and its
