@@ -3,7 +3,7 @@
 Host milliseconds of torch.cuda.CUDAGraph.replay() calls (each graph: 150 elementwise kernels
 over 32 MB, about 2.5 ms on the device) in the situations the capture loop meets: a new graph's
 first launch; the same graph launched again while its last launch is queued or running; other
-graphs launched then; and launches behind a long queue of small kernels (how deep a stream's
+graphs launched then; a recording while the device is busy; and launches behind a long queue of small kernels (how deep a stream's
 queue goes before a launch blocks)."""
 
 import time
@@ -72,5 +72,10 @@ for i in range(1, 65):
     if i % 8 == 0:
         marks.append((i, round((time.perf_counter() - t0) * 1e3, 2)))
 print("graph launches queued behind a 200 ms sleep (count, host ms):", marks)
+torch.cuda.synchronize()
+torch.cuda._sleep(400_000_000)
+print("recordings behind a 200 ms sleep (host ms):", [ms(record) for _ in range(3)])
+torch.cuda.synchronize()
+print("recordings, device idle (host ms):", [ms(record) for _ in range(3)])
 torch.cuda.synchronize()
 print("raw_cuda_graph_exec:", hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"), torch.__version__)
