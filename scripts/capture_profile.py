@@ -5,7 +5,9 @@ the host's time split by what it did in the capture loop: recording (the graph r
 capture), waiting for the host staging of the step inputs (`StepBuffers.staging_ready`, by
 the stage that asked: the capture's own padding upload C, the verification V, the timing T,
 a timing's further runs X, a warm-up run W), waiting to read a verification or a timing (the
-events' synchronize), the KV block copies of each verification, and the rest. Works on trees
+events' synchronize), the KV block copies of each verification, and the rest; and per key
+(capture order) how many earlier keys' verifications the device had not finished when its
+capture began, with the host ms of its recording and launches. Works on trees
 before and after the staging ring (what a tree lacks is not patched)."""
 
 from __future__ import annotations
@@ -52,7 +54,40 @@ def timed(owner, name: str, label, set_stage: str | None = None) -> None:
     setattr(owner, name, wrapper)
 
 
+per_key: list = []  # capture order: [key, queued behind, recording ms, launch verify ms, launch timing ms]
+launched: list = []  # every PendingParity launched, for how many the device has not finished
+
+
+def per_key_stages() -> None:
+    """Per key: how many earlier keys' verifications the device had not finished when its
+    capture began (the device behind the host), and the host ms of its recording and launches."""
+    capture, launch_verify, launch_timing = Executor.capture, pipeline.launch_verify, pipeline.launch_timing
+
+    def captured(ex, key):
+        behind = sum(1 for p in launched if p._done is not None and not p._done.query())
+        t0 = time.perf_counter()
+        out = capture(ex, key)
+        per_key.append([str(key), behind, round((time.perf_counter() - t0) * 1e3, 3), 0.0, 0.0])
+        return out
+
+    def verified(*args, **kwargs):
+        t0 = time.perf_counter()
+        p = launch_verify(*args, **kwargs)
+        launched.append(p)
+        per_key[-1][3] = round((time.perf_counter() - t0) * 1e3, 3)
+        return p
+
+    def timed_replay(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = launch_timing(*args, **kwargs)
+        per_key[-1][4] = round((time.perf_counter() - t0) * 1e3, 3)
+        return out
+
+    Executor.capture, pipeline.launch_verify, pipeline.launch_timing = captured, verified, timed_replay
+
+
 def main(config_path: str, out_dir: str, result: str | None) -> None:
+    per_key_stages()
     timed(buffers.StepBuffers, "staging_ready", lambda s: f"staging_wait[{s}]")
     timed(graph_runner.GraphRunner, "_capture_cuda", "recording")
     timed(Executor, "capture", "capture_call (recording + C staging)", "C")
@@ -72,7 +107,9 @@ def main(config_path: str, out_dir: str, result: str | None) -> None:
     body = {"wall_in_capture_s": round(wall, 3), "warmup_seconds": t["warmup_seconds"],
             "capture_seconds": t["capture_seconds"], "replay_timing": t["replay_timing"],
             "phases": startup.CLOCK.to_json()["phases_seconds"],
-            "host_seconds": {k: round(v, 4) for k, v in sorted(seconds.items())}, "calls": dict(counts)}
+            "host_seconds": {k: round(v, 4) for k, v in sorted(seconds.items())}, "calls": dict(counts),
+            "per_key": ["key, verifications queued behind, recording ms, launch verify ms, launch timing ms",
+                        *per_key]}
     print(json.dumps(body, indent=1))
     if result:
         Path(result).write_text(json.dumps(body, indent=1))

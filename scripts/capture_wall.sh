@@ -5,8 +5,8 @@
 # bytecode caches; PROFILE runs scripts/capture_profile.py on both trees (each tree's first start);
 # then ROUNDS x (before, after) captures, each timed by the shell around the process; IMPORTS: one
 # capture under `python -X importtime`; RUNS: `trtgraph run --verbose` of one prompt; the Triton
-# cache comes back as $OUT/tcache.tgz.
-O=$OUT; A=$PWD; S=$SECONDS; CFG=examples/llama-3.2-1b-synthetic.yaml; ART=/tmp/b/artifacts
+# cache comes back as $OUT/tcache.tgz, everything else in $OUT/results.tgz (the device returns 8 files).
+O=/tmp/capture_wall; rm -rf $O; mkdir -p $O; A=$PWD; S=$SECONDS; CFG=examples/llama-3.2-1b-synthetic.yaml; ART=/tmp/b/artifacts
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 mkdir -p $ART && { [ -z "$TCACHE" ] || tar xzf $TCACHE -C $ART; } && echo "tcache ok t=$((SECONDS-S))"
 t0=$(ms); python3 -m trtgraph capture --config $CFG --out $ART --json > $O/warm.json 2> $O/warm.err
@@ -34,4 +34,4 @@ for i in $(seq 1 ${RUNS:-0}); do
   t0=$(ms); python3 -m trtgraph run --prompts /tmp/one.jsonl --manifest $ART --output /tmp/one.out --verbose > $O/one$i.txt 2>&1
   echo "run$i rc=$? wall_ms=$(( $(ms) - t0 )) t=$((SECONDS-S))"; grep -A14 "phases (" $O/one$i.txt
 done
-(cd $ART && tar czf $O/tcache.tgz triton-cache); echo "done t=$((SECONDS-S))"
+(cd $ART && tar czf $OUT/tcache.tgz triton-cache); (cd $O && tar czf $OUT/results.tgz .); echo "done t=$((SECONDS-S))"
