@@ -3,8 +3,8 @@
 Host milliseconds of torch.cuda.CUDAGraph.replay() calls (each graph: 150 elementwise kernels
 over 32 MB, about 2.5 ms on the device) in the situations the capture loop meets: a new graph's
 first launch; the same graph launched again while its last launch is queued or running; other
-graphs launched then; a recording while the device is busy; and launches behind a long queue of small kernels (how deep a stream's
-queue goes before a launch blocks)."""
+graphs launched then; a recording while the device is busy; and launches behind a long queue
+of small kernels (how deep a stream's queue goes before a launch blocks)."""
 
 import time
 

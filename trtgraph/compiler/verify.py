@@ -290,7 +290,8 @@ class PendingTiming:
         if self._times is None:
             self._times = _read(self._events)
             first = _timing(self._times)
-            more = min(self.repeats - len(self._times), int(self.budget_ms / max(first.median_ms, 1e-3)) - len(self._times))
+            done = len(self._times)
+            more = min(self.repeats - done, int(self.budget_ms / max(first.median_ms, 1e-3)) - done)
             if first.spread > SPREAD_OK and more > 0:
                 self.ex.prepare(self.key, [])  # other keys may have run since
                 self._more = self._launch(more)

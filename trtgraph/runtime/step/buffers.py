@@ -6,8 +6,8 @@ tensor (`floats`), each with a host staging twin (pinned on CUDA), so a step's i
 cross to the device in two copies. The staging is one slot (the runtime), or a ring of slots
 (`stage_slots`: the capture, whose verification and timing runs queue many steps ahead of the
 device): each upload leaves from the next slot, which starts as a copy of the last, so a write
-waits only for the upload that slot made a ring ago. `dev` and `host` name every field (`StepFields`, views
-made once). `next_tokens` holds the last step's drawn tokens on the device, where the
+waits only for the upload that slot made a ring ago. `dev` and `host` name every field
+(`StepFields`, views made once). `next_tokens` holds the last step's drawn tokens on the device, where the
 steady-state fast path gathers the next inputs from: inside the decode keys' graphs, driven by
 `control` (FRESH / ADVANCE / AS_IS) and the staged `new_blocks` (kernels/advance.py).
 
@@ -169,7 +169,8 @@ class StepBuffers:
         pin = self.device.type == "cuda"
         self._ring = [(self.ints_host, self.floats_host, self.host, self._uploaded)]
         for _ in range(n - 1):
-            ints, floats = (torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin) for t in (self.ints_host, self.floats_host))
+            ints, floats = (torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin)
+                            for t in (self.ints_host, self.floats_host))
             self._ring.append((ints, floats, self._host_fields(ints, floats), torch.cuda.Event() if pin else None))
         self._turn = 0
 
@@ -205,4 +206,3 @@ class StepBuffers:
         named += [("next_tokens", self.next_tokens), ("accepted", self.accepted), ("new_blocks", self.new_blocks),
                   *self.state.items()]
         return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in named]
-
