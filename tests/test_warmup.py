@@ -208,10 +208,10 @@ def test_timing_starts_with_one_run_only_for_long_prefill_steps(key, eager_ms, l
     assert timing_runs(key, eager_ms, loaded_new) == runs
 
 
-def test_capture_reads_each_key_after_launching_the_next(monkeypatch, tmp_path):
-    """The host never waits on a key's verification before the next key is captured and its
-    work queued; each key is verified (against its warm-up's eager reference) right after
-    its capture."""
+def test_capture_reads_each_key_lag_keys_after_launching_it(monkeypatch, tmp_path):
+    """The host never waits on a key's verification before LAG_KEYS more keys are captured and
+    their work queued (the last ones: after the loop); each key's verification (against its
+    warm-up's eager reference) is launched right after its capture and read once."""
     calls = []
     real, real_capture = pipeline.launch_verify, Executor.capture
 
@@ -230,10 +230,11 @@ def test_capture_reads_each_key_after_launching_the_next(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline, "launch_verify", launch)
     monkeypatch.setattr(Executor, "capture", capture)
     result = pipeline.capture(tiny_config(), tmp_path / "art")
-    k = result.manifest.capture_order
+    k, lag = result.manifest.capture_order, pipeline.LAG_KEYS
     n = len(k)
-    want = [("capture", k[0]), ("launch", k[0])] + [
-        c for i in range(1, n) for c in (("capture", k[i]), ("launch", k[i]), ("read", k[i - 1]))] + [("read", k[-1])]
+    assert n > lag + 1
+    want = [c for i in range(n) for c in (("capture", k[i]), ("launch", k[i]))
+            + ((("read", k[i - lag]),) if i >= lag else ())] + [("read", k[i]) for i in range(n - lag, n)]
     assert calls == want
 
 

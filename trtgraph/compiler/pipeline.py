@@ -14,8 +14,11 @@
    compared with it (on CUDA the device runs this while the host records the next key).
 5. Measure: median replay time on padding-only inputs (events in bulk; 2 runs, more where
    they differ by over 3%), queued after the verification; the eager time is the
-   reference's run. A key's verification and timing are read after the next key is
-   captured and launched: nothing waits on the whole queue.
+   reference's run. A key's verification and timing are read once LAG_KEYS later keys are
+   captured and launched (further timing runs, where needed, are queued then and read as
+   late again): the device works through that queue while the host records, and the host
+   waits only for work LAG_KEYS keys old (the step inputs' host staging is a ring of
+   slots for it: `StepBuffers.stage_slots`).
 6. Manifest: written atomically, only once everything above passed.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -51,6 +55,11 @@ from .verify import (LONG_STEP_MS, StepTiming, clear_kv_cache, eager_reference, 
 # this many bytes in all (the 92 keys of examples/llama-3.2-1b-synthetic.yaml: 0.4 GB); a key
 # past it runs eagerly again at its verification.
 REFERENCE_BYTES = 2 << 30
+
+# A key's verification and timing are read after this many later keys are captured and launched;
+# each key's work stages at most 3 uploads (capture, verification, timing) and a late one (further
+# timing runs), so a ring of 4 x LAG_KEYS staging slots lets no upload wait for work that recent.
+LAG_KEYS = 8
 
 # progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
 Progress = Callable[[str, GraphKey | None, int, int], None]
@@ -116,22 +125,20 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
         startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
         stats, records, timings, t1 = {}, [], [], time.perf_counter()
-        pending = None  # the key launched last, read after the next one is captured and launched
-        for i, key in enumerate(order + [None]):
-            if key is not None:
-                agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
-                stats[key] = _guard(key, "capture", lambda: ex.capture(key))
-                progress("capture", key, i + 1, len(order))
-                startup.lap("capture")
-                # under tensor parallelism no rank may add runs the others do not (their graphs all-reduce)
-                launched = _launch_verify_and_time(ex, key, i, refs.pop(key), repeats if tp.world == 1 else runs[key],
-                                                   runs[key])
-            if pending is not None:
-                record, timing = _read_verify_and_time(pending, stats[pending[0]])
-                records.append(record)
-                timings.append(timing)
-            pending = launched if key is not None else None
+        ex.buffers.stage_slots(4 * LAG_KEYS)
+        pending = deque()  # keys launched and not yet read, oldest first
+        for i, key in enumerate(order):
+            agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
+            stats[key] = _guard(key, "capture", lambda: ex.capture(key))
+            progress("capture", key, i + 1, len(order))
+            startup.lap("capture")
+            # under tensor parallelism no rank may add runs the others do not (their graphs all-reduce)
+            pending.append((_launch_verify_and_time(ex, key, i, refs.pop(key), repeats if tp.world == 1 else runs[key],
+                                                    runs[key]), False))
+            _read_due(pending, LAG_KEYS, stats, records, timings)
             startup.lap("verify_and_time")
+        _read_due(pending, 0, stats, records, timings)
+        ex.buffers.stage_slots(1)
         clear_kv_cache(ex)
         _sync(ex.device)
         verify_seconds = time.perf_counter() - t1 - sum(s.capture_seconds for s in stats.values())
@@ -221,6 +228,22 @@ def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeat
     parity = _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference))
     replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats, least))
     return key, index, parity, replay
+
+
+def _read_due(pending: deque, lag: int, stats: dict, records: list, timings: list) -> None:
+    """Read the keys launched more than `lag` keys ago (all of them at lag 0). A key whose
+    first timing runs differ by over SPREAD_OK gets its further runs queued and goes to the
+    back, read as late again (at lag 0: at once). Entries: (launched, whether requeued)."""
+    while len(pending) > lag:
+        launched, requeued = pending.popleft()
+        key, replay = launched[0], launched[3]
+        if lag and not requeued and not isinstance(replay, StepTiming) \
+                and _guard(key, "timing", replay.queue_more):
+            pending.append((launched, True))
+            continue
+        record, timing = _read_verify_and_time(launched, stats[key])
+        records.append(record)
+        timings.append(timing)
 
 
 def _read_verify_and_time(launched, stats) -> tuple[KeyRecord, StepTiming]:

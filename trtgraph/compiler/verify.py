@@ -273,6 +273,8 @@ class PendingTiming:
         self.least = max(1, min(least, repeats))
         ex.prepare(key, [])
         self._events = self._launch(self.least)
+        self._times: list[float] | None = None  # the first runs' times, once read
+        self._more: list = []  # the events of the runs queued by queue_more()
 
     def _launch(self, n: int) -> list:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
@@ -282,16 +284,22 @@ class PendingTiming:
             end.record()
         return events
 
+    def queue_more(self) -> bool:
+        """Read the first runs (waiting for them alone); where their spread is over SPREAD_OK,
+        queue the further runs without waiting for them and return True (`timing()` reads them)."""
+        if self._times is None:
+            self._times = _read(self._events)
+            first = _timing(self._times)
+            done = len(self._times)
+            more = min(self.repeats - done, int(self.budget_ms / max(first.median_ms, 1e-3)) - done)
+            if first.spread > SPREAD_OK and more > 0:
+                self.ex.prepare(self.key, [])  # other keys may have run since
+                self._more = self._launch(more)
+        return bool(self._more)
+
     def timing(self) -> StepTiming:
-        times = _read(self._events)
-        first = _timing(times)
-        if first.spread <= SPREAD_OK:
-            return first
-        more = min(self.repeats - len(times), int(self.budget_ms / max(first.median_ms, 1e-3)) - len(times))
-        if more > 0:
-            self.ex.prepare(self.key, [])  # other keys may have run since
-            times += _read(self._launch(more))
-        return _timing(times)
+        self.queue_more()
+        return _timing(self._times + (_read(self._more) if self._more else []))
 
 
 def launch_timing(ex: Executor, key: GraphKey, repeats: int, least: int = MIN_REPEATS) -> "PendingTiming | StepTiming":

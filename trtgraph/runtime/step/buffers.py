@@ -3,8 +3,11 @@
 Every graph reads its inputs from views at offset 0 of these tensors. All per-step integer
 metadata lives in one int64 tensor (`ints`) and the float sampling parameters in one fp32
 tensor (`floats`), each with a host staging twin (pinned on CUDA), so a step's inputs
-cross to the device in two copies. `dev` and `host` name every field (`StepFields`, views
-made once). `next_tokens` holds the last step's drawn tokens on the device, where the
+cross to the device in two copies. The staging is one slot (the runtime), or a ring of slots
+(`stage_slots`: the capture, whose verification and timing runs queue many steps ahead of the
+device): each upload leaves from the next slot, which starts as a copy of the last, so a write
+waits only for the upload that slot made a ring ago. `dev` and `host` name every field
+(`StepFields`, views made once). `next_tokens` holds the last step's drawn tokens on the device, where the
 steady-state fast path gathers the next inputs from: inside the decode keys' graphs, driven by
 `control` (FRESH / ADVANCE / AS_IS) and the staged `new_blocks` (kernels/advance.py).
 
@@ -117,16 +120,15 @@ class StepBuffers:
             setattr(self, group, torch.zeros(ends[group], dtype=dtype, device=self.device))
             setattr(self, group + "_host", torch.zeros(ends[group], dtype=dtype, pin_memory=pin))
 
-        def views(suffix: str) -> dict:
-            return {n: getattr(self, g + suffix)[o:o + math.prod(shape)].view(shape)
-                    for n, (g, o, shape) in spans.items()}
-
-        self.dev = StepFields(**views(""))
-        self.host = StepFields(**{n: t.numpy() for n, t in views("_host").items()})
+        self._spans = spans
+        self.dev = StepFields(**self._views(self.ints, self.floats))
+        self.host = self._host_fields(self.ints_host, self.floats_host)
         self.next_tokens = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
         self.accepted = torch.zeros(self.max_seqs, dtype=torch.int64, device=self.device)
         self.new_blocks = torch.zeros(1 + 3 * self.max_seqs, dtype=torch.int64, device=self.device)
         self._uploaded = torch.cuda.Event() if pin else None
+        self._ring: list[tuple] = []  # (ints_host, floats_host, host, uploaded) per slot; empty: one slot
+        self._turn = 0
         self.scratch_slot = self.num_slots
         S, dev = self.num_slots + 1, self.device
         self.state = {
@@ -137,6 +139,13 @@ class StepBuffers:
             "logprob_values": torch.zeros(self.max_rows, 1 + MAX_LOGPROBS, dtype=torch.float32, device=dev),
             "logprob_ids": torch.zeros(self.max_rows, MAX_LOGPROBS, dtype=torch.int64, device=dev),
         }
+
+    def _views(self, ints: torch.Tensor, floats: torch.Tensor) -> dict:
+        groups = {"ints": ints, "floats": floats}
+        return {n: groups[g][o:o + math.prod(shape)].view(shape) for n, (g, o, shape) in self._spans.items()}
+
+    def _host_fields(self, ints: torch.Tensor, floats: torch.Tensor) -> StepFields:
+        return StepFields(**{n: t.numpy() for n, t in self._views(ints, floats).items()})
 
     def write_slot(self, slot: int, logit_bias: tuple, stop_ids: list[int]) -> None:
         """A sequence's logit_bias and min_tokens stop ids, when it enters `slot` (small copies,
@@ -152,9 +161,31 @@ class StepBuffers:
         self.state["stop_ids"][slot].copy_(stops)
 
     # ---- the full path's upload ----------------------------------------------------
+    def stage_slots(self, n: int) -> None:
+        """A ring of `n` host staging slots (the current one first, the others pinned alike):
+        `staging_ready` moves to the next slot, waits only for the upload that slot made
+        `n` uploads ago, and copies the last slot's values into it (what a writer finds there is
+        what one slot would hold: the last step's values, written over in part)."""
+        pin = self.device.type == "cuda"
+        self._ring = [(self.ints_host, self.floats_host, self.host, self._uploaded)]
+        for _ in range(n - 1):
+            ints, floats = (torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin)
+                            for t in (self.ints_host, self.floats_host))
+            self._ring.append((ints, floats, self._host_fields(ints, floats), torch.cuda.Event() if pin else None))
+        self._turn = 0
+
     def staging_ready(self) -> None:
-        """Wait until the last upload has left the host staging, so it can be rewritten."""
-        if self._uploaded is not None:
+        """Wait until the host staging may be rewritten: the last upload has left it (one
+        slot), or the next slot of the ring is free, with the last slot's values copied in."""
+        if len(self._ring) > 1:
+            last = self.ints_host, self.floats_host
+            self._turn = (self._turn + 1) % len(self._ring)
+            self.ints_host, self.floats_host, self.host, self._uploaded = self._ring[self._turn]
+            if self._uploaded is not None:
+                self._uploaded.synchronize()
+            self.ints_host.numpy()[:] = last[0].numpy()
+            self.floats_host.numpy()[:] = last[1].numpy()
+        elif self._uploaded is not None:
             self._uploaded.synchronize()
 
     def upload(self) -> None:
