@@ -35,6 +35,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trtgraph.runtime.serving import engine as engine_module
 from trtgraph.runtime.serving.engine import Engine
 from trtgraph.runtime.serving.launcher import StepLauncher
 from trtgraph.runtime.serving.scheduler import Scheduler
@@ -312,9 +313,13 @@ def test_rows_changing_steps_are_formed_while_a_step_runs(engine):
     them only after reading the step before (pipeline_changes False)."""
     rows, block = engine.scheduler.plan.max_batch_size, engine.executor.block_size
     reqs = _mixed(rows, block, ignore_eos=True)
-    before, steps_before = _served(engine, reqs, pipeline=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine_module, "ADMIT_SLICE", 0)
+        before, steps_before = _served(engine, reqs, pipeline=False)
     launched_idle = []
     with pytest.MonkeyPatch.context() as mp:
+        # admitted only as rows free up (no slices): rows finish while others wait to be admitted
+        mp.setattr(engine_module, "ADMIT_SLICE", 0)
         watch = SyncWatch(engine, mp)
         launch = StepLauncher.launch
 

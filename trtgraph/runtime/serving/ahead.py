@@ -72,19 +72,21 @@ class LaunchAhead:
             self._probe = rows
         return True
 
-    def form_ahead(self, step: ScheduledStep) -> ScheduledStep | None:
+    def form_ahead(self, step: ScheduledStep, top_up=None) -> ScheduledStep | None:
         """`step` is launched, its tokens not read, and `extend_decode` found no step to repeat:
         the step `schedule` would hand out once `step` is read, formed now (module doc), or
         None where it needs those tokens (a drafting batch, a verify step) or blocks would run
-        out (no preemption while a step is in flight). Nothing after it is chained."""
+        out (no preemption while a step is in flight). Nothing after it is chained. top_up: the
+        engine's admission of submitted requests up to the free rows, called once the rows that
+        end in `step` are retired (their rows count as free, as after `step` is read)."""
         if not self.fast_path or step.settled or step.drafts is not None \
                 or (self.drafter is not None and not self.speculation.may_run_ahead()):
             return None
         if step.is_prefill:
             return self._decode_after_prefill(step, partial=True)
-        return self._after_decode(step)
+        return self._after_decode(step, top_up)
 
-    def _after_decode(self, step: ScheduledStep) -> ScheduledStep | None:
+    def _after_decode(self, step: ScheduledStep, top_up=None) -> ScheduledStep | None:
         """After the decode step `step` (in flight): the prefill step over rows still in their
         prompts and the waiting requests there is room for, else the decode step over the rows
         left (`step`'s rows gathered). `schedule` after `step` is read would form the same one,
@@ -95,7 +97,8 @@ class LaunchAhead:
         if sum(max(blocks_for_tokens(s.num_computed + s.num_pending, bs) - len(s.block_table), 0)
                for s in in_prompt) > free:
             return None
-        self._retire_ending(step)
+        if self._retire_ending(step) and top_up is not None:
+            top_up()
         nxt = self._prefill_step()
         if nxt is not None:
             self._after_prefill = True
@@ -132,16 +135,19 @@ class LaunchAhead:
             nxt.gather = []
         return nxt
 
-    def _retire_ending(self, step: ScheduledStep) -> None:
+    def _retire_ending(self, step: ScheduledStep) -> int:
         """Free the blocks and slots of `step`'s rows whose token drawn there is their last by
         max_tokens (as `retire_ahead` does for a whole step): the step formed next counts their
-        room. The device runs `step` before anything launched after it."""
+        room. The device runs `step` before anything launched after it. How many it retired."""
+        retired = 0
         for seq in step.seqs:
             if not seq.finished and not seq.retired and seq.request.n == 1 \
                     and len(seq.all_ids) - len(seq.prompt_ids) + 1 >= seq.request.max_tokens:
                 self._release(seq)
                 seq.retired = True
                 self._retired.add(seq)
+                retired += 1
+        return retired
 
     def _decode_after_prefill(self, step: ScheduledStep, partial: bool = False) -> ScheduledStep | None:
         """The decode step over every running sequence, formed while `step` (a prefill) runs:

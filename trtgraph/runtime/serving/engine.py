@@ -201,7 +201,7 @@ class Engine:
                         # The rows change (some finish, requests are admitted, prompts go on in
                         # chunks): the step the scheduler would form after this one is read,
                         # formed now where it needs none of its tokens (scheduler.form_ahead).
-                        ahead = self.scheduler.form_ahead(f.step)
+                        ahead = self.scheduler.form_ahead(f.step, self._top_up)
                         if ahead is not None:
                             self._flight.append(self.launcher.launch(ahead, self.stats))
             self._admit_slice()  # while the device runs what was just launched
