@@ -25,6 +25,10 @@ the machine gave other processes is not counted either. It prints where that dev
 step that waited, and before the first / after the last step: the host's critical path, measured
 with this CPU's host times. On a GPU: --manifest ART --prompts FILE.jsonl runs a
 captured manifest instead and reports tokens/s, step time and GPU idle per step too.
+--mixed N (with --timeline or --manifest): N requests of the bench's mixed workload instead, the
+idle keyed by transition (the kind of the step before -> the waiting step's kind);
+--no-pipeline: the engine forms steps where the rows change only after reading the step before
+them (Engine.pipeline_changes False: the A/B of Scheduler.form_ahead).
 """
 
 from __future__ import annotations
