@@ -25,6 +25,10 @@ the machine gave other processes is not counted either. It prints where that dev
 step that waited, and before the first / after the last step: the host's critical path, measured
 with this CPU's host times. On a GPU: --manifest ART --prompts FILE.jsonl runs a
 captured manifest instead and reports tokens/s, step time and GPU idle per step too.
+--mixed N (with --timeline or --manifest): N requests of the bench's mixed workload instead, the
+idle keyed by transition (the kind of the step before -> the waiting step's kind);
+--no-pipeline: the engine forms steps where the rows change only after reading the step before
+them (Engine.pipeline_changes False: the A/B of Scheduler.form_ahead).
 """
 
 from __future__ import annotations
@@ -120,10 +124,11 @@ def cpu(rows: int, prompt: int, out: int, repeats: int) -> None:
     report(best, "the tiny model on the CPU; not host work")
 
 
-def gaps(engine: Engine, prompts: list[dict]) -> None:
+def gaps(engine: Engine, prompts: list[dict], transitions: bool = False) -> None:
     """The GPU's idle time between consecutive steps (end event of one, begin event of the
-    next), by the kind of the step that waited: the timeline of where the device waits. Read
-    when each step is waited for (the launcher's events are a ring reused a few launches later)."""
+    next), by the kind of the step that waited (transitions: by the kind of the step before it
+    and its own): the timeline of where the device waits. Read when each step is waited for (the
+    launcher's events are a ring reused a few launches later)."""
     per: dict[str, list[float]] = defaultdict(list)
     wait, launch, start_run = StepLauncher.wait, StepLauncher.launch, Engine.start_run
     last_end = []  # the end event of the step waited for before
@@ -144,9 +149,11 @@ def gaps(engine: Engine, prompts: list[dict]) -> None:
         host["last"] = time.perf_counter()
         kind = "fast" if f.step.repeats else ("prefill" if f.step.is_prefill else "full decode")
         kind += " (gathered)" if getattr(f.step, "gather", None) else ""
+        kind += " (verify)" if f.step.drafts is not None else ""
         if last_end:
-            per[kind].append(1e3 * last_end[0].elapsed_time(f.events[0]))
-        last_end[:] = [f.events[1]]
+            per[f"{last_end[1]} -> {kind}" if transitions else kind].append(
+                1e3 * last_end[0].elapsed_time(f.events[0]))
+        last_end[:] = [f.events[1], kind]
         return out
 
     StepLauncher.wait, StepLauncher.launch, Engine.start_run = recorded, launched, started
@@ -182,6 +189,8 @@ class VirtualDevice:
         self.upload_done = 0.0  # when the last full-path upload has left the host staging
         self.idle: dict[str, list[float]] = defaultdict(list)
         self.first_start = self.start = None
+        self.transitions = False  # key the idle by (the step before's kind -> this step's kind)
+        self.last_kind = "start"
 
     def now(self) -> float:
         return CLOCK() - self.skip
@@ -207,6 +216,8 @@ class VirtualDevice:
             start = max(t, dev.end) if dev.ends else t
             kind = "fast" if step.repeats else ("prefill" if step.is_prefill else "full decode")
             kind += " (gathered)" if step.gather else ""
+            kind += " (verify)" if step.drafts is not None else ""
+            kind, dev.last_kind = (f"{dev.last_kind} -> {kind}" if dev.transitions else kind), kind
             if dev.ends:
                 dev.idle[kind].append(start - dev.end)
             else:
@@ -243,25 +254,40 @@ class VirtualDevice:
         mp.setattr(StepBuffers, "staging_ready", staging_ready)
 
 
-def timeline(n: int, prompt: int, out: int, decode_ms: float, prefill_tps: float, repeats: int) -> None:
-    """The H200 workload's step sequence on the CPU with a virtual device (module doc)."""
+def timeline(n: int, prompt: int, out: int, decode_ms: float, prefill_tps: float, repeats: int,
+             mixed: bool = False, pipeline: bool = True) -> None:
+    """The H200 workload's step sequence on the CPU with a virtual device (module doc). mixed:
+    the bench's mixed workload instead (N requests, prompts 8-1,500, outputs 16-256, a third
+    sampled; the example config's chunk sizes 64, 256, 512), the idle keyed by transition."""
     import pytest
 
     torch.set_num_threads(1)
     d = Config.default().to_dict()
     d["device"] = "cpu"
-    d["limits"].update(max_batch_size=64, max_seq_len=prompt + out + 16, max_num_tokens=4096)
-    d["buckets"].update(sampling=["greedy"], chunk_sizes=[64], batch_sizes=[1, 2, 4, 8, 16, 32, 48, 64],
-                        context_batch_sizes=[64])
+    if mixed:
+        d["limits"].update(max_batch_size=64, max_seq_len=2048, max_num_tokens=8192)
+        d["buckets"].update(sampling=["greedy", "sampled"], chunk_sizes=[64, 256, 512],
+                            batch_sizes=[1, 2, 4, 8, 16, 32, 48, 64], context_batch_sizes="auto")
+    else:
+        d["limits"].update(max_batch_size=64, max_seq_len=prompt + out + 16, max_num_tokens=4096)
+        d["buckets"].update(sampling=["greedy"], chunk_sizes=[64], batch_sizes=[1, 2, 4, 8, 16, 32, 48, 64],
+                            context_batch_sizes=[64])
     art = tempfile.mkdtemp(prefix="host-step-")
     capture(Config.from_dict(d, source="host_step --timeline"), art)
     engine = Engine(art)
-    prompts = [{"id": f"p{i}", "prompt_token_ids": [(7 * i + j) % 300 + 3 for j in range(prompt)],
-                "max_tokens": out, "ignore_eos": True} for i in range(n)]
+    engine.pipeline_changes = pipeline
+    if mixed:
+        from trtgraph.bench import mixed_prompts
+
+        prompts = mixed_prompts(n, engine.executor.loaded.config.vocab_size, 2048, sampled=True)
+    else:
+        prompts = [{"id": f"p{i}", "prompt_token_ids": [(7 * i + j) % 300 + 3 for j in range(prompt)],
+                    "max_tokens": out, "ignore_eos": True} for i in range(n)]
     list(engine.generate(prompts))  # warm
     runs = []
     for _ in range(repeats):
         dev = VirtualDevice(decode_ms, prefill_tps)
+        dev.transitions = mixed
         with pytest.MonkeyPatch.context() as mp:
             dev.patch(mp)
             t0 = dev.now()
@@ -271,7 +297,8 @@ def timeline(n: int, prompt: int, out: int, decode_ms: float, prefill_tps: float
         runs.append((inside + (dev.first_start - dev.run_start) + (t1 - dev.end), dev, t0, t1))
     total, dev, t0, t1 = min(runs, key=lambda r: r[0])
     steps = len(dev.steps)
-    print(f"{n} x ({prompt} in, {out} out), 64 rows, greedy, {steps} steps; virtual device: decode {decode_ms} ms, "
+    what = "mixed (prompts 8-1500, outputs 16-256, a third sampled)" if mixed else f"({prompt} in, {out} out), greedy"
+    print(f"{n} x {what}, 64 rows, {steps} steps; virtual device: decode {decode_ms} ms, "
           f"prefill {prefill_tps:.0f} tokens/s; host times of this CPU; best of {repeats}:")
     print(f"  device idle {total / 1e3 / steps:.1f} µs per step ({total / 1e6:.2f} ms in all)")
     for k, v in sorted(dev.idle.items()):
@@ -303,28 +330,45 @@ def bound_lines(engine: Engine, run: dict) -> list[str]:
     return lines
 
 
-def gpu(manifest: str, prompt_file: str, repeats: int, dump: str | None) -> None:
+def gpu(manifest: str, prompt_file: str | None, repeats: int, dump: str | None, mixed: int = 0,
+        pipeline: bool = True) -> None:
     """A captured manifest on CUDA: the run's tokens/s, step time and GPU idle per step
-    (gpu_timing), best of `repeats` untimed runs; then the phases (timed runs)."""
+    (gpu_timing), best of `repeats` untimed runs; then the phases (timed runs). mixed: that
+    many requests of the bench's mixed workload instead of a prompt file (the idle by
+    transition). pipeline False: the engine forms a rows-changing step only after reading the
+    step before it (Engine.pipeline_changes: the before of this branch, same tree)."""
     engine = Engine(manifest)
-    prompts = [json.loads(line) for line in open(prompt_file) if line.strip()]
-    warm = {r.id: r.token_ids for r in engine.generate(prompts)}
+    if hasattr(engine, "pipeline_changes"):
+        engine.pipeline_changes = pipeline
+    if mixed:
+        from trtgraph.bench import mixed_prompts
+
+        ex = engine.executor
+        prompts = mixed_prompts(mixed, ex.loaded.config.vocab_size, ex.config.limits.max_seq_len,
+                                sampled=any(k.sampling != "greedy" for k in ex.plan.keys))
+    else:
+        prompts = [json.loads(line) for line in open(prompt_file) if line.strip()]
+    runs, tokens = [], None
+    if not mixed:  # (mixed: the first timed run is the warm one too; its tokens are dumped)
+        tokens = {r.id: r.token_ids for r in engine.generate(prompts)}
+    for _ in range(repeats):
+        out = {r.id: r.token_ids for r in engine.generate(prompts, gpu_timing=True)}
+        tokens = tokens or out
+        runs.append(engine.stats.to_json())
     if dump:
         with open(dump, "w") as f:
-            json.dump(warm, f)
-    runs = []
-    for _ in range(repeats):
-        list(engine.generate(prompts, gpu_timing=True))
-        runs.append(engine.stats.to_json())
+            json.dump(tokens, f)
     best = max(runs, key=lambda r: r["tokens_per_second"])
     keep = ("tokens_per_second", "seconds", "steps", "fast_path_steps", "gpu_idle_per_step_us", "gpu_busy_seconds",
-            "completion_tokens")
+            "completion_tokens", "padding_waste_pct", "prompt_tokens")
     print(json.dumps({k: best[k] for k in keep if k in best}))
     print("mean step ms", round(1e3 * best["seconds"] / best["steps"], 3),
           "busy ms/step", round(1e3 * best.get("gpu_busy_seconds", 0) / best["steps"], 3))
     for line in bound_lines(engine, best):
         print(line)
-    gaps(engine, prompts)
+    gaps(engine, prompts, transitions=bool(mixed))
+    if mixed:  # (no phase timing: the mixed runs are long)
+        return
     ph, steps = phases(engine, prompts, repeats)
     print(f"{len(prompts)} prompts, {steps} steps; host µs per step (timed runs, best of {repeats}):")
     report(ph, "replay enqueue (and the CUDA launch)")
@@ -340,12 +384,17 @@ if __name__ == "__main__":
     a.add_argument("--prompts", help="with --manifest: a JSONL of native requests")
     a.add_argument("--dump", help="with --manifest: write the first run's token ids by request id here (JSON)")
     a.add_argument("--timeline", type=int, metavar="N", help="N requests on the CPU with a virtual device")
+    a.add_argument("--mixed", type=int, default=0, metavar="N",
+                   help="with --timeline or --manifest: N requests of the bench's mixed workload")
+    a.add_argument("--no-pipeline", action="store_true",
+                   help="form rows-changing steps after reading the step before them (A/B)")
     a.add_argument("--decode-ms", type=float, default=1.457, help="with --timeline: a decode step's device time")
     a.add_argument("--prefill-tps", type=float, default=257000, help="with --timeline: prefill tokens per second")
     o = a.parse_args()
     if o.timeline:
-        timeline(o.timeline, o.prompt, o.out, o.decode_ms, o.prefill_tps, o.repeats)
+        timeline(o.mixed or o.timeline, o.prompt, o.out, o.decode_ms, o.prefill_tps, o.repeats, bool(o.mixed),
+                 not o.no_pipeline)
     elif o.manifest:
-        gpu(o.manifest, o.prompts, o.repeats, o.dump)
+        gpu(o.manifest, o.prompts, o.repeats, o.dump, o.mixed, not o.no_pipeline)
     else:
         cpu(o.rows, o.prompt, o.out, o.repeats)

@@ -19,9 +19,14 @@ different steps and cross KV block boundaries:
 Over whole waves (`test_waves_admission_and_block_boundaries_keep_the_device_busy`) every
 launch after the first is made while a step is in flight: the next wave's first step goes with
 the last step of the wave before, two ahead, and requests are admitted while steps run.
-Not pipelined yet, so not claimed: a step that admits a request while some rows still decode,
-the step after the rows changed because some (not all) finished, and a prefill step after one
-whose rows draw are formed after the host has read the step before them.
+Where the rows change (`test_rows_changing_steps_are_formed_while_a_step_runs`: requests of
+many lengths, more than the batch holds) every launch after the first is made while a step is
+in flight too: the prefill chunk after a decode step whose rows draw (admitting waiting
+requests), the decode step after a prefill while other rows are still in their prompts, the
+decode step after some rows finished; the steps and tokens are those of the engine forming
+them after the read (`Engine.pipeline_changes` False), rows that stop early included.
+Not pipelined, so not claimed: the step after a verify step (its rows' accepted counts) and a
+step formed where blocks would run out (no preemption while a step is in flight).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trtgraph.runtime.serving import engine as engine_module
 from trtgraph.runtime.serving.engine import Engine
 from trtgraph.runtime.serving.launcher import StepLauncher
 from trtgraph.runtime.serving.scheduler import Scheduler
@@ -268,3 +274,118 @@ def test_waves_admission_and_block_boundaries_keep_the_device_busy(engine):
     for first in prefills[2::2]:
         i = launches.index(first)
         assert where[("launch", id(first))] < where[("wait", id(launches[i - 2]))]
+
+
+def _mixed(rows: int, block: int, ignore_eos: bool) -> list[dict]:
+    """More requests than rows; prompts of 3 to 150 tokens (several prefill chunks), outputs of
+    2 to 40 (rows finish at different steps and cross KV blocks), every third one sampled."""
+    return [{"id": f"x{i}", "prompt_token_ids": [(11 * i + j) % 300 + 3 for j in range(3 + (37 * i) % 148)],
+             "max_tokens": 2 + (13 * i) % 39, "ignore_eos": ignore_eos,
+             **({"temperature": 0.8, "seed": i} if i % 3 == 0 else {})} for i in range(3 * rows + 2)]
+
+
+def _served(engine: Engine, reqs: list[dict], pipeline: bool, mp: pytest.MonkeyPatch | None = None):
+    """(token ids by request, the launches as (key, rows' request ids, tokens each feeds)) of one run."""
+    engine.pipeline_changes = pipeline
+    try:
+        steps = []
+        launch = StepLauncher.launch
+
+        def launched(launcher, step, stats):
+            steps.append((step.key, tuple(s.request.id for s in step.seqs), tuple(step.num_new)))
+            return launch(launcher, step, stats)
+
+        with pytest.MonkeyPatch.context() as own:
+            own.setattr(StepLauncher, "launch", launched)
+            out = {r.id: r.token_ids for r in engine.generate(reqs)}
+        return out, steps
+    finally:
+        engine.pipeline_changes = True
+
+
+def test_rows_changing_steps_are_formed_while_a_step_runs(engine):
+    """Issue 14 item 1 where the rows change: a prefill chunk after a decode step whose rows
+    draw, the admission of waiting requests while other rows decode, the decode step after a
+    prefill while other rows are still in their prompts, the decode step after some (not all)
+    rows finished: each is formed and launched while the step before it runs (the device always
+    has the next step queued), with one synchronisation per step (the token read-back) and no
+    other read of device data. The steps and every token are those of the engine that forms
+    them only after reading the step before (pipeline_changes False)."""
+    rows, block = engine.scheduler.plan.max_batch_size, engine.executor.block_size
+    reqs = _mixed(rows, block, ignore_eos=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine_module, "ADMIT_SLICE", 0)
+        before, steps_before = _served(engine, reqs, pipeline=False)
+    launched_idle = []
+    with pytest.MonkeyPatch.context() as mp:
+        # admitted only as rows free up (no slices): rows finish while others wait to be admitted
+        mp.setattr(engine_module, "ADMIT_SLICE", 0)
+        watch = SyncWatch(engine, mp)
+        launch = StepLauncher.launch
+
+        def launched(launcher, step, stats):
+            if not watch.in_flight and watch.log:
+                launched_idle.append(step)
+            return launch(launcher, step, stats)
+
+        mp.setattr(StepLauncher, "launch", launched)  # inside SyncWatch's wrapper: sees in_flight before it
+        after, steps_after = _served(engine, reqs, pipeline=True)
+    assert after == before and len(after) == len(reqs)
+    assert steps_after == steps_before, "forming ahead changed the steps"
+    assert not watch.stray, watch.stray[:5]
+    launches = [s for what, s in watch.log if what == "launch"]
+    waits = [s for what, s in watch.log if what == "wait"]
+    assert len(launches) == len(waits) == engine.stats.steps
+    assert watch.staging_behind_running_work == 0
+    assert not launched_idle, [(s.key, len(s.seqs)) for s in launched_idle]
+    # the transitions this workload has, each launched while the step before it ran
+    kinds, seen = set(), set()
+    for a, b in zip(launches, launches[1:]):
+        seen |= {id(s) for s in a.seqs}
+        if not a.is_prefill and b.is_prefill and any(id(s) not in seen for s in b.seqs):
+            kinds.add("admission while decoding")
+        if a.is_prefill and b.gather and {id(s) for s in a.seqs} - {id(s) for s in b.seqs}:
+            kinds.add("decode after a prefill, other rows in their prompts")
+        if not a.is_prefill and not b.is_prefill and b.gather and len(b.seqs) < len(a.seqs):
+            kinds.add("decode after some rows finished")
+    assert kinds == {"admission while decoding", "decode after a prefill, other rows in their prompts",
+                     "decode after some rows finished"}, kinds
+
+
+def test_rows_that_stop_early_under_steps_formed_ahead(engine):
+    """A row that stops at a stop id is known only when its step is read: the step formed
+    ahead of that read carries it (its row wasted), and every request's tokens and finish
+    reason are still those of the engine that forms steps only after reading (the stop ids are
+    tokens the requests draw half-way through their outputs, or first)."""
+    rows, block = engine.scheduler.plan.max_batch_size, engine.executor.block_size
+    reqs = _mixed(rows, block, ignore_eos=False)
+    first, _ = _served(engine, reqs, pipeline=True)
+    for i, r in enumerate(reqs):
+        out = first[r["id"]]
+        if i % 2 and len(out) > 4:
+            r["stop"] = [out[len(out) // 2]]
+        elif i % 4 == 2:  # its first token: it stops in its prefill, under a decode step formed ahead
+            r["stop"] = [out[0]]
+    engine.pipeline_changes = False
+    try:
+        before = {r.id: (r.token_ids, r.finish_reason) for r in engine.generate(reqs)}
+    finally:
+        engine.pipeline_changes = True
+    carried = []  # steps formed ahead that, when read, held a row which had stopped before them
+    with pytest.MonkeyPatch.context() as mp:
+        watch = SyncWatch(engine, mp)
+        wait = StepLauncher.wait
+
+        def waited(launcher, f, stats):
+            if f.step.gather and any(s.finished for s in f.step.seqs):
+                carried.append(f.step)
+            return wait(launcher, f, stats)
+
+        mp.setattr(StepLauncher, "wait", waited)
+        after = {r.id: (r.token_ids, r.finish_reason) for r in engine.generate(reqs)}
+    stopped = [k for k, (_, reason) in after.items() if reason == "stop"]
+    assert len(stopped) >= rows, stopped
+    assert after == before
+    assert not watch.stray, watch.stray[:5]
+    assert watch.staging_behind_running_work == 0
+    assert carried, "no step formed ahead carried a row that had stopped"

@@ -7,7 +7,16 @@ methods (`LaunchAhead`):
   device);
 - `retire_ahead`: every row of the running step ends with it: free their blocks and slots at
   launch, so the next wave can be launched while it runs;
-- `settle_ahead`: no row draws in the running prefill step: account it at launch.
+- `settle_ahead`: no row draws in the running prefill step: account it at launch;
+- `form_ahead`: where the rows change, the step `schedule` would form next, formed from what
+  is known before the running step's tokens are read: after a decode step, the next prefill
+  chunk (prompt tokens: admission of waiting requests included; rows whose max_tokens-th token
+  the running step draws are retired first, so their room and blocks count), or the decode
+  step over the rows left (their tokens gathered on the device); after a prefill step, the
+  decode step over the rows that are ready then (those that draw in it gathered), while other
+  rows are still in their prompts. A row that stops early (a stop id or EOS) in the running
+  step is known only when it is read: the step formed ahead carries it (its row wasted) and
+  its room counts from the step after.
 """
 
 from __future__ import annotations
@@ -63,39 +72,113 @@ class LaunchAhead:
             self._probe = rows
         return True
 
-    def _decode_after_prefill(self, step: ScheduledStep) -> ScheduledStep | None:
-        """The decode step over every running sequence, formed while `step` (a prefill) runs:
-        where every row of `step` draws its first token there and every other running row is
-        decoding. The rows of `step` take their input from its drawn tokens on the device
-        (`gather`). With a drafter too, when the batch does not draft (the policy probes the new
-        rows at the step after this one, `_plain_next`). None when it cannot be (a row still in
-        its prompt, n > 1, a drafting batch, too many rows or too few blocks)."""
-        if (self.drafter is not None and not self.speculation.may_run_ahead()) or step.settled \
-                or len(self.running) > self.max_decode_batch:
+    def form_ahead(self, step: ScheduledStep, top_up=None) -> ScheduledStep | None:
+        """`step` is launched, its tokens not read, and `extend_decode` found no step to repeat:
+        the step `schedule` would hand out once `step` is read, formed now (module doc), or
+        None where it needs those tokens (a drafting batch, a verify step) or blocks would run
+        out (no preemption while a step is in flight). Nothing after it is chained. top_up: the
+        engine's admission of submitted requests up to the free rows, called once the rows that
+        end in `step` are retired (their rows count as free, as after `step` is read)."""
+        if not self.fast_path or step.settled or step.drafts is not None \
+                or (self.drafter is not None and not self.speculation.may_run_ahead()):
+            return None
+        if step.is_prefill:
+            return self._decode_after_prefill(step, partial=True)
+        return self._after_decode(step, top_up)
+
+    def _after_decode(self, step: ScheduledStep, top_up=None) -> ScheduledStep | None:
+        """After the decode step `step` (in flight): the prefill step over rows still in their
+        prompts and the waiting requests there is room for, else the decode step over the rows
+        left (`step`'s rows gathered). `schedule` after `step` is read would form the same one,
+        but for rows that stop early in `step` (module doc)."""
+        bs, free = self.block_size, self.allocator.num_free
+        in_prompt = [s for s in self.running if s.num_pending > 1]
+        # their reservations may preempt (schedule's _reserve): not while a step is in flight
+        if sum(max(blocks_for_tokens(s.num_computed + s.num_pending, bs) - len(s.block_table), 0)
+               for s in in_prompt) > free:
+            return None
+        if self._retire_ending(step) and top_up is not None:
+            top_up()
+        nxt = self._prefill_step()
+        if nxt is not None:
+            self._after_prefill = True
+            return self._handed_out(nxt)
+        rows = list(self.running)
+        if not rows or len(rows) > self.max_decode_batch:
             return None
         of = {id(s): i for i, s in enumerate(step.seqs)}
-        positions = []  # the position each running row feeds next
-        for seq in self.running:
-            i = of.get(id(seq))
-            if i is None and seq.num_pending != 1:
-                return None
-            if i is not None and (seq.num_computed + step.num_new[i] != len(seq.all_ids) or seq.request.n > 1
-                                  or seq.request.max_tokens <= 1):
-                return None
-            positions.append(len(seq.all_ids) if i is not None else seq.num_computed)
-        need = [blocks_for_tokens(p + 1, self.block_size) - len(s.block_table) for s, p in zip(self.running, positions)]
-        if not self.running or sum(n for n in need if n > 0) > self.allocator.num_free:
+        return self._gathered_decode(rows, [len(s.all_ids) if id(s) in of else s.num_computed for s in rows], of,
+                                     probe=True)
+
+    def _gathered_decode(self, rows: list[Sequence], positions: list[int], of: dict[int, int],
+                         probe: bool = False) -> ScheduledStep | None:
+        """The decode step over `rows` (each feeding the token at its position), launched before
+        the step whose rows `of` indexes (by id) is read: those rows' tokens are gathered from
+        its drawn tokens on the device. Reserves each row's block for its position; None when
+        the blocks would not fit, or (probe) the batch drafts next (`_plain_next`). The very
+        rows of that step again take the fast path instead (`repeats`)."""
+        need = [blocks_for_tokens(p + 1, self.block_size) - len(s.block_table) for s, p in zip(rows, positions)]
+        if sum(n for n in need if n > 0) > self.allocator.num_free:
             return None
-        for seq, n in zip(self.running, need):
+        if probe and self.drafter is not None and not self._plain_next(rows):
+            return None
+        for seq, n in zip(rows, need):
             if n > 0:
                 seq.block_table += self.allocator.allocate(n)
-        rows = list(self.running)
         from .scheduler import ScheduledStep  # (scheduler.py imports this module)
 
         nxt = ScheduledStep(self._select(len(rows), 0, rows), rows, [1] * len(rows),
                             gather=[(r, of[id(s)]) for r, s in enumerate(rows) if id(s) in of])
         self._after_prefill = False
-        return self._handed_out(nxt)
+        nxt = self._handed_out(nxt, ahead=1 if len(nxt.gather) == len(rows) else 0)
+        if nxt.repeats:  # the very rows of that step again: the fast path advances them on the device
+            nxt.gather = []
+        return nxt
+
+    def _retire_ending(self, step: ScheduledStep) -> int:
+        """Free the blocks and slots of `step`'s rows whose token drawn there is their last by
+        max_tokens (as `retire_ahead` does for a whole step): the step formed next counts their
+        room. The device runs `step` before anything launched after it. How many it retired."""
+        retired = 0
+        for seq in step.seqs:
+            if not seq.finished and not seq.retired and seq.request.n == 1 \
+                    and len(seq.all_ids) - len(seq.prompt_ids) + 1 >= seq.request.max_tokens:
+                self._release(seq)
+                seq.retired = True
+                self._retired.add(seq)
+                retired += 1
+        return retired
+
+    def _decode_after_prefill(self, step: ScheduledStep, partial: bool = False) -> ScheduledStep | None:
+        """The decode step over every running sequence, formed while `step` (a prefill) runs:
+        where every row of `step` draws its first token there and every other running row is
+        decoding. The rows of `step` take their input from its drawn tokens on the device
+        (`gather`). With a drafter too, when the batch does not draft (the policy probes the new
+        rows at the step after this one, `_plain_next`). None when it cannot be (a row still in
+        its prompt, n > 1, a drafting batch, too many rows or too few blocks). partial: rows
+        still in their prompts then (in `step` or not) are left out, as `schedule` leaves them
+        out of the decode step after a prefill (`_decode_step(ready_only=True)`)."""
+        if (self.drafter is not None and not self.speculation.may_run_ahead()) or step.settled:
+            return None
+        of = {id(s): i for i, s in enumerate(step.seqs)}
+        rows, positions = [], []  # the rows and the position each feeds next
+        for seq in self.running:
+            i = of.get(id(seq))
+            if i is None and seq.num_pending != 1:
+                if partial:
+                    continue
+                return None
+            if i is not None and seq.num_computed + step.num_new[i] != len(seq.all_ids):
+                if partial:  # a prompt chunk that is not its last
+                    continue
+                return None
+            if i is not None and (seq.request.n > 1 or seq.request.max_tokens <= 1):
+                return None
+            rows.append(seq)
+            positions.append(len(seq.all_ids) if i is not None else seq.num_computed)
+        if not rows or len(rows) > self.max_decode_batch:
+            return None
+        return self._gathered_decode(rows, positions, of)
 
     def settle_ahead(self, step: ScheduledStep) -> bool:
         """`step` is launched and its tokens not read yet. When no row draws in it (prefill

@@ -84,6 +84,8 @@ class Engine:
         self._pending: deque[tuple[Request, bool, float]] = deque()
         self._pending_ids: set[str] = set()
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
+        # Form the step after a rows-changing one before reading it (form_ahead); False: after (A/B runs).
+        self.pipeline_changes = True
         startup.lap("tokenizer_and_scheduler")
 
     @property
@@ -195,6 +197,13 @@ class Engine:
                             # Every row ends with that step: the next wave's first step goes now
                             # too, so the device runs it right after, whatever the host does then.
                             self._launch_next()
+                    elif self.pipeline_changes:
+                        # The rows change (some finish, requests are admitted, prompts go on in
+                        # chunks): the step the scheduler would form after this one is read,
+                        # formed now where it needs none of its tokens (scheduler.form_ahead).
+                        ahead = self.scheduler.form_ahead(f.step, self._top_up)
+                        if ahead is not None:
+                            self._flight.append(self.launcher.launch(ahead, self.stats))
             self._admit_slice()  # while the device runs what was just launched
             outputs, self._undelivered = self._undelivered, []
             drew = self._drawn(self._flight.popleft()) if self._flight else []
