@@ -93,7 +93,6 @@ def test_cuda_runtime_replay_equals_eager_and_oracle(tmp_path):
             for i in range(20)]
     engine = Engine(tmp_path)
     captures = engine.executor.runner.num_captures
-    assert engine.executor.runner.uploads == captures > 0  # every graph uploaded when recorded
     replay = {r.id: r.token_ids for r in engine.generate(reqs)}
     assert engine.executor.runner.num_captures == captures
     assert engine.executor.num_eager_steps == 0

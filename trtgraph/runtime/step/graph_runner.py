@@ -11,8 +11,6 @@ capture raises, so nothing can be recorded once serving starts.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -24,41 +22,6 @@ from ...buckets import GraphKey
 from ...errors import CaptureError, ReplayMismatchError
 
 BACKENDS = ("cuda", "static")
-
-# Upload each graph's executable to the device when it is recorded (cuGraphUpload, queued on the
-# stream that replays it), not at its first launch: torch instantiates without uploading, and a
-# new graph's first launch costs 0.43-0.58 ms of host time (h/u7's probe, docs/performance.md),
-# which a run would pay at the first step of every key — while the device waits where that step
-# is launched after a read (a prefill after a sampled decode step, say). A module switch so that
-# scripts can measure both.
-UPLOAD_AT_RECORD = True
-
-
-@functools.cache
-def _libcuda():
-    """The driver library (whose cuGraphUpload takes the runtime's cudaGraphExec_t and
-    cudaStream_t handles as they are), or None where it cannot be loaded."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    lib.cuGraphUpload.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
-    lib.cuGraphUpload.restype = ctypes.c_int
-    return lib
-
-
-def upload(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> bool:
-    """Queue the upload of a recorded graph's executable on `stream`; False where this torch or
-    machine offers no way to (the graph then uploads at its first launch, as before)."""
-    raw = getattr(graph, "raw_cuda_graph_exec", None)
-    lib = _libcuda()
-    if raw is None or lib is None:
-        return False
-    rc = lib.cuGraphUpload(ctypes.c_void_p(raw()), ctypes.c_void_p(stream.cuda_stream))
-    if rc != 0:
-        raise CaptureError(f"cuGraphUpload of a recorded graph failed (CUresult {rc}); the device may be "
-                           f"out of memory: lower kv_cache.memory_fraction or the plan's largest keys")
-    return True
 
 
 @dataclass
@@ -97,7 +60,6 @@ class GraphRunner:
         self._graphs_alive: list = []  # CUDAGraph objects must outlive their replays
         self._cache_emptied = False
         self.num_captures = 0
-        self.uploads = 0  # graphs whose executable was uploaded when recorded (UPLOAD_AT_RECORD)
         self.replays: Counter = Counter()
 
     # ---- capture -------------------------------------------------------------------
@@ -155,8 +117,6 @@ class GraphRunner:
             finally:
                 graph.capture_end()
         torch.cuda.current_stream(self.device).wait_stream(self._stream)
-        if UPLOAD_AT_RECORD:
-            self.uploads += upload(graph, torch.cuda.current_stream(self.device))
         self._graphs_alive.append(graph)
         return outputs, torch.cuda.memory_reserved(self.device) - before, graph.replay
 
