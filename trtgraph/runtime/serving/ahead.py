@@ -16,7 +16,9 @@ methods (`LaunchAhead`):
   decode step over the rows that are ready then (those that draw in it gathered), while other
   rows are still in their prompts. A row that stops early (a stop id or EOS) in the running
   step is known only when it is read: the step formed ahead carries it (its row wasted) and
-  its room counts from the step after.
+  its room counts from the step after. A row whose running prefill chunk leaves exactly one
+  prompt token is left out of the decode step formed ahead (`schedule` after the read would
+  take it in to feed that token): it joins the decode step after (docs/design.md).
 """
 
 from __future__ import annotations
