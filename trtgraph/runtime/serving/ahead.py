@@ -14,11 +14,10 @@ methods (`LaunchAhead`):
   the running step draws are retired first, so their room and blocks count), or the decode
   step over the rows left (their tokens gathered on the device); after a prefill step, the
   decode step over the rows that are ready then (those that draw in it gathered), while other
-  rows are still in their prompts. A row that stops early (a stop id or EOS) in the running
-  step is known only when it is read: the step formed ahead carries it (its row wasted) and
-  its room counts from the step after. A row whose running prefill chunk leaves exactly one
-  prompt token is left out of the decode step formed ahead (`schedule` after the read would
-  take it in to feed that token): it joins the decode step after (docs/design.md).
+  rows are still in their prompts (and a row whose running chunk leaves it one prompt token,
+  which feeds that token there, as `schedule` would take it in after the read). A row that
+  stops early (a stop id or EOS) in the running step is known only when it is read: the step
+  formed ahead carries it (its row wasted) and its room counts from the step after.
 """
 
 from __future__ import annotations
@@ -113,12 +112,13 @@ class LaunchAhead:
                                      probe=True)
 
     def _gathered_decode(self, rows: list[Sequence], positions: list[int], of: dict[int, int],
-                         probe: bool = False) -> ScheduledStep | None:
+                         probe: bool = False, fed: dict[int, int] | None = None) -> ScheduledStep | None:
         """The decode step over `rows` (each feeding the token at its position), launched before
         the step whose rows `of` indexes (by id) is read: those rows' tokens are gathered from
         its drawn tokens on the device. Reserves each row's block for its position; None when
         the blocks would not fit, or (probe) the batch drafts next (`_plain_next`). The very
-        rows of that step again take the fast path instead (`repeats`)."""
+        rows of that step again take the fast path instead (`repeats`). fed: (by id) the prompt
+        tokens that step feeds a row before this one feeds its last (`ScheduledStep.fed_ahead`)."""
         need = [blocks_for_tokens(p + 1, self.block_size) - len(s.block_table) for s, p in zip(rows, positions)]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
             return None
@@ -130,7 +130,8 @@ class LaunchAhead:
         from .scheduler import ScheduledStep  # (scheduler.py imports this module)
 
         nxt = ScheduledStep(self._select(len(rows), 0, rows), rows, [1] * len(rows),
-                            gather=[(r, of[id(s)]) for r, s in enumerate(rows) if id(s) in of])
+                            gather=[(r, of[id(s)]) for r, s in enumerate(rows) if id(s) in of],
+                            fed_ahead=[(r, fed[id(s)]) for r, s in enumerate(rows) if fed and id(s) in fed])
         self._after_prefill = False
         nxt = self._handed_out(nxt, ahead=1 if len(nxt.gather) == len(rows) else 0)
         if nxt.repeats:  # the very rows of that step again: the fast path advances them on the device
@@ -163,24 +164,28 @@ class LaunchAhead:
         if (self.drafter is not None and not self.speculation.may_run_ahead()) or step.settled:
             return None
         of = {id(s): i for i, s in enumerate(step.seqs)}
-        rows, positions = [], []  # the rows and the position each feeds next
+        rows, positions, fed = [], [], {}  # the rows, the position each feeds next, rows fed by `step` first
         for seq in self.running:
             i = of.get(id(seq))
             if i is None and seq.num_pending != 1:
                 if partial:
                     continue
                 return None
-            if i is not None and seq.num_computed + step.num_new[i] != len(seq.all_ids):
+            left = 0 if i is None else len(seq.all_ids) - seq.num_computed - step.num_new[i]
+            if left == 1 and partial:  # its last prompt token is fed here, as `schedule` would after the read
+                fed[id(seq)] = step.num_new[i]
+            elif left != 0:
                 if partial:  # a prompt chunk that is not its last
                     continue
                 return None
             if i is not None and (seq.request.n > 1 or seq.request.max_tokens <= 1):
                 return None
             rows.append(seq)
-            positions.append(len(seq.all_ids) if i is not None else seq.num_computed)
+            positions.append(seq.num_computed + fed[id(seq)] if id(seq) in fed
+                             else len(seq.all_ids) if i is not None else seq.num_computed)
         if not rows or len(rows) > self.max_decode_batch:
             return None
-        return self._gathered_decode(rows, positions, of)
+        return self._gathered_decode(rows, positions, {k: v for k, v in of.items() if k not in fed}, fed=fed)
 
     def settle_ahead(self, step: ScheduledStep) -> bool:
         """`step` is launched and its tokens not read yet. When no row draws in it (prefill

@@ -141,6 +141,10 @@ class StepLauncher:
         for r, _ in step.gather:  # its token is the prefill's, not appended yet: gathered on the device
             row, seq = rows[r], step.seqs[r]
             row.token_ids, row.start_pos, row.counted = [0], len(seq.all_ids), True
+        for r, n in step.fed_ahead:  # its last prompt token, after the chunk the prefill before feeds it
+            row, seq = rows[r], step.seqs[r]
+            pos = seq.num_computed + n
+            row.token_ids, row.start_pos, row.counted = seq.all_ids[pos:pos + 1], pos, True
         ex.prepare(step.key, rows, step.gather)
 
     def _masked_ids(self, seq: Sequence) -> list[int]:

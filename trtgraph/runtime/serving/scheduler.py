@@ -90,6 +90,10 @@ class ScheduledStep:
     # row of that prefill's drawn tokens) for each row whose input is that token, gathered on the
     # device; such a row's position is len(all_ids) (the token is not appended yet).
     gather: list[tuple[int, int]] = field(default_factory=list)
+    # ... and (row here, prompt tokens that prefill feeds it) for each row whose prompt has one
+    # token left after that prefill's chunk: it feeds that token here, at the position where
+    # the chunk ends (its num_computed is advanced only when the prefill is read).
+    fed_ahead: list[tuple[int, int]] = field(default_factory=list)
     settled: bool = False  # accounted when launched (no row draws in it): postprocess applies nothing
 
     @property
