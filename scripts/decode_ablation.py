@@ -31,9 +31,7 @@ a variant's two results):
   tail for steps of 2-64 rows;
 - `wide-pdl`: `light` with qkv, o and down fused up to 64 rows too (WIDE), and past 32 rows every
   fused op launched with PDL at a depth where two programs share an SM (decode_linear._WIDE_PDL);
-  `wide-light`: the same WIDE shapes without that;
-- `tile64`: `light` with the shapes of decode_tuned.TUNED_WIDE fused up to 64 rows, each on its own
-  config for 64-row tiles (scripts/tune_wide.py); `tile64-<op>`: one shape at a time.
+  `wide-light`: the same WIDE shapes without that.
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -70,15 +68,6 @@ NEW = dict(epilogue=True, wide=set(decode_tuned.WIDE), pdl=frozenset(), prefetch
 LIGHT = dict(light=set(decode_tuned.LIGHT), light_pdl=set(decode_tuned.LIGHT_PDL))
 QKV, O, DOWN = ("norm_qkv_rope", 3072, 2048), ("linear_residual", 2048, 2048), ("linear_residual", 2048, 8192)
 LM, LM_PLAIN = (128256, 2048), (128, 128, 1, 8, 3, False)  # main 81adfc0's LM head config: no PRENORM
-# `tile64`: `light` with every shape of decode_tuned.TUNED_WIDE fused up to 64 rows on its own
-# 64-row config (scripts/tune_wide.py); `tile64-<op>`: that shape alone
-_SHAPE_OPS = {(3072, 2048): QKV, (2048, 2048): O, (2048, 8192): DOWN, (16384, 2048): ("norm_gate_up_silu", 16384, 2048)}
-_TILE_NAMES = {QKV: "qkv", O: "o", DOWN: "down", ("norm_gate_up_silu", 16384, 2048): "gate_up"}
-TILE64 = {"tile64": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {_SHAPE_OPS[s] for s in decode_tuned.TUNED_WIDE},
-                     "tuned_wide": dict(decode_tuned.TUNED_WIDE), "batches": (33, 40, 48, 64)},
-          **{f"tile64-{_TILE_NAMES[_SHAPE_OPS[s]]}": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {_SHAPE_OPS[s]},
-                                                      "tuned_wide": {s: c}, "batches": (33, 40, 48, 64)}
-             for s, c in decode_tuned.TUNED_WIDE.items()}}
 VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "two_per_sm": False},
             "one-per-sm": {**NEW, "two_per_sm": False, "batches": (32, 40, 64)},
             "main81": {**NEW, "two_per_sm": False, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
@@ -102,7 +91,6 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "wide-pdl": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "wide_pdl": True,
                          "batches": (33, 40, 48, 64)},
             "wide-light": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "batches": (33, 40, 48, 64)},
-            **TILE64,
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
             "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
             "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
@@ -115,7 +103,6 @@ def install(ex, v):
     dl._TWO_PER_SM, dl._WIDE_PDL = v["two_per_sm"], v.get("wide_pdl", False)
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
-    dl._TUNED_WIDE = dict(v.get("tuned_wide", {}))
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED

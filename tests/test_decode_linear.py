@@ -181,45 +181,6 @@ def test_manifest_accepts_every_recorded_choice(monkeypatch, tmp_path):
         check_totals(v, {**totals, "fused_ops": {"norm_linear:72x48": "fused+heavy<=1"}}, [0])
 
 
-def test_wide_tier_choice_and_manifest_name(monkeypatch, tmp_path):
-    """decode_tuned.TUNED_WIDE's config is installed for a WIDE shape only with `deterministic`
-    off (one path, one rounding for every T otherwise), recorded as "+tile64" (which the manifest
-    schema accepts), and taken by steps of more than FUSED_MAX_ROWS rows only."""
-    from trtgraph.manifest_schema import FieldReader, check_totals
-
-    monkeypatch.setattr(dl, "_SLOWER", set())
-    monkeypatch.setattr(dl, "_WIDE", {("norm_linear", 72, 48)})
-    monkeypatch.setattr(dl.decode_tuned, "TUNED_WIDE", {(72, 48): (32, 16, 3, 1, 1, False, True),
-                                                         (48, 40): (16, 16, 2, 1, 1)})
-    monkeypatch.setattr(dl, "_TUNED_WIDE", {})
-    shapes = [("norm_linear", 72, 48), ("linear_residual", 48, 40)]
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    got = dl.choose_fused(shapes, {}, cuda, False, False, dtype=BF16)
-    assert got == {"norm_linear:72x48": "fused<=64+tile64", "linear_residual:48x40": "fused"}  # 48x40 not WIDE
-    assert dl._TUNED_WIDE == {(72, 48): (32, 16, 3, 1, 1, False, True)}
-    base = dl.decode_config(72, 48, cpu)
-    assert dl.decode_config(72, 48, cpu, dl.FUSED_MAX_ROWS) == base
-    assert dl.decode_config(72, 48, cpu, dl.FUSED_MAX_ROWS + 1) == dl.DecodeConfig(32, 16, 3, 1, 1, False, True)
-    check_totals(FieldReader(tmp_path / "manifest.json", "Recapture."),
-                 {"num_keys": 1, "warmup_seconds": 0.5, "capture_seconds": 0.5, "pool_bytes": 0,
-                  "largest_key_pool_bytes": 0, "fused_ops": got}, [0])
-    got = dl.choose_fused(shapes, {(72, 48): [1, 64]}, cuda, True, False, dtype=BF16)
-    assert got["norm_linear:72x48"] == "fused<=64" and dl._TUNED_WIDE == {}
-    dl.choose_fused([], {}, cpu, False, False, dtype=BF16)
-
-
-@pytest.mark.parametrize("T", [33, 64])
-def test_wide_tier_configs_match_the_references(monkeypatch, T):
-    """Steps of 33-64 rows on their own configs (split-K, stacked pairs, PRENORM; the <= 32-row
-    configs unsplit): every fused op still matches the references."""
-    tuned = {(n, k): (16, 16, 1, 1, 1) for n, k in ((72, 48), (80, 48), (48, 40), (64, 48))}
-    wide = {(72, 48): (32, 16, 3, 1, 1, False, True), (80, 48): (16, 16, 2, 1, 1, True, True),
-            (48, 40): (16, 8, 3, 1, 1), (64, 48): (32, 16, 2, 1, 1, True, True)}
-    monkeypatch.setattr(dl, "_TUNED", tuned)
-    monkeypatch.setattr(dl, "_TUNED_WIDE", wide)
-    _check_all(T, torch.float32, torch.device("cpu"), TINY, bias=T % 2 == 1, seed=T)
-
-
 def test_prenorm_row_pass_does_not_depend_on_the_rows_beside():
     """The row pass's output for row 0 is bitwise the same alone and among 40 rows."""
     g, x, nw = _inputs(40, 48, torch.float32, torch.device("cpu"))

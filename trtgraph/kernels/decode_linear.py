@@ -80,19 +80,10 @@ class DecodeConfig:
 # scripts/tune_decode_linear.py (kernels/decode_tuned.py); N counts output rows of the weight
 # (for gate_up and qkv the paired-row kernels use BLOCK_N pairs, i.e. 2 * BLOCK_N weight rows).
 _TUNED: dict[tuple[int, int], tuple] = dict(decode_tuned.TUNED)
-# Steps of more than FUSED_MAX_ROWS rows (64-row tiles) on the shapes listed here: their own
-# config (decode_tuned.TUNED_WIDE, tuned at 40 and 64 rows), installed by choose_fused only with
-# `deterministic` off — a row's reduction order then depends on whether its step has more than
-# 32 rows, as it does where the composition takes those steps.
-_TUNED_WIDE: dict[tuple[int, int], tuple] = {}
 
 
-def decode_config(n: int, k: int, device: torch.device, rows: int = 0) -> DecodeConfig:
-    """The launch configuration for a weight [n, k]: a pure function of the shape and device
-    (and, where `_TUNED_WIDE` is installed for the shape, of whether the step has more than
-    FUSED_MAX_ROWS rows)."""
-    if rows > FUSED_MAX_ROWS and (n, k) in _TUNED_WIDE:
-        return DecodeConfig(*_TUNED_WIDE[(n, k)])
+def decode_config(n: int, k: int, device: torch.device) -> DecodeConfig:
+    """The launch configuration for a weight [n, k]: a pure function of the shape and device."""
     if (n, k) in _TUNED:
         return DecodeConfig(*_TUNED[(n, k)])
     if device.type != "cuda":
@@ -131,7 +122,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     if T == 0:
         return out
     light = light_config(N_w, K) if T <= LIGHT_MAX_ROWS and (N_w, K) in _LIGHT_ON else None
-    cfg = light or decode_config(N_w, K, x.device, T)
+    cfg = light or decode_config(N_w, K, x.device)
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)  # never an empty split
@@ -350,7 +341,6 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
     manifest. Returns `installed_choice()`."""
     _CHOICE.clear()
     _LIGHT_ON.clear()
-    _TUNED_WIDE.clear()
     for op, n, k in shapes:
         ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER and dtype.itemsize == 2
               and not (qk_norm and op == "norm_qkv_rope"))
@@ -362,8 +352,6 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
         # where no step of the plan has more rows than it serves
         if ok and (n, k) in _LIGHT_TUNED and (not deterministic or most <= LIGHT_MAX_ROWS):
             _LIGHT_ON.add((n, k))
-        if ok and not deterministic and (op, n, k) in _WIDE and (n, k) in decode_tuned.TUNED_WIDE:
-            _TUNED_WIDE[(n, k)] = decode_tuned.TUNED_WIDE[(n, k)]
     from .decode_persistent import choose_tail
 
     choose_tail(_CHOICE, device, deterministic, tensor_parallel, dtype)
@@ -373,10 +361,8 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
 def installed_choice() -> dict[str, str]:
     """The installed choice as the manifest records it: "composed", "fused" (steps of <=
     FUSED_MAX_ROWS rows), or "fused<=64" for a WIDE shape, "+light<=1" where the light kernel
-    serves one row, "+tile64" where steps of more than FUSED_MAX_ROWS rows take their own config
-    (`_TUNED_WIDE`), "+tail<=64" for the persistent layer tail's three shapes, so that a manifest
-    captured when the shape was fused for fewer rows, or otherwise, is refused (Recapture) rather
-    than replayed another way."""
+    serves one row, "+tail<=64" for the persistent layer tail's three shapes, so that a manifest captured when the
+    shape was fused for fewer rows is refused (Recapture) rather than replayed another way."""
     from .decode_persistent import TAIL_MAX_ROWS, tail_shapes
 
     tail = tail_shapes()
@@ -384,7 +370,6 @@ def installed_choice() -> dict[str, str]:
     def name(op: str, n: int, k: int, c: str) -> str:
         rows = max_rows(op, n, k)
         c = f"{FUSED}<={rows}" if c == FUSED and rows != FUSED_MAX_ROWS else c
-        c = f"{c}+tile64" if c != COMPOSED and (n, k) in _TUNED_WIDE else c
         c = f"{c}+light<={LIGHT_MAX_ROWS}" if (n, k) in _LIGHT_ON else c
         return f"{c}+tail<={TAIL_MAX_ROWS}" if (op, n, k) in tail else c
     return {f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}

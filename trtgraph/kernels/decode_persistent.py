@@ -152,7 +152,7 @@ def layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_
     assert 0 < T <= TAIL_MAX_ROWS and residual.is_contiguous() and attn.stride(-1) == 1
     assert o_weight.is_contiguous() and gate_up_weight.is_contiguous() and down_weight.is_contiguous()
     dev, el = residual.device, o_weight.element_size()
-    co, cg, cd = (dl.decode_config(*w.shape, dev, T) for w in (o_weight, gate_up_weight, down_weight))
+    co, cg, cd = (dl.decode_config(*w.shape, dev) for w in (o_weight, gate_up_weight, down_weight))
     so, kpo, io, even_o = _split(co, H, o_weight.shape[1])
     sg, kpg, ig, even_g = _split(cg, inter, H)
     sd, kpd, i_d, even_d = _split(cd, H, inter)

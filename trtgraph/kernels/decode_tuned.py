@@ -35,11 +35,6 @@ WIDE = {
     ('norm_gate_up_silu', 16384, 2048),
     ('norm_linear', 128256, 2048),
 }
-# Steps of 33-64 rows (64-row tiles) on these shapes take their own config, with `deterministic` off
-# (decode_linear._TUNED_WIDE): (N, K) -> as TUNED; the shape must be WIDE as well.
-# `python scripts/tune_wide.py OUT.json --write` rewrites it (the best config at 64 rows).
-TUNED_WIDE = {
-}
 # The light CUDA-core kernel (kernels/decode_light.py) for steps of one row, where the plan's
 # determinism allows it (decode_linear.choose_fused): (N, K) -> (BLOCK_N, BLOCK_K, SPLIT_K, warps),
 # the best at T = 1 with PDL of `python scripts/decode_boundary.py OUT.json --write` (sixth session,
