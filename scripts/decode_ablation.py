@@ -68,6 +68,8 @@ NEW = dict(epilogue=True, wide=set(decode_tuned.WIDE), pdl=frozenset(), prefetch
 LIGHT = dict(light=set(decode_tuned.LIGHT), light_pdl=set(decode_tuned.LIGHT_PDL))
 QKV, O, DOWN = ("norm_qkv_rope", 3072, 2048), ("linear_residual", 2048, 2048), ("linear_residual", 2048, 8192)
 LM, LM_PLAIN = (128256, 2048), (128, 128, 1, 8, 3, False)  # main 81adfc0's LM head config: no PRENORM
+# 64-wide K steps, deeper pipelines (scripts/depth_probe.py, eighth session)
+GU, GU_DEEP, LM_DEEP = (16384, 2048), (64, 64, 1, 8, 6, True), (128, 64, 1, 8, 5, False, True)
 VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "two_per_sm": False},
             "one-per-sm": {**NEW, "two_per_sm": False, "batches": (32, 40, 64)},
             "main81": {**NEW, "two_per_sm": False, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
@@ -91,6 +93,8 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "wide-pdl": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "wide_pdl": True,
                          "batches": (33, 40, 48, 64)},
             "wide-light": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "batches": (33, 40, 48, 64)},
+            "deep": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP, LM: LM_DEEP}},
+            "deep-gu": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP}},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
             "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
             "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
