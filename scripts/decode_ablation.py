@@ -31,7 +31,10 @@ a variant's two results):
   tail for steps of 2-64 rows;
 - `wide-pdl`: `light` with qkv, o and down fused up to 64 rows too (WIDE), and past 32 rows every
   fused op launched with PDL at a depth where two programs share an SM (decode_linear._WIDE_PDL);
-  `wide-light`: the same WIDE shapes without that.
+  `wide-light`: the same WIDE shapes without that;
+- `deep`: `light` with gate_up's and the LM head's weight pipelines in 64-wide K steps, 6 and 5
+  stages deep (scripts/depth_probe.py), `deep-gu`: gate_up's only (shipped since: with today's
+  table `light` and `deep-gu` are the same step).
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]

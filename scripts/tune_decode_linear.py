@@ -72,7 +72,7 @@ QUICK = {
             (32, 128, 8, 4, 4, True), (32, 256, 4, 4, 3, True), (64, 64, 8, 4, 4, True)],
     "o": [(64, 128, 4, 4, 4), (64, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 256, 4, 4, 3), (32, 128, 8, 4, 4),
           (64, 128, 8, 4, 4), (64, 64, 8, 4, 4), (32, 64, 8, 4, 4), (32, 256, 4, 4, 3)],
-    "gate_up": [(64, 256, 1, 4, 2, False), (64, 128, 1, 8, 3, True), (64, 128, 1, 4, 3, True),
+    "gate_up": [(64, 256, 1, 4, 2, False), (64, 128, 1, 8, 3, True), (64, 64, 1, 8, 6, True), (64, 64, 1, 8, 7, True), (64, 128, 1, 4, 3, True),
                 (128, 128, 1, 8, 2, True), (32, 128, 1, 4, 4, True), (64, 256, 1, 8, 2, True)],
     "down": [(64, 256, 4, 4, 3), (64, 128, 4, 4, 4), (64, 128, 8, 4, 3), (64, 256, 8, 4, 3), (32, 256, 4, 4, 3),
              (32, 256, 8, 4, 3), (32, 128, 8, 4, 4), (64, 512, 4, 4, 2), (128, 256, 8, 8, 2), (64, 256, 16, 4, 3)],
@@ -169,11 +169,13 @@ def write_table(out):
                 wide.add(key)
     path = pathlib.Path(decode_tuned.__file__)
     text = path.read_text()
-    head = text[:text.index("TUNED = {")]
-    body = "TUNED = {\n" + "".join(f"    {key!r}: {cfg!r},\n" for key, cfg in sorted(tuned.items())) + "}\n"
-    body += "SLOWER = {\n" + "".join(f"    {key!r},\n" for key in sorted(slower)) + "}\n"
-    body += "WIDE = {\n" + "".join(f"    {key!r},\n" for key in sorted(wide)) + "}\n"
-    path.write_text(head + body)
+    for name, body in (("TUNED", "".join(f"    {key!r}: {cfg!r},\n" for key, cfg in sorted(tuned.items()))),
+                       ("SLOWER", "".join(f"    {key!r},\n" for key in sorted(slower))),
+                       ("WIDE", "".join(f"    {key!r},\n" for key in sorted(wide)))):
+        start = text.index(f"\n{name} = {{\n") + 1  # only this table: the light kernel's and TAIL stay
+        end = text.index("}\n", start) + 2
+        text = text[:start] + f"{name} = {{\n{body}}}\n" + text[end:]
+    path.write_text(text)
     print(f"wrote {path}")
 
 

@@ -20,13 +20,20 @@ down 15.4-16.0 vs 14.8); with o as well, 33-37 us slower (measured with a since 
 epilogue preload). The LM head is PRENORM (x normed once
 by a row pass, not again in each of its 1002 programs): 150.8 vs 160.0 us alone at 64 rows,
 the step 7.5 us faster at bs 40-64 and 2-3.5 us slower at bs 1-8 (the row pass's launch).
+
+Eighth session (scripts/depth_probe.py, docs/performance.md): gate_up streams its weights in
+64-wide K steps, 6 stages deep (was 128-wide, 3 deep: the same shared memory, more bytes in
+flight; Nsight Compute had the 64-row gate_up at 59% of DRAM peak): alone 21.8 vs 23.2 us at 64
+rows, 20.1 vs 21.2 at 8; the replayed step 25-33 us faster at bs 40-64, 6 at bs 32, equal at
+bs 1-8 (scripts/decode_ablation.py `deep-gu`). The LM head's deeper variant (128, 64, 1, 8, 5)
+gained 3-8 us more at bs 40-64 but lost 1-9 us at bs 1: not taken.
 """
 
 TUNED = {
     (2048, 2048): (64, 128, 4, 4, 4, False),
     (2048, 8192): (64, 256, 4, 4, 3, False),
     (3072, 2048): (64, 128, 4, 8, 3, True),
-    (16384, 2048): (64, 128, 1, 8, 3, True),
+    (16384, 2048): (64, 64, 1, 8, 6, True),
     (128256, 2048): (128, 128, 1, 8, 3, False, True),
 }
 SLOWER = {
