@@ -183,16 +183,11 @@ def _decode_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr
 
 
 @triton.jit
-def _tile(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr, cnt_ptr,
-          pid_m, pid_n, split, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
-          cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
-          MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
-          PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-          NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr,
-          PREFETCH: tl.constexpr, PRENORM: tl.constexpr):
-    """One work item of the kernel: the output tile (pid_m, pid_n)'s split `split` (the
-    tensor-core kernel's program; the persistent layer tail, kernels/decode_persistent.py, runs
-    several per program). PDL: the weight prefetch, then the wait for the previous kernel."""
+def _tile_index(pid_m, pid_n, split, M, N, K, k_per_split, pair_offset, MODE: tl.constexpr, HALF: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """A work item's rows and output columns (with their masks), the weight rows its columns
+    pair (RoPE, MODE 3: a head's first-half row and its partner HALF rows on; otherwise the
+    column and the column pair_offset rows on) and its split's K range [k_lo, k_hi)."""
     rows = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < M
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -205,6 +200,22 @@ def _tile(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr
         w_rows2 = cols + pair_offset
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    return rows, row_ok, cols, col_ok, w_rows1, w_rows2, k_lo, k_hi
+
+
+@triton.jit
+def _tile(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr, pos_ptr, slot_ptr, kv_ptr, ws_ptr, cnt_ptr,
+          pid_m, pid_n, split, M, N, K, k_per_split, x_stride, w_stride, out_stride, res_stride, eps, pair_offset,
+          cache_kv_stride, cache_slot_stride, cache_head_stride, num_q_heads, num_kv_heads,
+          MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
+          PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+          NACC: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr, STACK: tl.constexpr, PDL: tl.constexpr,
+          PREFETCH: tl.constexpr, PRENORM: tl.constexpr):
+    """One work item of the kernel: the output tile (pid_m, pid_n)'s split `split` (the
+    tensor-core kernel's program; the persistent layer tail, kernels/decode_persistent.py, runs
+    several per program). PDL: the weight prefetch, then the wait for the previous kernel."""
+    rows, row_ok, cols, col_ok, w_rows1, w_rows2, k_lo, k_hi = _tile_index(
+        pid_m, pid_n, split, M, N, K, k_per_split, pair_offset, MODE, HALF, BLOCK_N, BLOCK_T)
     if STACK:  # paired rows as one [2 * BLOCK_N, BLOCK_K] tile: one MMA twice as tall per K step
         jj = tl.arange(0, 2 * BLOCK_N)
         cc = pid_n * BLOCK_N + jj % BLOCK_N

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .decode_kernel import _finish
+from .decode_kernel import _finish, _tile_index
 
 LIGHT_MAX_ROWS = 1
 
@@ -73,18 +73,8 @@ def _light_kernel(x_ptr, nw_ptr, rs_ptr, w_ptr, b_ptr, out_ptr, res_ptr, cs_ptr,
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
-    rows = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < M
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if MODE == 3:
-        w_rows1 = (cols // HALF) * (2 * HALF) + cols % HALF
-        w_rows2 = w_rows1 + HALF
-    else:
-        w_rows1 = cols
-        w_rows2 = cols + pair_offset
-    k_lo = split * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    rows, row_ok, cols, col_ok, w_rows1, w_rows2, k_lo, k_hi = _tile_index(
+        pid_m, pid_n, split, M, N, K, k_per_split, pair_offset, MODE, HALF, BLOCK_N, BLOCK_T)
     ko = tl.arange(0, BLOCK_K)
     p1 = w_ptr + w_rows1[:, None] * w_stride + ko[None, :]
     p2 = w_ptr + w_rows2[:, None] * w_stride + ko[None, :]
