@@ -25,15 +25,12 @@ from trtgraph.kernels import decode_linear as dl  # noqa: E402
 from trtgraph.kernels import decode_tuned  # noqa: E402
 
 DEV, DT = torch.device("cuda"), torch.bfloat16
-CANDIDATES = {  # (config, wider shared-memory budget)
-    "gate_up": [((64, 64, 1, 8, 6, True), False), ((64, 64, 1, 8, 7, True), False), ((64, 128, 1, 8, 4, True), True),
-                ((64, 64, 1, 8, 8, True), True), ((64, 64, 1, 4, 7, True), False)],
-    "qkv": [((64, 64, 4, 8, 6, True), False), ((64, 64, 4, 8, 7, True), False), ((64, 128, 4, 8, 4, True), True)],
-    "o": [((64, 64, 4, 4, 8), False), ((64, 128, 4, 4, 5), False), ((64, 128, 4, 4, 6), True)],
-    "down": [((64, 128, 4, 4, 6), False), ((64, 64, 4, 4, 8), False), ((64, 128, 4, 4, 5), False),
-             ((64, 256, 4, 4, 3), True)],
-    "lm_head": [((128, 64, 1, 8, 5, False, True), False), ((128, 64, 1, 8, 4, False, True), False),
-                ((128, 128, 1, 8, 3, False, True), True)],
+CANDIDATES = {  # (config, wider shared-memory budget); second round (after 0b7dbd4): gate_up's neighbours
+    "gate_up": [((64, 128, 1, 8, 3, True), False), ((32, 64, 1, 4, 6, True), False), ((32, 64, 1, 4, 7, True), False),
+                ((32, 128, 1, 4, 4, True), False), ((64, 64, 1, 8, 5, True), False), ((64, 64, 2, 8, 6, True), False),
+                ((64, 64, 1, 4, 6, True), False), ((64, 32, 1, 8, 10, True), False)],
+    "down": [((64, 64, 4, 4, 6), False), ((32, 128, 8, 4, 5), False), ((64, 128, 8, 4, 5), False)],
+    "qkv": [((64, 64, 4, 8, 5, True), False), ((32, 128, 4, 4, 5, True), False)],
 }
 WIDE_ROWS = {"gate_up": (8, 32, 64), "lm_head": (8, 32, 64)}
 
