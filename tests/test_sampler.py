@@ -213,6 +213,11 @@ def test_triton_argmax_equals_torch_argmax(tri, chunk):
     assert want.tolist()[1:5] == [0, 700, 0, 10]
     assert torch.equal(tri.argmax(x.bfloat16(), chunk), sampler.greedy(x.bfloat16()))
     assert torch.equal(tri.argmax(x[:, ::2], chunk), sampler.greedy(x[:, ::2]))  # strided rows
+    # written into a given buffer (the greedy step's drawn tokens, no copy): the same indices
+    buf, ref = torch.full((9,), -7, dtype=torch.int64), torch.full((9,), -7, dtype=torch.int64)
+    assert tri.argmax(x, chunk, out=buf[1:]) is not None and torch.equal(buf[1:], want) and buf[0] == -7
+    sampler.greedy(x, out=ref[1:])
+    assert torch.equal(ref[1:], want) and ref[0] == -7
 
 
 def test_triton_sample_reads_processed_rows(tri):

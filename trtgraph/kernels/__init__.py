@@ -45,7 +45,7 @@ class KernelSet:
     process_logits: Callable
     top_logprobs: Callable
     gumbel_noise: Callable  # the sampler's noise alone: (row hashes [R], vocab ids [R, N]) -> [R, N]
-    argmax: Callable  # greedy keys: logits [R, V] -> int64 [R], the first maximal index
+    argmax: Callable  # greedy keys: logits [R, V] (, out=int64 [R]) -> int64 [R], the first maximal index
 
 
 _REGISTRY: dict[str, Callable[[], KernelSet]] = {

@@ -72,8 +72,9 @@ def gumbel_at(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -
     return gumbel_noise(row_hash(seeds, positions), ids)
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(dim=-1)
+def greedy(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The first maximal index of each row, int64 [R] (written into `out` when given)."""
+    return torch.argmax(logits, dim=-1) if out is None else torch.argmax(logits, dim=-1, out=out)
 
 
 def ordered_keys(x: torch.Tensor) -> torch.Tensor:

@@ -294,15 +294,18 @@ def _argmax_kernel(x_ptr, key_ptr, idx_ptr, arrivals_ptr, out_ptr, V, stride, C,
         tl.atomic_xchg(arrivals_ptr + r, 0)
 
 
-def argmax(logits: torch.Tensor, chunk: int = ARGMAX_CHUNK) -> torch.Tensor:
-    """kernels/sampler_reference.greedy (torch.argmax over the last dim of [R, V]) -> int64 [R]."""
+def argmax(logits: torch.Tensor, chunk: int = ARGMAX_CHUNK, out: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels/sampler_reference.greedy (torch.argmax over the last dim of [R, V]) -> int64 [R],
+    written into `out` (contiguous int64 [R]) when given."""
     R, V = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     C = triton.cdiv(V, chunk)
     key = torch.empty(R, C, dtype=torch.int64, device=logits.device)
     idx = torch.empty(R, C, dtype=torch.int32, device=logits.device)
-    out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    assert out.shape == (R,) and out.dtype == torch.int64 and out.is_contiguous()
     _argmax_kernel[(R, C)](logits, key, idx, arrival_counters("argmax", R, logits.device), out, V, logits.stride(0),
                            C, CH=chunk, C_PAD=triton.next_power_of_2(C), num_warps=4)
     return out

@@ -173,8 +173,10 @@ class Executor(StepInputs):
             if key.is_prefill:
                 hidden = hidden.index_select(0, rows)  # [B, H]: each sequence's last real token
             logits = model.compute_logits(hidden)  # [R, V]
-            tokens = model.ops.argmax(logits) if draw is None else draw(logits)
-            out.copy_(tokens)
+            if draw is None:
+                tokens = model.ops.argmax(logits, out=out)  # the drawn tokens' buffer itself: no copy
+            else:
+                tokens = out.copy_(draw(logits))
             if key.draft_len:
                 # Verification: row i's token j is the model's own draw after its first j+1
                 # inputs; draft j+1 stands iff it equals that draw. Accepted = the longest
