@@ -5,9 +5,12 @@ depend on the key's shapes only; context lengths are read on the device.
 
 `rope_paged_attention` is the same kernel with RoPE and the KV-cache write folded in (decode
 keys whose qkv projection is not a fused kernel): every program rotates its q rows, and the
-program that owns a row's last KV piece rotates the step's k, writes k and v to the cache and,
-after a barrier, reads them back with the rest of the piece. Decode launches of few sequences are
-PDL-launched (ATTENTION_PDL, at the end): block table read before they wait for the qkv."""
+program that owns a row's last KV piece rotates the step's k and writes k and v to the cache;
+then either (the adaptive mode's `fold`) every program of the row takes them into its softmax
+from registers, the last piece after its cached tiles, or (the invariant mode) that program
+reads them back with the rest of its piece after a barrier. Decode launches of few sequences are
+PDL-launched: block table read before they wait for the qkv. The host-side choices (config per
+mode and key shape, launch shape, the PDL / prefetch / trigger knobs) are attention_config.py's."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from . import attention_config as cfg
+from .attention_config import set_attention_invariant  # noqa: F401  (the executor's import)
 from .triton_ops import arrival_counters, pdl_capable
 
 # ---------------------------------------------------------------------------------------
@@ -70,17 +75,37 @@ def _rotate(x_ptr, rows, stride, pos, cs_ptr, mask, HEAD_DIM: tl.constexpr):
 
 @triton.jit
 def _write_new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr, slot_ptr,
-                  kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, HEAD_DIM: tl.constexpr):
-    """The step's token tok of kv head kvh: k rotated, k and v stored at its cache slot."""
+                  kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, write, HEAD_DIM: tl.constexpr):
+    """The step's token tok of kv head kvh: k rotated, k and v stored at its cache slot where
+    `write`; returns them as the cache holds them, [1, D] each."""
     d = tl.arange(0, HEAD_DIM)
     one = tl.arange(0, 1)
     toks = tok + one
     k = _rotate(k_ptr + kvh * k_stride_h, toks, k_stride_t, pos + one, cs_ptr, one == 0, HEAD_DIM)
+    k = k.to(kv_ptr.dtype.element_ty)
     v = tl.load(v_ptr + toks[:, None] * v_stride_t + kvh * v_stride_h + d[None, :])
     slot = tl.load(slot_ptr + toks)
     dst = kv_ptr + slot[:, None] * cache_slot_stride + kvh * cache_head_stride + d[None, :]
-    tl.store(dst, k.to(kv_ptr.dtype.element_ty))
-    tl.store(dst + cache_kv_stride, v)
+    write = d[None, :] < tl.where(write, HEAD_DIM, 0)  # [1, D]: all or none
+    tl.store(dst, k, mask=write)
+    tl.store(dst + cache_kv_stride, v, mask=write)
+    return k, v
+
+
+@triton.jit
+def _fold_new_key(q, k, v, m_i, l_i, acc, live, scale_log2, PRECISION: tl.constexpr):
+    """One more key (k, v: [1, D], the step's own, from registers) into the online softmax of the
+    rows `live` (others unchanged: their score is -inf), as _attend_tiles would take it: the
+    score in log2 units, p rounded to v's dtype for the product."""
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1) * scale_log2  # [M]
+    s = tl.where(live, s, float("-inf"))
+    m_new = tl.maximum(m_i, s)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe)
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -114,13 +139,17 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        PAGE: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr, TRIGGER: tl.constexpr, ROPE: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH_ROWS: tl.constexpr, PREFETCH_BYTES: tl.constexpr):
+                       PDL: tl.constexpr, PREFETCH_ROWS: tl.constexpr, PREFETCH_BYTES: tl.constexpr,
+                       FOLD: tl.constexpr):
     """TRIGGER: 0 none, 1 a PDL-launched successor may launch from this kernel's start, 2 from
     its start or, if this launch is PDL, once it has waited (ATTENTION_TRIGGER).
     PDL (launched with programmatic dependent launch, decode keys): everything up to
     `gdc_wait()` reads only what no kernel of the step's chain writes, and puts the program's
     first KV rows on their way to L2; q, the step's k / v and the KV loads come after the wait
-    (docs/design.md, "Paged attention", says why that is safe)."""
+    (docs/design.md, "Paged attention", says why that is safe).
+    FOLD (with ROPE): the tiles cover the row's cached keys only (ctx - 1), and the program of the
+    last piece folds the step's key and value in from registers after them (its cache write is
+    off the critical path: nothing in this launch reads it back)."""
     if TRIGGER == 1 or (TRIGGER == 2 and not PDL):  # a PDL-launched successor (the o GEMV) may start now
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -138,13 +167,14 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     head = kvh * GROUP + r % GROUP
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=-1)  # query t sees keys 0..pos[t]
     ctx = tl.max(pos, axis=0) + 1
-
+    kv_len = ctx - 1 if FOLD else ctx  # the keys the tiles cover
+    seen = pos - 1 if FOLD else pos  # the last of them a query sees
     # The row's KV tiles are cut into pieces of `per_split` tiles. Batch-invariant (PIECE_TILES
     # > 0): a fixed number of tiles, so where a row's KV range is cut depends on its own context
     # length only. Adaptive (PIECE_TILES == 0): the row's tiles shared out over the key's
     # num_pieces, at least MIN_TILES each (a short context is one piece: no merge). The
     # grid's third axis strides over the pieces; pieces past the row's context do no work.
-    tiles = tl.cdiv(ctx, BLOCK_N)
+    tiles = tl.cdiv(kv_len, BLOCK_N)
     per_split = PIECE_TILES if PIECE_TILES > 0 else tl.maximum(tl.cdiv(tiles, num_pieces), MIN_TILES)
     if SPLIT:
         used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1)
@@ -158,7 +188,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         if PREFETCH_BYTES > 0:
             if split < used:  # the first rows of this program's first piece, K and V, towards L2
                 lo = split * per_split * BLOCK_N
-                _prefetch_kv(k_base, bt_row, lo, tl.minimum(lo + per_split * BLOCK_N, ctx), num_blocks,
+                _prefetch_kv(k_base, bt_row, lo, tl.minimum(lo + per_split * BLOCK_N, kv_len), num_blocks,
                              cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE, PREFETCH_ROWS,
                              PREFETCH_BYTES)
         gdc_wait()  # the predecessors' writes (q, the step's k and v or the cache rows) visible from here
@@ -171,26 +201,36 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
                     mask=row_ok[:, None], other=0.0)
-    if ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
+    if FOLD:  # every program of the row has the step's k and v in registers; the last piece's writes them
+        k_new, v_new = _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
+                                     cs_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
+                                     split == owner, HEAD_DIM)
+    elif ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
         if split == owner:
             _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
-                          slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, HEAD_DIM)
+                          slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, split == owner,
+                          HEAD_DIM)
             tl.debug_barrier()
     if used == 1:
         # The whole context in one piece: its program writes the rows itself, no partials,
         # counter or merge (the merge of one piece is acc / l, bitwise: its weight is exp2(0) = 1).
         if split == 0:
-            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, pos, ctx, 0, tiles, cache_kv_stride,
+            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, seen, kv_len, 0, tiles, cache_kv_stride,
                                           cache_block_stride, cache_slot_stride, scale_log2,
                                           PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            if FOLD:
+                m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok, scale_log2, PRECISION)
             _store_rows(out_ptr, acc, l_i, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
     else:
         row_pieces = (pid * num_kv_heads + kvh) * num_pieces
         for piece in range(split, used, num_split_programs):
             start = piece * per_split
-            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, pos, ctx, start, tl.minimum(start + per_split, tiles),
-                                          cache_kv_stride, cache_block_stride, cache_slot_stride, scale_log2,
-                                          PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, seen, kv_len, start,
+                                          tl.minimum(start + per_split, tiles), cache_kv_stride, cache_block_stride,
+                                          cache_slot_stride, scale_log2, PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            if FOLD:  # the last piece takes the step's key after its tiles
+                m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok & (piece == used - 1),
+                                              scale_log2, PRECISION)
             # partials [programs(0), kv heads, pieces, BLOCK_M, (D | 2)]
             rows = (row_pieces + piece) * BLOCK_M + tl.arange(0, BLOCK_M)
             d = tl.arange(0, HEAD_DIM)
@@ -236,81 +276,6 @@ def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, used, tok, head, 
     _store_rows(out_ptr, acc, l_all, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
 
 
-_NUM_SMS: dict = {}
-# Batch-invariant split-KV (fixed pieces of KV tiles) or the faster adaptive split (as many
-# pieces as fill the GPU for this key's batch). The executor sets it once at build from the
-# config's `deterministic`, before any warm-up or capture.
-_INVARIANT_ATTENTION = [True]
-# Decode (q = 1) launches on CUDA: KV tile, tiles per piece (the fixed piece of the invariant
-# mode, the least of an adaptive one), warps, pipeline stages, and (invariant mode) programs
-# per SM the grid aims at (0: one program per piece of the table's longest context). The tile,
-# piece and warps fix a row's rounding, so the invariant mode's are constants, never a function
-# of the batch; stages and the grid only change who computes a piece, and when. Measured on the
-# H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6"): the adaptive mode takes
-# 128-key tiles while the grid has at most two row programs per SM, then 64-key tiles on 2 warps.
-DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0)
-DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3)),  # (row programs per SM at most, config)
-                   (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3)))
-DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
-_CPU_DECODE = dict(block_n=16, piece_tiles=2, warps=4, stages=3, per_sm=2)  # the interpreter (tests)
-
-
-def set_attention_invariant(invariant: bool) -> None:
-    _INVARIANT_ATTENTION[0] = bool(invariant)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    if device not in _NUM_SMS:
-        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _NUM_SMS[device]
-
-
-def decode_config(row_programs: int, device: torch.device) -> dict:
-    """The decode launch's config for a key of `row_programs` (sequence, kv head) programs."""
-    if device.type != "cuda":
-        return _CPU_DECODE
-    if _INVARIANT_ATTENTION[0]:
-        return {**DECODE_INVARIANT, **DECODE_OVERRIDE}
-    sms = _num_sms(device)
-    cfg = next(c for most, c in DECODE_ADAPTIVE if most is None or row_programs <= most * sms)
-    return {**cfg, **DECODE_OVERRIDE}
-
-
-def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
-                           device: torch.device) -> tuple[int, int, int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, query blocks per sequence, KV pieces, KV tiles per piece, programs
-    per row, warps, stages): a pure function of the key's shapes, so a recorded graph always
-    launches the same grid.
-
-    Batch-invariant (the default, and `deterministic: true`): decode cuts the KV range into
-    fixed pieces of `tiles per piece` tiles (flash-decoding), so a row's reduction order
-    depends on its own context length only: the same in every bucket and whatever else shares
-    the step. The grid's third axis holds a program per piece of the longest context the table
-    holds (or, with `per_sm`, as many as fill the GPU: each strides over the row's pieces);
-    pieces past a row's context do no work. Adaptive (`deterministic: false`): tiles per piece
-    is 0 and the key gets as many pieces as fill the GPU about twice over, each row's tiles
-    shared out over them, at least a piece each (a context of one piece is one program: no
-    partials to merge) — faster at large batches, but a row's rounding then depends on its
-    bucket. Verification and prefill (q > 1): one program per query block, 64-key tiles."""
-    rows = q_len * group
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
-    q_blocks = triton.cdiv(rows, block_m)
-    row_programs = batch * q_blocks * num_kv_heads
-    cfg = decode_config(row_programs, device)
-    block_n, piece, warps, stages = cfg["block_n"], cfg["piece_tiles"], cfg["warps"], cfg["stages"]
-    if q_len > 1:
-        block_n, warps, stages = (64 if device.type == "cuda" else 16), 4, 3
-    max_tiles = triton.cdiv(max_len, block_n)
-    if _INVARIANT_ATTENTION[0]:
-        pieces = 1 if q_len > 1 else triton.cdiv(max_tiles, piece)
-        fill = triton.cdiv(cfg["per_sm"] * _num_sms(device), row_programs) if cfg.get("per_sm") else pieces
-        return block_m, block_n, q_blocks, pieces, piece, max(1, min(pieces, fill)), warps, stages
-    pieces = 1 if q_len > 1 else max(1, min(triton.cdiv(max_tiles, piece), 2 * _num_sms(device) // row_programs, 32))
-    return block_m, block_n, q_blocks, pieces, 0, pieces, warps, stages
-
-
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     positions: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
     return _launch(q, kv_cache, block_tables, positions, q_len, scale)
@@ -335,9 +300,9 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     tables = block_tables[:batch]
-    block_m, block_n, q_blocks, pieces, piece_tiles, programs, warps, stages = attention_launch_shape(
+    block_m, block_n, q_blocks, pieces, piece_tiles, programs, warps, stages = cfg.attention_launch_shape(
         batch, q_len, group, num_kv_heads, tables.shape[1] * page, q.device)
-    min_tiles = decode_config(batch * q_blocks * num_kv_heads, q.device)["piece_tiles"]
+    min_tiles = cfg.decode_config(batch * q_blocks * num_kv_heads, q.device)["piece_tiles"]
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (batch * q_blocks, num_kv_heads, programs)
@@ -352,12 +317,13 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     k, v, cos_sin, slots = rope if rope is not None else (q, q, q, positions)
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
-    pdl = launches_with_pdl(q_len, rope is not None, batch, q.device)
+    pdl = cfg.launches_with_pdl(q_len, rope is not None, batch, q.device)
+    fold = rope is not None and cfg.folds_new_token(batch * q_blocks * num_kv_heads, q.device)
     row_bytes = head_dim * kv_cache.element_size()
-    prefetch = row_bytes if pdl and PREFETCH_KV and row_bytes % 16 == 0 else 0
+    prefetch = row_bytes if pdl and cfg.PREFETCH_KV and row_bytes % 16 == 0 else 0
     extra = {"launch_pdl": True} if pdl else {}
     # the first rows of a piece (the least piece, adaptive mode), at most PREFETCH_ROWS: a power of 2
-    pf_rows = min(PREFETCH_ROWS, triton.next_power_of_2(block_n * (piece_tiles or min_tiles))) if prefetch else 0
+    pf_rows = min(cfg.PREFETCH_ROWS, triton.next_power_of_2(block_n * (piece_tiles or min_tiles))) if prefetch else 0
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals, k, v, cos_sin, slots,
                              q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1),
                              v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
@@ -367,37 +333,7 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
                              PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             TRIGGER=ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
-                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, num_warps=warps,
+                             TRIGGER=cfg.ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
+                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, FOLD=fold, num_warps=warps,
                              num_stages=stages, **extra)
     return out
-
-
-def launches_with_pdl(q_len: int, rope: bool, batch: int, device: torch.device) -> bool:
-    """Whether the attention launch is PDL-launched: decode keys (q = 1) of at most ATTENTION_PDL's
-    sequences for the path, on a device with programmatic dependent launch (the key's shapes only)."""
-    return q_len == 1 and batch <= ATTENTION_PDL["rope" if rope else "decode"] and pdl_capable(device)
-
-
-# The attention kernel lets its successor start early: 1 from its first instruction, 2 the same
-# unless it is PDL-launched itself, then once it has waited. Only a successor launched with
-# programmatic dependent launch can start early: the one-row steps' light o projection
-# (decode_tuned.LIGHT_PDL), which loads its first weight tile, then waits for this kernel. From
-# the start: -14 to -19 us per batch-1 step on the H200 (docs/performance.md, h/k6 `light-attn`).
-# After the wait when PDL-launched: from its start, the whole step's chain of early launches can
-# run ahead of the qkv (h/a7, two calls: bs 1 -8 to +10 us with 1, -5 to -15 with 2).
-ATTENTION_TRIGGER = 2
-# Decode keys (q = 1) of at most ATTENTION_PDL[path] sequences launch attention with programmatic
-# dependent launch, per path: "decode" (after the qkv's own kernel: the fused qkv, which
-# triggers it from its start at one row, light and PDL-launched itself, and with decode_linear.
-# _TRIGGER_MODES at more; or the composition's RoPE kernel) and "rope" (RoPE + KV write inside
-# attention, after the composition's qkv GEMM). A program reads the block table and context
-# lengths (and with PREFETCH_KV puts its first PREFETCH_ROWS K and V rows on their way to L2),
-# then waits for the predecessor; q, the step's k / v and every K / V load come after the wait.
-# Why the pre-wait reads are safe: docs/design.md, "Paged attention". Measured on the H200
-# (docs/performance.md, branch h/a7): at bs 1 without the prefetch -5 to -15 us per step (at the
-# edge of the run-to-run spread), with it +6 to +22; bs 8-32 no gain; bs 64 (after cuBLAS) +8 to
-# +13 us, +51 with the prefetch. So: bs 1 only, no prefetch.
-ATTENTION_PDL: dict[str, int] = {"decode": 1, "rope": 0}  # path -> most sequences launched with PDL
-PREFETCH_KV = False
-PREFETCH_ROWS = 256  # at most this many K and V rows prefetched per program (the first of its first piece)

@@ -1,0 +1,83 @@
+"""RoPE + KV write inside decode attention with the step's key folded in from registers (the
+adaptive mode's `fold`, kernels/attention_config.py): against the torch reference at contexts
+where the cached keys fill no tile, end on a tile's edge, span several split pieces, alone and
+in a crowd; the cache written as the reference writes it; the invariant mode never folds."""
+
+import pytest
+import torch
+
+from test_kernels import _close, needs_triton
+from trtgraph.kernels import attention, reference
+from trtgraph.kernels import attention_config as acfg
+
+CONTEXTS = (1, 17, 33, 40, 64, 128)  # keys including the step's own (CPU tile: 16 keys, pieces of 2 tiles)
+
+
+def _fold_case(device, dtype, contexts, hq=8, hkv=2, d=16, page=4, width=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    batch = len(contexts)
+    cache = torch.randn((2, batch * width + 1, page, hkv, d), generator=g).to(device, dtype)
+    tables = (torch.randperm(batch * width, generator=g) + 1).view(batch, width).to(device)
+    positions = torch.tensor([c - 1 for c in contexts], device=device)
+    qkv = torch.randn((batch, (hq + 2 * hkv) * d), generator=g).to(device, dtype)
+    q, k, v = (t.view(batch, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    cos_sin = torch.randn((page * width, d), generator=g).to(device)
+    slots = tables[torch.arange(batch, device=device), positions // page] * page + positions % page
+    return cache, tables, positions, q, k, v, cos_sin, slots
+
+
+def _check(device, dtype, contexts, **shape):
+    cache, tables, positions, q, k, v, cos_sin, slots = _fold_case(device, dtype, contexts, **shape)
+    d = q.shape[-1]
+    got_cache, want_cache = cache.clone(), cache.clone()
+    got = attention.rope_paged_attention(q, k, v, cos_sin, positions, got_cache, slots, tables, 1, d ** -0.5)
+    want = reference.rope_paged_attention(q, k, v, cos_sin, positions, want_cache, slots, tables, 1, d ** -0.5)
+    _close(got, want, dtype)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got_cache, want_cache, rtol=1e-6, atol=1e-6)
+    else:  # the rotation's rounding may differ in the last bit
+        _close(got_cache, want_cache, dtype)
+    assert not torch.equal(got_cache, cache)
+
+
+@needs_triton
+def test_fold_is_the_adaptive_modes_and_never_the_invariant_modes(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
+    assert acfg.folds_new_token(2, cpu)
+    monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [True])
+    assert not acfg.folds_new_token(2, cpu)
+    monkeypatch.setattr(acfg, "DECODE_OVERRIDE", {"fold": True})  # a sweep's override cannot make it fold
+    assert not acfg.folds_new_token(2, cpu)
+
+
+@needs_triton
+@pytest.mark.parametrize("fold", [True, False], ids=["fold", "write-then-read"])
+def test_rope_attention_folds_the_new_key(monkeypatch, fold):
+    """Each context alone (a table of 32 pages: 4 pieces of 2 tiles, so 128 keys are merged from
+    4 pieces) and all of them in one crowd (one piece each), with the fold and without it."""
+    monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
+    monkeypatch.setattr(acfg, "DECODE_OVERRIDE", {"fold": fold})
+    cpu = torch.device("cpu")
+    assert acfg.folds_new_token(2, cpu) == fold
+    assert acfg.attention_launch_shape(1, 1, 4, 2, 128, cpu)[3] == 4  # one sequence alone: 4 pieces
+    for i, ctx in enumerate(CONTEXTS):
+        _check(cpu, torch.float32, (ctx,), seed=i)
+    _check(cpu, torch.float32, CONTEXTS, seed=99)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_attention_folds_the_new_key_gpu(monkeypatch, dtype):
+    """The shipped adaptive configs on Llama-3.2-1B's heads (32 / 8 of 64, page 16), with the
+    fold: contexts at tile edges of both tile sizes, at 1, 8 and 64 sequences."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
+    dev = torch.device("cuda")
+    shape = dict(hq=32, hkv=8, d=64, page=16, width=40)
+    assert acfg.folds_new_token(64 * 8, dev) and acfg.folds_new_token(8, dev)
+    edges = (1, 2, 64, 65, 128, 129, 257, 640)
+    for batch in (1, 8, 64):
+        contexts = tuple(edges[i % len(edges)] for i in range(batch))
+        _check(dev, dtype, contexts, seed=batch, **shape)
