@@ -6,6 +6,7 @@ in a crowd; the cache written as the reference writes it; the invariant mode nev
 import pytest
 import torch
 
+import test_kernels
 from test_kernels import _close, needs_triton
 from trtgraph.kernels import attention, reference
 from trtgraph.kernels import attention_config as acfg
@@ -52,18 +53,23 @@ def test_fold_is_the_adaptive_modes_and_never_the_invariant_modes(monkeypatch):
 
 
 @needs_triton
-@pytest.mark.parametrize("fold", [True, False], ids=["fold", "write-then-read"])
-def test_rope_attention_folds_the_new_key(monkeypatch, fold):
+@pytest.mark.parametrize("fold,early", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["fold-early", "fold", "write-then-read-early", "write-then-read"])
+def test_rope_attention_folds_the_new_key(monkeypatch, fold, early):
     """Each context alone (a table of 32 pages: 4 pieces of 2 tiles, so 128 keys are merged from
-    4 pieces) and all of them in one crowd (one piece each), with the fold and without it."""
+    4 pieces) and all of them in one crowd (one piece each), with the fold and without it, with
+    the first tile loaded early and taken last and without (never with the write-then-read: the
+    early load would miss the step's own key), and plain decode attention with `early`."""
     monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
-    monkeypatch.setattr(acfg, "DECODE_OVERRIDE", {"fold": fold})
+    monkeypatch.setattr(acfg, "DECODE_OVERRIDE", {"fold": fold, "early": early})
     cpu = torch.device("cpu")
-    assert acfg.folds_new_token(2, cpu) == fold
+    assert acfg.folds_new_token(2, cpu) == fold and acfg.loads_first_tile_early(2, cpu) == early
     assert acfg.attention_launch_shape(1, 1, 4, 2, 128, cpu)[3] == 4  # one sequence alone: 4 pieces
     for i, ctx in enumerate(CONTEXTS):
         _check(cpu, torch.float32, (ctx,), seed=i)
     _check(cpu, torch.float32, CONTEXTS, seed=99)
+    if fold:
+        test_kernels.run_attention(cpu, torch.float32, 1, 5, seed=3)
 
 
 @pytest.mark.gpu

@@ -29,13 +29,38 @@ from .triton_ops import arrival_counters, pdl_capable
 
 
 @triton.jit
+def _load_kv(k_base, page, n, n_ok, cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE: tl.constexpr,
+             HEAD_DIM: tl.constexpr):
+    """K and V rows n (those n_ok; 0 elsewhere) of one kv head, their pages given: [N, D] each."""
+    d = tl.arange(0, HEAD_DIM)
+    off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
+    k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+    v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _tile_update(q, k, v, n, pos, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr):
+    """One KV tile (keys n, K and V [N, D]) into the rows' online softmax; a query t sees keys
+    0..pos[t]."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
+    s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cache_block_stride, cache_slot_stride,
                   scale_log2, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Online softmax of the rows' queries q [M, D] over KV tiles [start, end) of one sequence
     (block-table row bt_row) and one kv head (k_base): (running max m, sum l, accumulator), in
     log2 units; a query t sees keys 0..pos[t]. K and V of a tile are loaded together."""
-    d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -43,18 +68,8 @@ def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cach
         n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < ctx
         page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0)
-        off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
-        k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        k, v = _load_kv(k_base, page, n, n_ok, cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE, HEAD_DIM)
+        m_i, l_i, acc = _tile_update(q, k, v, n, pos, m_i, l_i, acc, scale_log2, PRECISION)
     return m_i, l_i, acc
 
 
@@ -74,22 +89,27 @@ def _rotate(x_ptr, rows, stride, pos, cs_ptr, mask, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _write_new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr, slot_ptr,
-                  kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, write, HEAD_DIM: tl.constexpr):
-    """The step's token tok of kv head kvh: k rotated, k and v stored at its cache slot where
-    `write`; returns them as the cache holds them, [1, D] each."""
+def _new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr,
+            kv_ptr, HEAD_DIM: tl.constexpr):
+    """The step's token tok of kv head kvh: k rotated and v, as the cache holds them, [1, D] each."""
     d = tl.arange(0, HEAD_DIM)
     one = tl.arange(0, 1)
     toks = tok + one
     k = _rotate(k_ptr + kvh * k_stride_h, toks, k_stride_t, pos + one, cs_ptr, one == 0, HEAD_DIM)
-    k = k.to(kv_ptr.dtype.element_ty)
     v = tl.load(v_ptr + toks[:, None] * v_stride_t + kvh * v_stride_h + d[None, :])
-    slot = tl.load(slot_ptr + toks)
+    return k.to(kv_ptr.dtype.element_ty), v
+
+
+@triton.jit
+def _store_new_kv(k, v, tok, kvh, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, write,
+                  HEAD_DIM: tl.constexpr):
+    """k and v [1, D] of the step's token tok, kv head kvh, stored at its cache slot where `write`."""
+    d = tl.arange(0, HEAD_DIM)
+    slot = tl.load(slot_ptr + tok + tl.arange(0, 1))
     dst = kv_ptr + slot[:, None] * cache_slot_stride + kvh * cache_head_stride + d[None, :]
     write = d[None, :] < tl.where(write, HEAD_DIM, 0)  # [1, D]: all or none
     tl.store(dst, k, mask=write)
     tl.store(dst + cache_kv_stride, v, mask=write)
-    return k, v
 
 
 @triton.jit
@@ -133,14 +153,14 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        k_ptr, v_ptr, cs_ptr, slot_ptr,
                        q_stride_t, q_stride_h, out_stride_t, out_stride_h, k_stride_t, k_stride_h,
                        v_stride_t, v_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
-                       cache_head_stride, bt_stride, scale_log2, num_pieces, num_blocks,
+                       cache_head_stride, bt_stride, bt_width, scale_log2, num_pieces, num_blocks,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
                        SPLIT: tl.constexpr, PIECE_TILES: tl.constexpr, MIN_TILES: tl.constexpr,
                        PAGE: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr, TRIGGER: tl.constexpr, ROPE: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH_ROWS: tl.constexpr, PREFETCH_BYTES: tl.constexpr,
-                       FOLD: tl.constexpr):
+                       FOLD: tl.constexpr, EARLY: tl.constexpr):
     """TRIGGER: 0 none, 1 a PDL-launched successor may launch from this kernel's start, 2 from
     its start or, if this launch is PDL, once it has waited (ATTENTION_TRIGGER).
     PDL (launched with programmatic dependent launch, decode keys): everything up to
@@ -149,7 +169,10 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     (docs/design.md, "Paged attention", says why that is safe).
     FOLD (with ROPE): the tiles cover the row's cached keys only (ctx - 1), and the program of the
     last piece folds the step's key and value in from registers after them (its cache write is
-    off the critical path: nothing in this launch reads it back)."""
+    off the critical path: nothing in this launch reads it back, so it is stored last).
+    EARLY (adaptive): the pages of a row's first tile are read with the context lengths, its K and
+    V loaded before q; a context of one piece takes that tile after the others (one round trip
+    fewer before the first KV bytes move)."""
     if TRIGGER == 1 or (TRIGGER == 2 and not PDL):  # a PDL-launched successor (the o GEMV) may start now
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -166,6 +189,10 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     tok = b * Q_LEN + r // GROUP
     head = kvh * GROUP + r % GROUP
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=-1)  # query t sees keys 0..pos[t]
+    bt_row = bt_ptr + b * bt_stride
+    if EARLY:  # the first tile's pages, read beside the positions (within the table: any entry is readable)
+        n0 = tl.arange(0, BLOCK_N)
+        page0 = tl.load(bt_row + n0 // PAGE, mask=n0 // PAGE < bt_width, other=0)
     ctx = tl.max(pos, axis=0) + 1
     kv_len = ctx - 1 if FOLD else ctx  # the keys the tiles cover
     seen = pos - 1 if FOLD else pos  # the last of them a query sees
@@ -182,7 +209,6 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     else:
         used = 1
         owner = 0
-    bt_row = bt_ptr + b * bt_stride
     k_base = kv_ptr + kvh * cache_head_stride
     if PDL:
         if PREFETCH_BYTES > 0:
@@ -194,6 +220,10 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         gdc_wait()  # the predecessors' writes (q, the step's k and v or the cache rows) visible from here
         if TRIGGER == 2:  # the successor launches now, not while the predecessor still runs
             gdc_launch_dependents()
+    if EARLY:  # the first tile's K and V on their way before q (rows past the context: 0, never read)
+        lim0 = tl.where((used == 1) & (split == 0), kv_len, 0) if SPLIT else kv_len  # the one-piece program's only
+        k0, v0 = _load_kv(k_base, page0, n0, n0 < lim0, cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE,
+                          HEAD_DIM)
     if ROPE:  # q rows rotated here, rounded to q's dtype as triton_ops.rope_write_kv rounds them
         q = _rotate(q_ptr + head[:, None] * q_stride_h, tok, q_stride_t, pos, cs_ptr, row_ok,
                     HEAD_DIM).to(q_ptr.dtype.element_ty)
@@ -201,23 +231,25 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
                     mask=row_ok[:, None], other=0.0)
-    if FOLD:  # every program of the row has the step's k and v in registers; the last piece's writes them
-        k_new, v_new = _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
-                                     cs_ptr, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
-                                     split == owner, HEAD_DIM)
+    if FOLD:  # every program of the row has the step's k and v in registers (the last piece's stores them, last)
+        k_new, v_new = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
+                               kv_ptr, HEAD_DIM)
     elif ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
         if split == owner:
-            _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
-                          slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, split == owner,
-                          HEAD_DIM)
+            k_new, v_new = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
+                                   cs_ptr, kv_ptr, HEAD_DIM)
+            _store_new_kv(k_new, v_new, b, kvh, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
+                          cache_head_stride, split == owner, HEAD_DIM)
             tl.debug_barrier()
     if used == 1:
         # The whole context in one piece: its program writes the rows itself, no partials,
         # counter or merge (the merge of one piece is acc / l, bitwise: its weight is exp2(0) = 1).
         if split == 0:
-            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, seen, kv_len, 0, tiles, cache_kv_stride,
+            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, seen, kv_len, 1 if EARLY else 0, tiles, cache_kv_stride,
                                           cache_block_stride, cache_slot_stride, scale_log2,
                                           PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            if EARLY:  # the first tile last (a context of no cached key: all masked, no change)
+                m_i, l_i, acc = _tile_update(q, k0, v0, n0, seen, m_i, l_i, acc, scale_log2, PRECISION)
             if FOLD:
                 m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok, scale_log2, PRECISION)
             _store_rows(out_ptr, acc, l_i, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
@@ -245,6 +277,9 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                 _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, pid * num_kv_heads + kvh, used, tok, head, row_ok,
                               out_stride_t, out_stride_h, num_pieces, HEAD_DIM, BLOCK_M)
                 tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
+    if FOLD:  # the step's k and v into the cache, by the last piece's program: nothing here reads them
+        _store_new_kv(k_new, v_new, b, kvh, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
+                      split == owner, HEAD_DIM)
 
 
 @triton.jit
@@ -319,6 +354,9 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
     pdl = cfg.launches_with_pdl(q_len, rope is not None, batch, q.device)
     fold = rope is not None and cfg.folds_new_token(batch * q_blocks * num_kv_heads, q.device)
+    # the early tile is loaded before the write-then-read path would write the step's k and v: folded only
+    early = q_len == 1 and (rope is None or fold) and cfg.loads_first_tile_early(batch * q_blocks * num_kv_heads,
+                                                                                q.device)
     row_bytes = head_dim * kv_cache.element_size()
     prefetch = row_bytes if pdl and cfg.PREFETCH_KV and row_bytes % 16 == 0 else 0
     extra = {"launch_pdl": True} if pdl else {}
@@ -327,13 +365,14 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals, k, v, cos_sin, slots,
                              q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1),
                              v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2, pieces,
+                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), tables.shape[1], scale_log2, pieces,
                              kv_cache.shape[1],
                              Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, SPLIT=pieces > 1,
                              PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                              TRIGGER=cfg.ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
-                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, FOLD=fold, num_warps=warps,
+                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, FOLD=fold, EARLY=early,
+                             num_warps=warps,
                              num_stages=stages, **extra)
     return out

@@ -28,7 +28,9 @@ _INVARIANT_ATTENTION = [True]
 # cache and read back after a barrier (the write still happens, off the critical path). It changes
 # the reduction order against the fused-qkv path's, so the invariant mode never folds (a row's
 # bits there must not depend on which path its bucket takes). `fill` (adaptive): the key gets
-# as many pieces as make about `fill` programs per SM.
+# as many pieces as make about `fill` programs per SM. `early` (adaptive): a row's first tile's pages
+# read beside the context lengths, its K and V loaded before q, the tile taken last
+# (attention.py's EARLY).
 DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0, fold=False)
 DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=True)),  # (row programs per SM at most, config)
                    (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3, fold=True)))
@@ -51,7 +53,7 @@ def _num_sms(device: torch.device) -> int:
 def decode_config(row_programs: int, device: torch.device) -> dict:
     """The decode launch's config for a key of `row_programs` (sequence, kv head) programs."""
     if device.type != "cuda":
-        return {**_CPU_DECODE, "fold": not _INVARIANT_ATTENTION[0]}
+        return {**_CPU_DECODE, "fold": not _INVARIANT_ATTENTION[0], "early": not _INVARIANT_ATTENTION[0]}
     if _INVARIANT_ATTENTION[0]:
         return {**DECODE_INVARIANT, **DECODE_OVERRIDE}
     sms = _num_sms(device)
@@ -96,8 +98,19 @@ def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int
 def folds_new_token(row_programs: int, device: torch.device) -> bool:
     """Whether a decode launch with RoPE + KV write inside folds the step's key and value in from
     registers (the config's `fold`; never in the invariant mode)."""
-    fold = DECODE_OVERRIDE.get("fold", decode_config(row_programs, device).get("fold"))  # the interpreter's too
-    return not _INVARIANT_ATTENTION[0] and bool(fold)
+    return _adaptive_flag("fold", row_programs, device)
+
+
+def loads_first_tile_early(row_programs: int, device: torch.device) -> bool:
+    """Whether a decode launch reads its first tile's pages beside the context lengths and loads
+    that tile before q, taking it last (the config's `early`; never in the invariant mode: it
+    changes the order of a row's sum)."""
+    return _adaptive_flag("early", row_programs, device)
+
+
+def _adaptive_flag(name: str, row_programs: int, device: torch.device) -> bool:
+    flag = DECODE_OVERRIDE.get(name, decode_config(row_programs, device).get(name))  # the interpreter's too
+    return not _INVARIANT_ATTENTION[0] and bool(flag)
 
 
 def launches_with_pdl(q_len: int, rope: bool, batch: int, device: torch.device) -> bool:
