@@ -13,9 +13,17 @@ if [ "${1:-1}" = 1 ]; then
   timeout $((END - 35)) python3 scripts/attention_sweep.py $O/sweep.json > $O/sweep.txt 2>&1; echo "sweep rc=$? t=$((SECONDS-S))"
   grep -v Warn $O/sweep.txt | grep -v "^new {\|^old {" | tail -40
   left 10 tests && { timeout $((END - SECONDS + S)) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_attention_fold.py tests/test_attention_pdl.py > $O/pytest.log 2>&1; echo "pytest rc=$? t=$((SECONDS-S))"; tail -3 $O/pytest.log; grep -E "^FAILED|^E  " $O/pytest.log | head -8; }
-else
-  shift
-  timeout $((END - 40)) python3 scripts/attention_ab.py $O/ab.json examples/llama-3.2-1b-synthetic.yaml "$@" > $O/ab.txt 2>&1; echo "ab rc=$? t=$((SECONDS-S))"; grep -v Warn $O/ab.txt | tail -14
-  left 20 profile && { timeout $((END - SECONDS + S)) python3 scripts/profile_step.py examples/llama-3.2-1b-synthetic.yaml 14 > $O/profile.txt 2>&1; echo "profile rc=$? t=$((SECONDS-S))"; grep -v Warn $O/profile.txt | tail -45; }
+else  # call 2: the whole-config sweep, the pick, the A/B of the step before / picked, the profile with the pick
+  SWEEP_SET=2 timeout 45 python3 scripts/attention_sweep.py $O/sweep2.json > $O/sweep2.txt 2>&1; echo "sweep rc=$? t=$((SECONDS-S))"
+  grep -v Warn $O/sweep2.txt | grep "#\|compiled\|empty"
+  python3 scripts/attention_pick.py $O/sweep2.json $O/pick.json && export A8_PICK=$O/pick.json
+  timeout $((END - SECONDS + S - 22)) python3 scripts/attention_ab.py $O/ab.json examples/llama-3.2-1b-synthetic.yaml ${AB:-before-configs picked} > $O/ab.txt 2>&1; echo "ab rc=$? t=$((SECONDS-S))"; grep -v Warn $O/ab.txt | tail -8
+  left 8 profile && { timeout $((END - SECONDS + S)) python3 -c "
+import json, os, runpy, sys
+from trtgraph.kernels import attention_config as a
+if os.environ.get('A8_PICK'):
+    a.DECODE_ADAPTIVE = tuple((m, c) for m, c in json.load(open(os.environ['A8_PICK']))['adaptive'])
+sys.argv = ['profile_step.py', 'examples/llama-3.2-1b-synthetic.yaml', '14']
+runpy.run_path('scripts/profile_step.py', run_name='__main__')" > $O/profile.txt 2>&1; echo "profile rc=$? t=$((SECONDS-S))"; grep -v Warn $O/profile.txt | tail -40; }
 fi
 echo "done t=$((SECONDS-S))"

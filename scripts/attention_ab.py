@@ -20,12 +20,16 @@ step at bs 1 and 64 from one eager step):
 - (eighth session, each with the shipped PDL settings) `before`: the adaptive decode configs of
   main 269f981 (no fold, no early first tile); `fold`: the step's key folded in from registers
   where RoPE runs inside attention; `fold-early`: and the first tile's pages read with the
-  positions, its K / V before q; `fold-early-w4`: and 4 warps past two row programs per SM.
+  positions, its K / V before q; `fold-early-w4`: and 4 warps past two row programs per SM;
+  `before-configs`: main 269f981's DECODE_ADAPTIVE (no fold, 128-key tiles up to two row programs
+  per SM, then 64-key tiles on 2 warps) on this tree's kernel: the step before this branch;
+  `picked` (with A8_PICK=PICK.json from scripts/attention_pick.py): the configs a sweep picked.
 Usage: python scripts/attention_ab.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,8,...]"""
 
 import dataclasses
 import importlib
 import json
+import os
 import sys
 
 from trtgraph.bench import measure_bandwidth
@@ -56,7 +60,13 @@ FLAGS.update({"before": {**FLAGS["shipped"], "override": {"fold": False, "early"
               "fold": {**FLAGS["shipped"], "override": {"fold": True, "early": False}},
               "fold-early": {**FLAGS["shipped"], "override": {"fold": True, "early": True}},
               "fold-early-w4": {**FLAGS["shipped"], "override": {"fold": True, "early": True},
-                                "adaptive": (SHIPPED_ADAPTIVE[0], (None, {**SHIPPED_ADAPTIVE[1][1], "warps": 4}))}})
+                                "adaptive": (SHIPPED_ADAPTIVE[0], (None, {**SHIPPED_ADAPTIVE[1][1], "warps": 4}))},
+              "before-configs": {**FLAGS["shipped"], "adaptive": (
+                  (2, dict(block_n=128, piece_tiles=2, warps=4, stages=3)),
+                  (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3)))}})
+if os.environ.get("A8_PICK"):  # `picked`: attention_pick.py's DECODE_ADAPTIVE from a sweep of the same call
+    FLAGS["picked"] = {**FLAGS["shipped"], "adaptive": tuple(
+        (most, cfg) for most, cfg in json.load(open(os.environ["A8_PICK"]))["adaptive"])}
 
 
 def install(ex, name, shipped):

@@ -12,6 +12,8 @@ key folded in from registers (no write-then-read), `early`: the first tile's pag
 positions and its K / V loaded before q, `w4` / `n128w4` / `s2` / `fill8`: warps, a 128-key
 tile on 4 warps, 2 pipeline stages, 8 programs per SM (2 pieces a row at bs 64). Also the launch
 floor (an empty kernel x16) and each compiled variant's registers / spills / shared memory.
+SWEEP_SET=1: call 1's variants (relative overrides); 2 (default): whole configs for the RoPE
+path at bs 48 / 64 (tile and warps 64/w2, 128/w2, 128/w4; 3 or 2 stages; fold 1 or 2).
 
 The kernels are compiled first by `--warm K/N` child processes (one Triton cache, in parallel),
 so the timing process loads them. Usage: python scripts/attention_sweep.py OUT.json"""
@@ -38,7 +40,8 @@ DEV = torch.device("cuda")
 DT = torch.bfloat16
 PLAIN_CASES = [(bs, ctx) for bs in (1, 8, 32, 64) for ctx in (128, 512)] + [(64, 127), (64, 0)]
 ROPE_CASES = [(bs, ctx) for bs in (48, 64) for ctx in (128, 512)] + [(64, 1)]
-VARIANTS = {  # name -> (path, module, override)
+SETS = {}
+SETS[1] = {  # call 1 (at be3c10b, over that tree's configs: 128/2/w4 up to 2 row programs per SM, 64/4/w2 past)
     "plain/old": ("plain", "old", {}),
     "plain/shipped": ("plain", "new", {"early": False}),
     "plain/early": ("plain", "new", {"early": True}),
@@ -55,6 +58,16 @@ VARIANTS = {  # name -> (path, module, override)
     "rope/fold-s2": ("rope", "new", {"fold": True, "early": False, "stages": 2}),
     "rope/fold-early-fill8": ("rope", "new", {"fold": True, "early": True, "fill": 8}),
 }
+N64W2, N128W4, N128W2 = (dict(block_n=64, piece_tiles=4, warps=2), dict(block_n=128, piece_tiles=2, warps=4),
+                         dict(block_n=128, piece_tiles=2, warps=2))
+SETS[2] = {  # call 2: whole configs (the fold's slot read early since 2ce...; fold 2: the key as a 16-key tile)
+    "plain/shipped": ("plain", "new", {}),
+    "rope/before": ("rope", "new", {**N64W2, "stages": 3, "fold": 0, "early": False}),
+    **{f"rope/n{c['block_n']}w{c['warps']}-s{st}-fold{f}": ("rope", "new", {**c, "stages": st, "fold": f, "early": False})
+       for c in (N64W2, N128W2, N128W4) for st in (3, 2) for f in (1, 2)
+       if not (c is N128W4 and st == 2)},
+}
+VARIANTS = SETS[int(os.environ.get("SWEEP_SET", "2"))]
 
 
 @triton.jit

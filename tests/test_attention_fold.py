@@ -45,16 +45,16 @@ def _check(device, dtype, contexts, **shape):
 def test_fold_is_the_adaptive_modes_and_never_the_invariant_modes(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
-    assert acfg.folds_new_token(2, cpu)
+    assert acfg.fold_mode(2, cpu) == 1 and acfg.loads_first_tile_early(2, cpu)
     monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [True])
-    assert not acfg.folds_new_token(2, cpu)
-    monkeypatch.setattr(acfg, "DECODE_OVERRIDE", {"fold": True})  # a sweep's override cannot make it fold
-    assert not acfg.folds_new_token(2, cpu)
+    assert acfg.fold_mode(2, cpu) == 0 and not acfg.loads_first_tile_early(2, cpu)
+    monkeypatch.setattr(acfg, "DECODE_OVERRIDE", {"fold": 2, "early": True})  # a sweep's override cannot change that
+    assert acfg.fold_mode(2, cpu) == 0 and not acfg.loads_first_tile_early(2, cpu)
 
 
 @needs_triton
-@pytest.mark.parametrize("fold,early", [(True, True), (True, False), (False, True), (False, False)],
-                         ids=["fold-early", "fold", "write-then-read-early", "write-then-read"])
+@pytest.mark.parametrize("fold,early", [(1, True), (1, False), (2, True), (2, False), (0, True), (0, False)],
+                         ids=["fold-early", "fold", "fold2-early", "fold2", "write-then-read-early", "write-then-read"])
 def test_rope_attention_folds_the_new_key(monkeypatch, fold, early):
     """Each context alone (a table of 32 pages: 4 pieces of 2 tiles, so 128 keys are merged from
     4 pieces) and all of them in one crowd (one piece each), with the fold and without it, with
@@ -63,7 +63,7 @@ def test_rope_attention_folds_the_new_key(monkeypatch, fold, early):
     monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
     monkeypatch.setattr(acfg, "DECODE_OVERRIDE", {"fold": fold, "early": early})
     cpu = torch.device("cpu")
-    assert acfg.folds_new_token(2, cpu) == fold and acfg.loads_first_tile_early(2, cpu) == early
+    assert acfg.fold_mode(2, cpu) == fold and acfg.loads_first_tile_early(2, cpu) == early
     assert acfg.attention_launch_shape(1, 1, 4, 2, 128, cpu)[3] == 4  # one sequence alone: 4 pieces
     for i, ctx in enumerate(CONTEXTS):
         _check(cpu, torch.float32, (ctx,), seed=i)
@@ -76,14 +76,17 @@ def test_rope_attention_folds_the_new_key(monkeypatch, fold, early):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_attention_folds_the_new_key_gpu(monkeypatch, dtype):
     """The shipped adaptive configs on Llama-3.2-1B's heads (32 / 8 of 64, page 16), with the
-    fold: contexts at tile edges of both tile sizes, at 1, 8 and 64 sequences."""
+    fold (the shipped mode, then each), with and without the early first tile: contexts at tile
+    edges of both tile sizes, at 1, 8, 48 and 64 sequences."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
     dev = torch.device("cuda")
     shape = dict(hq=32, hkv=8, d=64, page=16, width=40)
-    assert acfg.folds_new_token(64 * 8, dev) and acfg.folds_new_token(8, dev)
+    assert acfg.fold_mode(64 * 8, dev) > 0 and acfg.fold_mode(48 * 8, dev) > 0 and acfg.fold_mode(8, dev) == 0
     edges = (1, 2, 64, 65, 128, 129, 257, 640)
-    for batch in (1, 8, 64):
-        contexts = tuple(edges[i % len(edges)] for i in range(batch))
-        _check(dev, dtype, contexts, seed=batch, **shape)
+    for override in ({}, {"fold": 1, "early": True}, {"fold": 2}):
+        monkeypatch.setattr(acfg, "DECODE_OVERRIDE", override)
+        for batch in (1, 8, 48, 64):
+            contexts = tuple(edges[i % len(edges)] for i in range(batch))
+            _check(dev, dtype, contexts, seed=batch, **shape)

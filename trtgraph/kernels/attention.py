@@ -89,23 +89,24 @@ def _rotate(x_ptr, rows, stride, pos, cs_ptr, mask, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr,
+def _new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr, slot_ptr,
             kv_ptr, HEAD_DIM: tl.constexpr):
-    """The step's token tok of kv head kvh: k rotated and v, as the cache holds them, [1, D] each."""
+    """The step's token tok of kv head kvh: k rotated and v, as the cache holds them, [1, D] each,
+    and its cache slot [1] (read here, early: a store at the end must not wait for it)."""
     d = tl.arange(0, HEAD_DIM)
     one = tl.arange(0, 1)
     toks = tok + one
+    slot = tl.load(slot_ptr + toks)
     k = _rotate(k_ptr + kvh * k_stride_h, toks, k_stride_t, pos + one, cs_ptr, one == 0, HEAD_DIM)
     v = tl.load(v_ptr + toks[:, None] * v_stride_t + kvh * v_stride_h + d[None, :])
-    return k.to(kv_ptr.dtype.element_ty), v
+    return k.to(kv_ptr.dtype.element_ty), v, slot
 
 
 @triton.jit
-def _store_new_kv(k, v, tok, kvh, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, write,
+def _store_new_kv(k, v, slot, kvh, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, write,
                   HEAD_DIM: tl.constexpr):
-    """k and v [1, D] of the step's token tok, kv head kvh, stored at its cache slot where `write`."""
+    """k and v [1, D] of the step's token, kv head kvh, stored at its cache slot [1] where `write`."""
     d = tl.arange(0, HEAD_DIM)
-    slot = tl.load(slot_ptr + tok + tl.arange(0, 1))
     dst = kv_ptr + slot[:, None] * cache_slot_stride + kvh * cache_head_stride + d[None, :]
     write = d[None, :] < tl.where(write, HEAD_DIM, 0)  # [1, D]: all or none
     tl.store(dst, k, mask=write)
@@ -113,10 +114,16 @@ def _store_new_kv(k, v, tok, kvh, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_
 
 
 @triton.jit
-def _fold_new_key(q, k, v, m_i, l_i, acc, live, scale_log2, PRECISION: tl.constexpr):
+def _fold_new_key(q, k, v, m_i, l_i, acc, live, scale_log2, PRECISION: tl.constexpr, MODE: tl.constexpr):
     """One more key (k, v: [1, D], the step's own, from registers) into the online softmax of the
-    rows `live` (others unchanged: their score is -inf), as _attend_tiles would take it: the
-    score in log2 units, p rounded to v's dtype for the product."""
+    rows `live` (others unchanged: their score is -inf). MODE 1: element-wise, the score in log2
+    units, p rounded to v's dtype for the product, as a tile takes it; MODE 2: as a 16-key tile
+    through the tile's own dots, the key in its first row (the others masked)."""
+    if MODE == 2:
+        j = tl.arange(0, 16)
+        kt = tl.where(j[:, None] == 0, k, 0.0).to(k.dtype)  # [16, D]
+        vt = tl.where(j[:, None] == 0, v, 0.0).to(v.dtype)
+        return _tile_update(q, kt, vt, j, tl.where(live, 0, -1), m_i, l_i, acc, scale_log2, PRECISION)
     s = tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1) * scale_log2  # [M]
     s = tl.where(live, s, float("-inf"))
     m_new = tl.maximum(m_i, s)
@@ -167,8 +174,8 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     `gdc_wait()` reads only what no kernel of the step's chain writes, and puts the program's
     first KV rows on their way to L2; q, the step's k / v and the KV loads come after the wait
     (docs/design.md, "Paged attention", says why that is safe).
-    FOLD (with ROPE): the tiles cover the row's cached keys only (ctx - 1), and the program of the
-    last piece folds the step's key and value in from registers after them (its cache write is
+    FOLD (1 or 2, with ROPE; 0: off): the tiles cover the row's cached keys only (ctx - 1), and the
+    program of the last piece folds the step's key and value in from registers after them (its cache write is
     off the critical path: nothing in this launch reads it back, so it is stored last).
     EARLY (adaptive): the pages of a row's first tile are read with the context lengths, its K and
     V loaded before q; a context of one piece takes that tile after the others (one round trip
@@ -232,14 +239,14 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
                     mask=row_ok[:, None], other=0.0)
     if FOLD:  # every program of the row has the step's k and v in registers (the last piece's stores them, last)
-        k_new, v_new = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
-                               kv_ptr, HEAD_DIM)
+        k_new, v_new, slot = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
+                                     cs_ptr, slot_ptr, kv_ptr, HEAD_DIM)
     elif ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
         if split == owner:
-            k_new, v_new = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
-                                   cs_ptr, kv_ptr, HEAD_DIM)
-            _store_new_kv(k_new, v_new, b, kvh, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride,
-                          cache_head_stride, split == owner, HEAD_DIM)
+            k_new, v_new, slot = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
+                                         cs_ptr, slot_ptr, kv_ptr, HEAD_DIM)
+            _store_new_kv(k_new, v_new, slot, kvh, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
+                          split == owner, HEAD_DIM)
             tl.debug_barrier()
     if used == 1:
         # The whole context in one piece: its program writes the rows itself, no partials,
@@ -251,7 +258,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
             if EARLY:  # the first tile last (a context of no cached key: all masked, no change)
                 m_i, l_i, acc = _tile_update(q, k0, v0, n0, seen, m_i, l_i, acc, scale_log2, PRECISION)
             if FOLD:
-                m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok, scale_log2, PRECISION)
+                m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok, scale_log2, PRECISION, FOLD)
             _store_rows(out_ptr, acc, l_i, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
     else:
         row_pieces = (pid * num_kv_heads + kvh) * num_pieces
@@ -262,7 +269,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                                           cache_slot_stride, scale_log2, PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
             if FOLD:  # the last piece takes the step's key after its tiles
                 m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok & (piece == used - 1),
-                                              scale_log2, PRECISION)
+                                              scale_log2, PRECISION, FOLD)
             # partials [programs(0), kv heads, pieces, BLOCK_M, (D | 2)]
             rows = (row_pieces + piece) * BLOCK_M + tl.arange(0, BLOCK_M)
             d = tl.arange(0, HEAD_DIM)
@@ -278,7 +285,7 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                               out_stride_t, out_stride_h, num_pieces, HEAD_DIM, BLOCK_M)
                 tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
     if FOLD:  # the step's k and v into the cache, by the last piece's program: nothing here reads them
-        _store_new_kv(k_new, v_new, b, kvh, slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
+        _store_new_kv(k_new, v_new, slot, kvh, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
                       split == owner, HEAD_DIM)
 
 
@@ -353,9 +360,9 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
     pdl = cfg.launches_with_pdl(q_len, rope is not None, batch, q.device)
-    fold = rope is not None and cfg.folds_new_token(batch * q_blocks * num_kv_heads, q.device)
+    fold = cfg.fold_mode(batch * q_blocks * num_kv_heads, q.device) if rope is not None else 0
     # the early tile is loaded before the write-then-read path would write the step's k and v: folded only
-    early = q_len == 1 and (rope is None or fold) and cfg.loads_first_tile_early(batch * q_blocks * num_kv_heads,
+    early = q_len == 1 and (rope is None or fold > 0) and cfg.loads_first_tile_early(batch * q_blocks * num_kv_heads,
                                                                                 q.device)
     row_bytes = head_dim * kv_cache.element_size()
     prefetch = row_bytes if pdl and cfg.PREFETCH_KV and row_bytes % 16 == 0 else 0

@@ -23,17 +23,19 @@ _INVARIANT_ATTENTION = [True]
 # of the batch; stages and the grid only change who computes a piece, and when. Measured on the
 # H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6"): the adaptive mode takes
 # 128-key tiles while the grid has at most two row programs per SM, then 64-key tiles on 2 warps.
-# `fold` (adaptive mode only, RoPE + KV write inside attention): the step's new key and value
-# enter the row's softmax from registers after its cached tiles, instead of being written to the
-# cache and read back after a barrier (the write still happens, off the critical path). It changes
+# `fold` (adaptive mode only, RoPE + KV write inside attention; 1 element-wise, 2 as a 16-key tile,
+# 0 off): the step's new key and value enter the row's softmax from registers after its cached
+# tiles, instead of being written to the cache and read back after a barrier (the write still
+# happens, last, off the critical path). It changes
 # the reduction order against the fused-qkv path's, so the invariant mode never folds (a row's
 # bits there must not depend on which path its bucket takes). `fill` (adaptive): the key gets
 # as many pieces as make about `fill` programs per SM. `early` (adaptive): a row's first tile's pages
 # read beside the context lengths, its K and V loaded before q, the tile taken last
 # (attention.py's EARLY).
-DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0, fold=False)
-DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=True)),  # (row programs per SM at most, config)
-                   (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3, fold=True)))
+DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0, fold=0)
+DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=0)),  # (row programs per SM at most, config)
+                   (3, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=1)),
+                   (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3, fold=1)))
 DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
 _CPU_DECODE = dict(block_n=16, piece_tiles=2, warps=4, stages=3, per_sm=2)  # the interpreter (tests)
 
@@ -53,7 +55,7 @@ def _num_sms(device: torch.device) -> int:
 def decode_config(row_programs: int, device: torch.device) -> dict:
     """The decode launch's config for a key of `row_programs` (sequence, kv head) programs."""
     if device.type != "cuda":
-        return {**_CPU_DECODE, "fold": not _INVARIANT_ATTENTION[0], "early": not _INVARIANT_ATTENTION[0]}
+        return {**_CPU_DECODE, "fold": 1, "early": True}  # both adaptive-only (fold_mode, loads_first_tile_early)
     if _INVARIANT_ATTENTION[0]:
         return {**DECODE_INVARIANT, **DECODE_OVERRIDE}
     sms = _num_sms(device)
@@ -95,10 +97,13 @@ def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int
     return block_m, block_n, q_blocks, pieces, 0, pieces, warps, stages
 
 
-def folds_new_token(row_programs: int, device: torch.device) -> bool:
-    """Whether a decode launch with RoPE + KV write inside folds the step's key and value in from
-    registers (the config's `fold`; never in the invariant mode)."""
-    return _adaptive_flag("fold", row_programs, device)
+def fold_mode(row_programs: int, device: torch.device) -> int:
+    """How a decode launch with RoPE + KV write inside folds the step's key and value in from
+    registers (the config's `fold`: 0 not, the write-then-read; 1 element-wise; 2 as a 16-key tile
+    through the tile's dots; never in the invariant mode)."""
+    if _INVARIANT_ATTENTION[0]:
+        return 0
+    return int(DECODE_OVERRIDE.get("fold", decode_config(row_programs, device).get("fold", 0)))
 
 
 def loads_first_tile_early(row_programs: int, device: torch.device) -> bool:
