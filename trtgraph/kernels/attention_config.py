@@ -20,22 +20,26 @@ _INVARIANT_ATTENTION = [True]
 # mode, the least of an adaptive one), warps, pipeline stages, and (invariant mode) programs
 # per SM the grid aims at (0: one program per piece of the table's longest context). The tile,
 # piece and warps fix a row's rounding, so the invariant mode's are constants, never a function
-# of the batch; stages and the grid only change who computes a piece, and when. Measured on the
-# H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6"): the adaptive mode takes
-# 128-key tiles while the grid has at most two row programs per SM, then 64-key tiles on 2 warps.
-# `fold` (adaptive mode only, RoPE + KV write inside attention; 1 element-wise, 2 as a 16-key tile,
-# 0 off): the step's new key and value enter the row's softmax from registers after its cached
-# tiles, instead of being written to the cache and read back after a barrier (the write still
-# happens, last, off the critical path). It changes
-# the reduction order against the fused-qkv path's, so the invariant mode never folds (a row's
-# bits there must not depend on which path its bucket takes). `fill` (adaptive): the key gets
-# as many pieces as make about `fill` programs per SM. `early` (adaptive): a row's first tile's pages
-# read beside the context lengths, its K and V loaded before q, the tile taken last
-# (attention.py's EARLY).
+# of the batch; stages and the grid only change who computes a piece, and when.
+# `fold` (adaptive mode only, RoPE + KV write inside attention; 1 element-wise, 2 as a 16-key
+# tile through the tile's dots, 0 off): the step's new key and value enter the row's softmax from
+# registers after its cached tiles, instead of being written to the cache and read back after a
+# barrier (the write still happens, last, off the critical path). It changes the reduction order
+# against the fused-qkv path's, so the invariant mode never folds (a row's bits there must not
+# depend on which path its bucket takes). `fill` (adaptive): the key gets as many pieces as make
+# about `fill` programs per SM. `early` (adaptive): a row's first tile's pages read beside the
+# context lengths, its K and V loaded before q, the tile taken last (attention.py's EARLY).
+# Measured on the H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6" and the
+# eighth session's "branch h/a8"): up to two row programs per SM 128-key tiles on 4 warps (no
+# RoPE-inside step there on the 1B); up to three (bs 33-49 on the 1B) the same with the fold (bs 48:
+# -11% at 128 cached tokens, -19% at 512); past that (bs 50-64) 128-key tiles on 2 warps, 2 stages,
+# fold 2 (bs 64: -3% / -8%; on 4 warps three programs fit an SM, so 512 run in two waves: +2 to
+# +35%). `early` lost at bs 1-32 (0 to +10%: 255 registers) and is off; `fill` 8 lost at bs 48-64
+# (+12 to +46%).
 DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0, fold=0)
 DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=0)),  # (row programs per SM at most, config)
                    (3, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=1)),
-                   (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3, fold=1)))
+                   (None, dict(block_n=128, piece_tiles=2, warps=2, stages=2, fold=2)))
 DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
 _CPU_DECODE = dict(block_n=16, piece_tiles=2, warps=4, stages=3, per_sm=2)  # the interpreter (tests)
 
