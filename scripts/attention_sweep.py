@@ -60,12 +60,12 @@ SETS[1] = {  # call 1 (at be3c10b, over that tree's configs: 128/2/w4 up to 2 ro
 }
 N64W2, N128W4, N128W2 = (dict(block_n=64, piece_tiles=4, warps=2), dict(block_n=128, piece_tiles=2, warps=4),
                          dict(block_n=128, piece_tiles=2, warps=2))
-SETS[2] = {  # call 2: whole configs (the fold's slot read early since 2ce...; fold 2: the key as a 16-key tile)
+SETS[2] = {  # call 2 (at b3a7705): whole configs (the fold's slot read early; fold 2: the key as a 16-key tile)
     "plain/shipped": ("plain", "new", {}),
     "rope/before": ("rope", "new", {**N64W2, "stages": 3, "fold": 0, "early": False}),
-    **{f"rope/n{c['block_n']}w{c['warps']}-s{st}-fold{f}": ("rope", "new", {**c, "stages": st, "fold": f, "early": False})
-       for c in (N64W2, N128W2, N128W4) for st in (3, 2) for f in (1, 2)
-       if not (c is N128W4 and st == 2)},
+    **{f"rope/n{c['block_n']}w{c['warps']}-s{st}-fold{f}":
+       ("rope", "new", {**c, "stages": st, "fold": f, "early": False})
+       for c in (N64W2, N128W2, N128W4) for st in (3, 2) for f in (1, 2) if not (c is N128W4 and st == 2)},
 }
 VARIANTS = SETS[int(os.environ.get("SWEEP_SET", "2"))]
 

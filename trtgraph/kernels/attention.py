@@ -175,8 +175,8 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     first KV rows on their way to L2; q, the step's k / v and the KV loads come after the wait
     (docs/design.md, "Paged attention", says why that is safe).
     FOLD (1 or 2, with ROPE; 0: off): the tiles cover the row's cached keys only (ctx - 1), and the
-    program of the last piece folds the step's key and value in from registers after them (its cache write is
-    off the critical path: nothing in this launch reads it back, so it is stored last).
+    program of the last piece folds the step's key and value in from registers after them (its
+    cache write is off the critical path: nothing in this launch reads it back, so it comes last).
     EARLY (adaptive): the pages of a row's first tile are read with the context lengths, its K and
     V loaded before q; a context of one piece takes that tile after the others (one round trip
     fewer before the first KV bytes move)."""
@@ -372,8 +372,8 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals, k, v, cos_sin, slots,
                              q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1),
                              v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), tables.shape[1], scale_log2, pieces,
-                             kv_cache.shape[1],
+                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), tables.shape[1], scale_log2,
+                             pieces, kv_cache.shape[1],
                              Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, SPLIT=pieces > 1,
                              PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,

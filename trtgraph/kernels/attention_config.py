@@ -37,7 +37,8 @@ _INVARIANT_ATTENTION = [True]
 # +35%). `early` lost at bs 1-32 (0 to +10%: 255 registers) and is off; `fill` 8 lost at bs 48-64
 # (+12 to +46%).
 DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0, fold=0)
-DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=0)),  # (row programs per SM at most, config)
+# (row programs per SM at most, config), first match
+DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=0)),
                    (3, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=1)),
                    (None, dict(block_n=128, piece_tiles=2, warps=2, stages=2, fold=2)))
 DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
