@@ -17,17 +17,26 @@ step at bs 1 and 64 from one eager step):
 - `pdl-late`, `pdl-late-no-prefetch`: `pdl` (without the prefetch) with attention letting its
   successor launch only once it has waited (ATTENTION_TRIGGER 2), not from its start (1);
   `shipped`: the tree's own settings.
+- (eighth session, each with the shipped PDL settings) `before`: the adaptive decode configs of
+  main 269f981 (no fold, no early first tile); `fold`: the step's key folded in from registers
+  where RoPE runs inside attention; `fold-early`: and the first tile's pages read with the
+  positions, its K / V before q; `fold-early-w4`: and 4 warps past two row programs per SM;
+  `before-configs`: main 269f981's DECODE_ADAPTIVE (no fold, 128-key tiles up to two row programs
+  per SM, then 64-key tiles on 2 warps) on this tree's kernel: the step before this branch;
+  `picked` (with A8_PICK=PICK.json from scripts/attention_pick.py): the configs a sweep picked.
 Usage: python scripts/attention_ab.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,8,...]"""
 
 import dataclasses
 import importlib
 import json
+import os
 import sys
 
 from trtgraph.bench import measure_bandwidth
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
 from trtgraph.kernels import attention
+from trtgraph.kernels import attention_config as acfg
 from trtgraph.kernels import decode_linear as dl
 from trtgraph.runtime.step.executor import Executor
 
@@ -44,22 +53,37 @@ FLAGS = {"old": {**PDL_ON, "attention_pdl": NONE}, "kernel": {**PDL_ON, "attenti
          "pdl-fused-only": {**PDL_ON, "attention_pdl": {"decode": 64, "rope": 0}, "batches": (64,)},
          "pdl-late": {**PDL_ON, "attn_trigger": 2},
          "pdl-late-no-prefetch": {**PDL_ON, "attn_trigger": 2, "prefetch": False},
-         "shipped": {"attention_pdl": dict(attention.ATTENTION_PDL), "trigger": dl._TRIGGER_MODES,
-                     "prefetch": attention.PREFETCH_KV, "attn_trigger": attention.ATTENTION_TRIGGER}}
+         "shipped": {"attention_pdl": dict(acfg.ATTENTION_PDL), "trigger": dl._TRIGGER_MODES,
+                     "prefetch": acfg.PREFETCH_KV, "attn_trigger": acfg.ATTENTION_TRIGGER}}
+SHIPPED_ADAPTIVE = acfg.DECODE_ADAPTIVE
+FLAGS.update({"before": {**FLAGS["shipped"], "override": {"fold": False, "early": False}},
+              "fold": {**FLAGS["shipped"], "override": {"fold": True, "early": False}},
+              "fold-early": {**FLAGS["shipped"], "override": {"fold": True, "early": True}},
+              "fold-early-w4": {**FLAGS["shipped"], "override": {"fold": True, "early": True},
+                                "adaptive": (SHIPPED_ADAPTIVE[0], (None, {**SHIPPED_ADAPTIVE[1][1], "warps": 4}))},
+              "before-configs": {**FLAGS["shipped"], "adaptive": (
+                  (2, dict(block_n=128, piece_tiles=2, warps=4, stages=3)),
+                  (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3)))}})
+if os.environ.get("A8_PICK"):  # `picked`: attention_pick.py's DECODE_ADAPTIVE from a sweep of the same call
+    FLAGS["picked"] = {**FLAGS["shipped"], "adaptive": tuple(
+        (most, cfg) for most, cfg in json.load(open(os.environ["A8_PICK"]))["adaptive"])}
 
 
 def install(ex, name, shipped):
     flags = FLAGS[name]
-    attention.ATTENTION_PDL = flags["attention_pdl"]
-    attention.PREFETCH_KV = flags["prefetch"]
+    acfg.ATTENTION_PDL = flags["attention_pdl"]
+    acfg.PREFETCH_KV = flags["prefetch"]
     dl._TRIGGER_MODES = flags["trigger"]
-    attention.ATTENTION_TRIGGER = flags["attn_trigger"]
+    acfg.ATTENTION_TRIGGER = flags["attn_trigger"]
+    acfg.DECODE_OVERRIDE.clear()
+    acfg.DECODE_OVERRIDE.update(flags.get("override", {}))
+    acfg.DECODE_ADAPTIVE = flags.get("adaptive", SHIPPED_ADAPTIVE)
     ops = shipped
     if name in ("old", "kernel"):
         ops = dataclasses.replace(ops, rope_in_attention=lambda *a: False)
     if name == "old":
         old = importlib.import_module("trtgraph.kernels.attention_old")
-        old.set_attention_invariant(attention._INVARIANT_ATTENTION[0])
+        old.set_attention_invariant(acfg._INVARIANT_ATTENTION[0])
         ops = dataclasses.replace(ops, paged_attention=old.paged_attention)
     ex.loaded.model.ops = ops
 

@@ -54,7 +54,7 @@ from trtgraph.kernels import decode_linear as dl
 from trtgraph.kernels import decode_persistent as dp
 from trtgraph.kernels import decode_tuned
 from trtgraph.kernels import linear as lin
-from trtgraph.kernels import attention
+from trtgraph.kernels import attention_config as attention
 from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import compose
 from trtgraph.runtime.step.executor import Executor

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from test_decode_linear import _inputs, _light_1b, _weight
 from test_kernels import _paged_case, _slots
 from trtgraph.kernels import attention, reference
+from trtgraph.kernels import attention_config as acfg
 from trtgraph.kernels import decode_linear as dl
 from trtgraph.kernels.composed import QKVHeads
 
@@ -20,15 +21,15 @@ def test_pdl_launch_is_for_decode_keys_on_pdl_devices(monkeypatch):
     """Decode keys (q = 1) of at most ATTENTION_PDL[path] sequences launch attention with PDL on a
     PDL-capable device; verification and prefill (q > 1) and the CPU never."""
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.setattr(attention, "ATTENTION_PDL", {"decode": 8, "rope": 64})
-    assert not attention.launches_with_pdl(1, False, 1, cpu) and not attention.launches_with_pdl(1, True, 1, cpu)
-    monkeypatch.setattr(attention, "pdl_capable", lambda device: device.type == "cuda")
-    assert [attention.launches_with_pdl(1, False, b, cuda) for b in (1, 8, 9, 64)] == [True, True, False, False]
-    assert [attention.launches_with_pdl(1, True, b, cuda) for b in (1, 40, 64, 65)] == [True, True, True, False]
+    monkeypatch.setattr(acfg, "ATTENTION_PDL", {"decode": 8, "rope": 64})
+    assert not acfg.launches_with_pdl(1, False, 1, cpu) and not acfg.launches_with_pdl(1, True, 1, cpu)
+    monkeypatch.setattr(acfg, "pdl_capable", lambda device: device.type == "cuda")
+    assert [acfg.launches_with_pdl(1, False, b, cuda) for b in (1, 8, 9, 64)] == [True, True, False, False]
+    assert [acfg.launches_with_pdl(1, True, b, cuda) for b in (1, 40, 64, 65)] == [True, True, True, False]
     for rope in (False, True):
-        assert not attention.launches_with_pdl(2, rope, 1, cuda) and not attention.launches_with_pdl(64, rope, 1, cuda)
-    monkeypatch.setattr(attention, "ATTENTION_PDL", {"decode": 0, "rope": 0})
-    assert not attention.launches_with_pdl(1, False, 1, cuda) and not attention.launches_with_pdl(1, True, 1, cuda)
+        assert not acfg.launches_with_pdl(2, rope, 1, cuda) and not acfg.launches_with_pdl(64, rope, 1, cuda)
+    monkeypatch.setattr(acfg, "ATTENTION_PDL", {"decode": 0, "rope": 0})
+    assert not acfg.launches_with_pdl(1, False, 1, cuda) and not acfg.launches_with_pdl(1, True, 1, cuda)
 
 
 def test_attention_runs_without_pdl_in_the_interpreter():
@@ -49,7 +50,7 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
     `prefetch`), eagerly and recorded and replayed: outputs and caches bitwise equal."""
     dev = torch.device("cuda")
     H, heads, eps, scale = 2048, QKVHeads(32, 8, 64), 1e-5, 64 ** -0.5
-    monkeypatch.setattr(attention, "_INVARIANT_ATTENTION", [invariant])
+    monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [invariant])
     if rows == 1:
         _light_1b(monkeypatch)
     g, x, nw = _inputs(rows, H, dtype, dev, seed=rows)
@@ -83,9 +84,9 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
             kv.copy_(c0)
 
     def pdl(on: bool):
-        monkeypatch.setattr(attention, "PREFETCH_KV", prefetch)
-        monkeypatch.setattr(attention, "ATTENTION_PDL", {"decode": 64 if on else 0, "rope": 64 if on else 0})
-        monkeypatch.setattr(attention, "ATTENTION_TRIGGER", trigger if on else 0)
+        monkeypatch.setattr(acfg, "PREFETCH_KV", prefetch)
+        monkeypatch.setattr(acfg, "ATTENTION_PDL", {"decode": 64 if on else 0, "rope": 64 if on else 0})
+        monkeypatch.setattr(acfg, "ATTENTION_TRIGGER", trigger if on else 0)
         monkeypatch.setattr(dl, "_TRIGGER_MODES", frozenset({dl._ROPE} if on else ()))
         monkeypatch.setattr(dl, "_LIGHT_PDL", frozenset({dl._RESIDUAL, dl._SILU, dl._ROPE} if on else ()))
 
@@ -94,7 +95,7 @@ def _chain_replays_eager(monkeypatch, rows: int, dtype: torch.dtype, rope_in_att
     want_caches = [kv.clone() for _, _, kv in layers]
     reset()
     pdl(True)
-    assert attention.launches_with_pdl(1, rope_in_attention, rows, dev)
+    assert acfg.launches_with_pdl(1, rope_in_attention, rows, dev)
     eager_pdl = step(x.clone())  # also compiles outside the capture
     assert torch.equal(eager_pdl, want)
     h = x.clone()

@@ -5,9 +5,12 @@ depend on the key's shapes only; context lengths are read on the device.
 
 `rope_paged_attention` is the same kernel with RoPE and the KV-cache write folded in (decode
 keys whose qkv projection is not a fused kernel): every program rotates its q rows, and the
-program that owns a row's last KV piece rotates the step's k, writes k and v to the cache and,
-after a barrier, reads them back with the rest of the piece. Decode launches of few sequences are
-PDL-launched (ATTENTION_PDL, at the end): block table read before they wait for the qkv."""
+program that owns a row's last KV piece rotates the step's k and writes k and v to the cache;
+then either (the adaptive mode's `fold`) every program of the row takes them into its softmax
+from registers, the last piece after its cached tiles, or (the invariant mode) that program
+reads them back with the rest of its piece after a barrier. Decode launches of few sequences are
+PDL-launched: block table read before they wait for the qkv. The host-side choices (config per
+mode and key shape, launch shape, the PDL / prefetch / trigger knobs) are attention_config.py's."""
 
 from __future__ import annotations
 
@@ -16,11 +19,39 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from . import attention_config as cfg
+from .attention_config import set_attention_invariant  # noqa: F401  (the executor's import)
 from .triton_ops import arrival_counters, pdl_capable
 
 # ---------------------------------------------------------------------------------------
 # Paged attention: one kernel for decode (q=1), verification (q=1+k) and prefill chunks
 # ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_kv(k_base, page, n, n_ok, cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE: tl.constexpr,
+             HEAD_DIM: tl.constexpr):
+    """K and V rows n (those n_ok; 0 elsewhere) of one kv head, their pages given: [N, D] each."""
+    d = tl.arange(0, HEAD_DIM)
+    off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
+    k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+    v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _tile_update(q, k, v, n, pos, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr):
+    """One KV tile (keys n, K and V [N, D]) into the rows' online softmax; a query t sees keys
+    0..pos[t]."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
+    s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -30,7 +61,6 @@ def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cach
     """Online softmax of the rows' queries q [M, D] over KV tiles [start, end) of one sequence
     (block-table row bt_row) and one kv head (k_base): (running max m, sum l, accumulator), in
     log2 units; a query t sees keys 0..pos[t]. K and V of a tile are loaded together."""
-    d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -38,18 +68,8 @@ def _attend_tiles(q, k_base, bt_row, pos, ctx, start, end, cache_kv_stride, cach
         n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < ctx
         page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0)
-        off = page * cache_block_stride + (n % PAGE) * cache_slot_stride
-        k = tl.load(k_base + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        v = tl.load(k_base + cache_kv_stride + off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N], log2 units
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        k, v = _load_kv(k_base, page, n, n_ok, cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE, HEAD_DIM)
+        m_i, l_i, acc = _tile_update(q, k, v, n, pos, m_i, l_i, acc, scale_log2, PRECISION)
     return m_i, l_i, acc
 
 
@@ -69,18 +89,50 @@ def _rotate(x_ptr, rows, stride, pos, cs_ptr, mask, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _write_new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr, slot_ptr,
-                  kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, HEAD_DIM: tl.constexpr):
-    """The step's token tok of kv head kvh: k rotated, k and v stored at its cache slot."""
+def _new_kv(k_ptr, v_ptr, tok, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, pos, cs_ptr, slot_ptr,
+            kv_ptr, HEAD_DIM: tl.constexpr):
+    """The step's token tok of kv head kvh: k rotated and v, as the cache holds them, [1, D] each,
+    and its cache slot [1] (read here, early: a store at the end must not wait for it)."""
     d = tl.arange(0, HEAD_DIM)
     one = tl.arange(0, 1)
     toks = tok + one
+    slot = tl.load(slot_ptr + toks)
     k = _rotate(k_ptr + kvh * k_stride_h, toks, k_stride_t, pos + one, cs_ptr, one == 0, HEAD_DIM)
     v = tl.load(v_ptr + toks[:, None] * v_stride_t + kvh * v_stride_h + d[None, :])
-    slot = tl.load(slot_ptr + toks)
+    return k.to(kv_ptr.dtype.element_ty), v, slot
+
+
+@triton.jit
+def _store_new_kv(k, v, slot, kvh, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, write,
+                  HEAD_DIM: tl.constexpr):
+    """k and v [1, D] of the step's token, kv head kvh, stored at its cache slot [1] where `write`."""
+    d = tl.arange(0, HEAD_DIM)
     dst = kv_ptr + slot[:, None] * cache_slot_stride + kvh * cache_head_stride + d[None, :]
-    tl.store(dst, k.to(kv_ptr.dtype.element_ty))
-    tl.store(dst + cache_kv_stride, v)
+    write = d[None, :] < tl.where(write, HEAD_DIM, 0)  # [1, D]: all or none
+    tl.store(dst, k, mask=write)
+    tl.store(dst + cache_kv_stride, v, mask=write)
+
+
+@triton.jit
+def _fold_new_key(q, k, v, m_i, l_i, acc, live, scale_log2, PRECISION: tl.constexpr, MODE: tl.constexpr):
+    """One more key (k, v: [1, D], the step's own, from registers) into the online softmax of the
+    rows `live` (others unchanged: their score is -inf). MODE 1: element-wise, the score in log2
+    units, p rounded to v's dtype for the product, as a tile takes it; MODE 2: as a 16-key tile
+    through the tile's own dots, the key in its first row (the others masked)."""
+    if MODE == 2:
+        j = tl.arange(0, 16)
+        kt = tl.where(j[:, None] == 0, k, 0.0).to(k.dtype)  # [16, D]
+        vt = tl.where(j[:, None] == 0, v, 0.0).to(v.dtype)
+        return _tile_update(q, kt, vt, j, tl.where(live, 0, -1), m_i, l_i, acc, scale_log2, PRECISION)
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1) * scale_log2  # [M]
+    s = tl.where(live, s, float("-inf"))
+    m_new = tl.maximum(m_i, s)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe)
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -108,19 +160,26 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                        k_ptr, v_ptr, cs_ptr, slot_ptr,
                        q_stride_t, q_stride_h, out_stride_t, out_stride_h, k_stride_t, k_stride_h,
                        v_stride_t, v_stride_h, cache_kv_stride, cache_block_stride, cache_slot_stride,
-                       cache_head_stride, bt_stride, scale_log2, num_pieces, num_blocks,
+                       cache_head_stride, bt_stride, bt_width, scale_log2, num_pieces, num_blocks,
                        Q_LEN: tl.constexpr, GROUP: tl.constexpr, NUM_Q_BLOCKS: tl.constexpr,
                        SPLIT: tl.constexpr, PIECE_TILES: tl.constexpr, MIN_TILES: tl.constexpr,
                        PAGE: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr, TRIGGER: tl.constexpr, ROPE: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH_ROWS: tl.constexpr, PREFETCH_BYTES: tl.constexpr):
+                       PDL: tl.constexpr, PREFETCH_ROWS: tl.constexpr, PREFETCH_BYTES: tl.constexpr,
+                       FOLD: tl.constexpr, EARLY: tl.constexpr):
     """TRIGGER: 0 none, 1 a PDL-launched successor may launch from this kernel's start, 2 from
     its start or, if this launch is PDL, once it has waited (ATTENTION_TRIGGER).
     PDL (launched with programmatic dependent launch, decode keys): everything up to
     `gdc_wait()` reads only what no kernel of the step's chain writes, and puts the program's
     first KV rows on their way to L2; q, the step's k / v and the KV loads come after the wait
-    (docs/design.md, "Paged attention", says why that is safe)."""
+    (docs/design.md, "Paged attention", says why that is safe).
+    FOLD (1 or 2, with ROPE; 0: off): the tiles cover the row's cached keys only (ctx - 1), and the
+    program of the last piece folds the step's key and value in from registers after them (its
+    cache write is off the critical path: nothing in this launch reads it back, so it comes last).
+    EARLY (adaptive): the pages of a row's first tile are read with the context lengths, its K and
+    V loaded before q; a context of one piece takes that tile after the others (one round trip
+    fewer before the first KV bytes move)."""
     if TRIGGER == 1 or (TRIGGER == 2 and not PDL):  # a PDL-launched successor (the o GEMV) may start now
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -137,14 +196,19 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     tok = b * Q_LEN + r // GROUP
     head = kvh * GROUP + r % GROUP
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=-1)  # query t sees keys 0..pos[t]
+    bt_row = bt_ptr + b * bt_stride
+    if EARLY:  # the first tile's pages, read beside the positions (within the table: any entry is readable)
+        n0 = tl.arange(0, BLOCK_N)
+        page0 = tl.load(bt_row + n0 // PAGE, mask=n0 // PAGE < bt_width, other=0)
     ctx = tl.max(pos, axis=0) + 1
-
+    kv_len = ctx - 1 if FOLD else ctx  # the keys the tiles cover
+    seen = pos - 1 if FOLD else pos  # the last of them a query sees
     # The row's KV tiles are cut into pieces of `per_split` tiles. Batch-invariant (PIECE_TILES
     # > 0): a fixed number of tiles, so where a row's KV range is cut depends on its own context
     # length only. Adaptive (PIECE_TILES == 0): the row's tiles shared out over the key's
     # num_pieces, at least MIN_TILES each (a short context is one piece: no merge). The
     # grid's third axis strides over the pieces; pieces past the row's context do no work.
-    tiles = tl.cdiv(ctx, BLOCK_N)
+    tiles = tl.cdiv(kv_len, BLOCK_N)
     per_split = PIECE_TILES if PIECE_TILES > 0 else tl.maximum(tl.cdiv(tiles, num_pieces), MIN_TILES)
     if SPLIT:
         used = tl.maximum(tl.cdiv(tiles, tl.maximum(per_split, 1)), 1)
@@ -152,18 +216,21 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
     else:
         used = 1
         owner = 0
-    bt_row = bt_ptr + b * bt_stride
     k_base = kv_ptr + kvh * cache_head_stride
     if PDL:
         if PREFETCH_BYTES > 0:
             if split < used:  # the first rows of this program's first piece, K and V, towards L2
                 lo = split * per_split * BLOCK_N
-                _prefetch_kv(k_base, bt_row, lo, tl.minimum(lo + per_split * BLOCK_N, ctx), num_blocks,
+                _prefetch_kv(k_base, bt_row, lo, tl.minimum(lo + per_split * BLOCK_N, kv_len), num_blocks,
                              cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE, PREFETCH_ROWS,
                              PREFETCH_BYTES)
         gdc_wait()  # the predecessors' writes (q, the step's k and v or the cache rows) visible from here
         if TRIGGER == 2:  # the successor launches now, not while the predecessor still runs
             gdc_launch_dependents()
+    if EARLY:  # the first tile's K and V on their way before q (rows past the context: 0, never read)
+        lim0 = tl.where((used == 1) & (split == 0), kv_len, 0) if SPLIT else kv_len  # the one-piece program's only
+        k0, v0 = _load_kv(k_base, page0, n0, n0 < lim0, cache_kv_stride, cache_block_stride, cache_slot_stride, PAGE,
+                          HEAD_DIM)
     if ROPE:  # q rows rotated here, rounded to q's dtype as triton_ops.rope_write_kv rounds them
         q = _rotate(q_ptr + head[:, None] * q_stride_h, tok, q_stride_t, pos, cs_ptr, row_ok,
                     HEAD_DIM).to(q_ptr.dtype.element_ty)
@@ -171,26 +238,38 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + tok[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
                     mask=row_ok[:, None], other=0.0)
-    if ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
+    if FOLD:  # every program of the row has the step's k and v in registers (the last piece's stores them, last)
+        k_new, v_new, slot = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
+                                     cs_ptr, slot_ptr, kv_ptr, HEAD_DIM)
+    elif ROPE:  # Q_LEN == 1: the program of the last piece writes the step's k and v, then reads them back
         if split == owner:
-            _write_new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1, cs_ptr,
-                          slot_ptr, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride, HEAD_DIM)
+            k_new, v_new, slot = _new_kv(k_ptr, v_ptr, b, kvh, k_stride_t, k_stride_h, v_stride_t, v_stride_h, ctx - 1,
+                                         cs_ptr, slot_ptr, kv_ptr, HEAD_DIM)
+            _store_new_kv(k_new, v_new, slot, kvh, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
+                          split == owner, HEAD_DIM)
             tl.debug_barrier()
     if used == 1:
         # The whole context in one piece: its program writes the rows itself, no partials,
         # counter or merge (the merge of one piece is acc / l, bitwise: its weight is exp2(0) = 1).
         if split == 0:
-            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, pos, ctx, 0, tiles, cache_kv_stride,
+            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, seen, kv_len, 1 if EARLY else 0, tiles, cache_kv_stride,
                                           cache_block_stride, cache_slot_stride, scale_log2,
                                           PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            if EARLY:  # the first tile last (a context of no cached key: all masked, no change)
+                m_i, l_i, acc = _tile_update(q, k0, v0, n0, seen, m_i, l_i, acc, scale_log2, PRECISION)
+            if FOLD:
+                m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok, scale_log2, PRECISION, FOLD)
             _store_rows(out_ptr, acc, l_i, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
     else:
         row_pieces = (pid * num_kv_heads + kvh) * num_pieces
         for piece in range(split, used, num_split_programs):
             start = piece * per_split
-            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, pos, ctx, start, tl.minimum(start + per_split, tiles),
-                                          cache_kv_stride, cache_block_stride, cache_slot_stride, scale_log2,
-                                          PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            m_i, l_i, acc = _attend_tiles(q, k_base, bt_row, seen, kv_len, start,
+                                          tl.minimum(start + per_split, tiles), cache_kv_stride, cache_block_stride,
+                                          cache_slot_stride, scale_log2, PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, PRECISION)
+            if FOLD:  # the last piece takes the step's key after its tiles
+                m_i, l_i, acc = _fold_new_key(q, k_new, v_new, m_i, l_i, acc, row_ok & (piece == used - 1),
+                                              scale_log2, PRECISION, FOLD)
             # partials [programs(0), kv heads, pieces, BLOCK_M, (D | 2)]
             rows = (row_pieces + piece) * BLOCK_M + tl.arange(0, BLOCK_M)
             d = tl.arange(0, HEAD_DIM)
@@ -205,6 +284,9 @@ def _paged_attn_kernel(q_ptr, kv_ptr, bt_ptr, pos_ptr, out_ptr, part_acc_ptr, pa
                 _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, pid * num_kv_heads + kvh, used, tok, head, row_ok,
                               out_stride_t, out_stride_h, num_pieces, HEAD_DIM, BLOCK_M)
                 tl.atomic_xchg(arrivals_ptr + pid * num_kv_heads + kvh, 0)
+    if FOLD:  # the step's k and v into the cache, by the last piece's program: nothing here reads them
+        _store_new_kv(k_new, v_new, slot, kvh, kv_ptr, cache_kv_stride, cache_slot_stride, cache_head_stride,
+                      split == owner, HEAD_DIM)
 
 
 @triton.jit
@@ -236,81 +318,6 @@ def _merge_splits(part_acc_ptr, part_ml_ptr, out_ptr, program, used, tok, head, 
     _store_rows(out_ptr, acc, l_all, tok, head, row_ok, out_stride_t, out_stride_h, HEAD_DIM)
 
 
-_NUM_SMS: dict = {}
-# Batch-invariant split-KV (fixed pieces of KV tiles) or the faster adaptive split (as many
-# pieces as fill the GPU for this key's batch). The executor sets it once at build from the
-# config's `deterministic`, before any warm-up or capture.
-_INVARIANT_ATTENTION = [True]
-# Decode (q = 1) launches on CUDA: KV tile, tiles per piece (the fixed piece of the invariant
-# mode, the least of an adaptive one), warps, pipeline stages, and (invariant mode) programs
-# per SM the grid aims at (0: one program per piece of the table's longest context). The tile,
-# piece and warps fix a row's rounding, so the invariant mode's are constants, never a function
-# of the batch; stages and the grid only change who computes a piece, and when. Measured on the
-# H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6"): the adaptive mode takes
-# 128-key tiles while the grid has at most two row programs per SM, then 64-key tiles on 2 warps.
-DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0)
-DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3)),  # (row programs per SM at most, config)
-                   (None, dict(block_n=64, piece_tiles=4, warps=2, stages=3)))
-DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
-_CPU_DECODE = dict(block_n=16, piece_tiles=2, warps=4, stages=3, per_sm=2)  # the interpreter (tests)
-
-
-def set_attention_invariant(invariant: bool) -> None:
-    _INVARIANT_ATTENTION[0] = bool(invariant)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    if device not in _NUM_SMS:
-        _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _NUM_SMS[device]
-
-
-def decode_config(row_programs: int, device: torch.device) -> dict:
-    """The decode launch's config for a key of `row_programs` (sequence, kv head) programs."""
-    if device.type != "cuda":
-        return _CPU_DECODE
-    if _INVARIANT_ATTENTION[0]:
-        return {**DECODE_INVARIANT, **DECODE_OVERRIDE}
-    sms = _num_sms(device)
-    cfg = next(c for most, c in DECODE_ADAPTIVE if most is None or row_programs <= most * sms)
-    return {**cfg, **DECODE_OVERRIDE}
-
-
-def attention_launch_shape(batch: int, q_len: int, group: int, num_kv_heads: int, max_len: int,
-                           device: torch.device) -> tuple[int, int, int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, query blocks per sequence, KV pieces, KV tiles per piece, programs
-    per row, warps, stages): a pure function of the key's shapes, so a recorded graph always
-    launches the same grid.
-
-    Batch-invariant (the default, and `deterministic: true`): decode cuts the KV range into
-    fixed pieces of `tiles per piece` tiles (flash-decoding), so a row's reduction order
-    depends on its own context length only: the same in every bucket and whatever else shares
-    the step. The grid's third axis holds a program per piece of the longest context the table
-    holds (or, with `per_sm`, as many as fill the GPU: each strides over the row's pieces);
-    pieces past a row's context do no work. Adaptive (`deterministic: false`): tiles per piece
-    is 0 and the key gets as many pieces as fill the GPU about twice over, each row's tiles
-    shared out over them, at least a piece each (a context of one piece is one program: no
-    partials to merge) — faster at large batches, but a row's rounding then depends on its
-    bucket. Verification and prefill (q > 1): one program per query block, 64-key tiles."""
-    rows = q_len * group
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
-    q_blocks = triton.cdiv(rows, block_m)
-    row_programs = batch * q_blocks * num_kv_heads
-    cfg = decode_config(row_programs, device)
-    block_n, piece, warps, stages = cfg["block_n"], cfg["piece_tiles"], cfg["warps"], cfg["stages"]
-    if q_len > 1:
-        block_n, warps, stages = (64 if device.type == "cuda" else 16), 4, 3
-    max_tiles = triton.cdiv(max_len, block_n)
-    if _INVARIANT_ATTENTION[0]:
-        pieces = 1 if q_len > 1 else triton.cdiv(max_tiles, piece)
-        fill = triton.cdiv(cfg["per_sm"] * _num_sms(device), row_programs) if cfg.get("per_sm") else pieces
-        return block_m, block_n, q_blocks, pieces, piece, max(1, min(pieces, fill)), warps, stages
-    pieces = 1 if q_len > 1 else max(1, min(triton.cdiv(max_tiles, piece), 2 * _num_sms(device) // row_programs, 32))
-    return block_m, block_n, q_blocks, pieces, 0, pieces, warps, stages
-
-
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     positions: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
     return _launch(q, kv_cache, block_tables, positions, q_len, scale)
@@ -335,9 +342,9 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     tables = block_tables[:batch]
-    block_m, block_n, q_blocks, pieces, piece_tiles, programs, warps, stages = attention_launch_shape(
+    block_m, block_n, q_blocks, pieces, piece_tiles, programs, warps, stages = cfg.attention_launch_shape(
         batch, q_len, group, num_kv_heads, tables.shape[1] * page, q.device)
-    min_tiles = decode_config(batch * q_blocks * num_kv_heads, q.device)["piece_tiles"]
+    min_tiles = cfg.decode_config(batch * q_blocks * num_kv_heads, q.device)["piece_tiles"]
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (batch * q_blocks, num_kv_heads, programs)
@@ -352,52 +359,27 @@ def _launch(q, kv_cache, block_tables, positions, q_len, scale, rope=None):
     k, v, cos_sin, slots = rope if rope is not None else (q, q, q, positions)
     scale_log2 = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     arrivals = arrival_counters(batch * q_blocks * num_kv_heads, q.device)
-    pdl = launches_with_pdl(q_len, rope is not None, batch, q.device)
+    pdl = cfg.launches_with_pdl(q_len, rope is not None, batch, q.device)
+    fold = cfg.fold_mode(batch * q_blocks * num_kv_heads, q.device) if rope is not None else 0
+    # the early tile is loaded before the write-then-read path would write the step's k and v: folded only
+    early = q_len == 1 and (rope is None or fold > 0) and cfg.loads_first_tile_early(batch * q_blocks * num_kv_heads,
+                                                                                q.device)
     row_bytes = head_dim * kv_cache.element_size()
-    prefetch = row_bytes if pdl and PREFETCH_KV and row_bytes % 16 == 0 else 0
+    prefetch = row_bytes if pdl and cfg.PREFETCH_KV and row_bytes % 16 == 0 else 0
     extra = {"launch_pdl": True} if pdl else {}
     # the first rows of a piece (the least piece, adaptive mode), at most PREFETCH_ROWS: a power of 2
-    pf_rows = min(PREFETCH_ROWS, triton.next_power_of_2(block_n * (piece_tiles or min_tiles))) if prefetch else 0
+    pf_rows = min(cfg.PREFETCH_ROWS, triton.next_power_of_2(block_n * (piece_tiles or min_tiles))) if prefetch else 0
     _paged_attn_kernel[grid](q, kv_cache, tables, positions, out, part_acc, part_ml, arrivals, k, v, cos_sin, slots,
                              q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1),
                              v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), scale_log2, pieces,
-                             kv_cache.shape[1],
+                             kv_cache.stride(2), kv_cache.stride(3), tables.stride(0), tables.shape[1], scale_log2,
+                             pieces, kv_cache.shape[1],
                              Q_LEN=q_len, GROUP=group, NUM_Q_BLOCKS=q_blocks, SPLIT=pieces > 1,
                              PIECE_TILES=piece_tiles, MIN_TILES=min_tiles, PAGE=page,
                              HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                             TRIGGER=ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
-                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, num_warps=warps,
+                             TRIGGER=cfg.ATTENTION_TRIGGER if pdl_capable(q.device) else 0, ROPE=rope is not None,
+                             PDL=pdl, PREFETCH_ROWS=pf_rows, PREFETCH_BYTES=prefetch, FOLD=fold, EARLY=early,
+                             num_warps=warps,
                              num_stages=stages, **extra)
     return out
-
-
-def launches_with_pdl(q_len: int, rope: bool, batch: int, device: torch.device) -> bool:
-    """Whether the attention launch is PDL-launched: decode keys (q = 1) of at most ATTENTION_PDL's
-    sequences for the path, on a device with programmatic dependent launch (the key's shapes only)."""
-    return q_len == 1 and batch <= ATTENTION_PDL["rope" if rope else "decode"] and pdl_capable(device)
-
-
-# The attention kernel lets its successor start early: 1 from its first instruction, 2 the same
-# unless it is PDL-launched itself, then once it has waited. Only a successor launched with
-# programmatic dependent launch can start early: the one-row steps' light o projection
-# (decode_tuned.LIGHT_PDL), which loads its first weight tile, then waits for this kernel. From
-# the start: -14 to -19 us per batch-1 step on the H200 (docs/performance.md, h/k6 `light-attn`).
-# After the wait when PDL-launched: from its start, the whole step's chain of early launches can
-# run ahead of the qkv (h/a7, two calls: bs 1 -8 to +10 us with 1, -5 to -15 with 2).
-ATTENTION_TRIGGER = 2
-# Decode keys (q = 1) of at most ATTENTION_PDL[path] sequences launch attention with programmatic
-# dependent launch, per path: "decode" (after the qkv's own kernel: the fused qkv, which
-# triggers it from its start at one row, light and PDL-launched itself, and with decode_linear.
-# _TRIGGER_MODES at more; or the composition's RoPE kernel) and "rope" (RoPE + KV write inside
-# attention, after the composition's qkv GEMM). A program reads the block table and context
-# lengths (and with PREFETCH_KV puts its first PREFETCH_ROWS K and V rows on their way to L2),
-# then waits for the predecessor; q, the step's k / v and every K / V load come after the wait.
-# Why the pre-wait reads are safe: docs/design.md, "Paged attention". Measured on the H200
-# (docs/performance.md, branch h/a7): at bs 1 without the prefetch -5 to -15 us per step (at the
-# edge of the run-to-run spread), with it +6 to +22; bs 8-32 no gain; bs 64 (after cuBLAS) +8 to
-# +13 us, +51 with the prefetch. So: bs 1 only, no prefetch.
-ATTENTION_PDL: dict[str, int] = {"decode": 1, "rope": 0}  # path -> most sequences launched with PDL
-PREFETCH_KV = False
-PREFETCH_ROWS = 256  # at most this many K and V rows prefetched per program (the first of its first piece)
