@@ -4,7 +4,8 @@
 # A first capture of this tree (untimed) compiles what the carried Triton cache lacks and writes the
 # bytecode caches; PROFILE runs scripts/capture_profile.py on both trees (each tree's first start);
 # then ROUNDS x (before, after) captures, each timed by the shell around the process; IMPORTS: one
-# capture under `python -X importtime`; RUNS: `trtgraph run --verbose` of one prompt; the Triton
+# capture under `python -X importtime`; PROBE: scripts/graph_launch_probe.py (what waits for a busy
+# device); RUNS: `trtgraph run --verbose` of one prompt; the Triton
 # cache comes back as $OUT/tcache.tgz, everything else in $OUT/results.tgz (the device returns 8 files).
 # END (seconds, default 600): a step that would not end by then is skipped, said so ("SKIPPED").
 O=/tmp/capture_wall; rm -rf $O; mkdir -p $O; A=$PWD; S=$SECONDS; CFG=examples/llama-3.2-1b-synthetic.yaml; ART=/tmp/b/artifacts
@@ -31,6 +32,9 @@ done
 if [ -n "$IMPORTS" ]; then
   python3 -X importtime -m trtgraph capture --config $CFG --out $ART --json > $O/imp_cap.json 2> $O/imp.txt; echo "importtime rc=$? t=$((SECONDS-S))"
   sort -t'|' -k2 -n -r $O/imp.txt | awk -F'|' '$3 ~ /^ {1,3}[a-zA-Z_]/' | head -25
+fi
+if [ -n "$PROBE" ] && left 25 probe; then
+  python3 scripts/graph_launch_probe.py > $O/probe.txt 2>&1; echo "probe rc=$? t=$((SECONDS-S))"; grep "behind a 50 ms" $O/probe.txt
 fi
 python3 scripts/make_prompts.py --n 1 --in 128 --out 128 > /tmp/one.jsonl
 for i in $(seq 1 ${RUNS:-0}); do

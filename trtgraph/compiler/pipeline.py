@@ -64,10 +64,11 @@ REFERENCE_BYTES = 2 << 30
 # 3 uploads (capture, verification, timing) and a late one (further timing runs), so a ring of
 # 4 x LAG_KEYS staging slots lets no upload wait for work that recent. The long prefill keys come
 # first, and the device's work on them outlasts their recordings: the lag lets the host record
-# on (the decode keys after them are short on the device). A key queues about 20 small ops beside
-# its graph launches (`test_capture_pipeline.py`), so 32 keys' work stays below the ~1,000 pending
-# launches a stream holds before a launch blocks (h/u7's probe, docs/performance.md).
-LAG_KEYS = 32
+# on. On the H200 the device was at most 9 keys behind with the lag at 32 (h/u8's profile,
+# docs/performance.md), and the capture phase outside its recordings took 18-33 ms longer than
+# with 8: the 128-slot ring's pinned allocation, presumably. 12 keeps it near what 8 took
+# before the ring became one allocation (47 slots of 263 KB; 31 separate ones before).
+LAG_KEYS = 12
 
 # progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
 Progress = Callable[[str, GraphKey | None, int, int], None]
