@@ -7,11 +7,15 @@ the stage that asked: the capture's own padding upload C, the verification V, th
 a timing's further runs X, a warm-up run W), waiting to read a verification or a timing (the
 events' synchronize), the KV block copies of each verification, and the rest; and per key
 (capture order) how many earlier keys' verifications the device had not finished when its
-capture began, with the host ms of its recording and launches. Works on trees
-before and after the staging ring (what a tree lacks is not patched)."""
+capture began, with the host ms of its recording and launches and how far it grew the pool.
+Also (h/u8): the graph launches by stage, Python's garbage collections by generation and
+stage, and each timed call split by whether the caching allocator took new device memory
+during it ("+reserve"). Works on trees before and after the staging ring (what a tree lacks
+is not patched)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -31,8 +35,14 @@ counts: dict = defaultdict(int)
 stage = ["W"]
 
 
+def _reserved() -> int:
+    return torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
+
+
 def timed(owner, name: str, label, set_stage: str | None = None) -> None:
-    """Wrap owner.name: its host seconds go to label (a string, or a function of the stage)."""
+    """Wrap owner.name: its host seconds go to label (a string, or a function of the stage);
+    a call during which the caching allocator reserved more device memory (a new segment from
+    the driver) goes to "label +reserve" instead."""
     real = getattr(owner, name, None)
     if real is None:
         return
@@ -41,11 +51,12 @@ def timed(owner, name: str, label, set_stage: str | None = None) -> None:
         before = stage[0]
         if set_stage:
             stage[0] = set_stage
-        t0 = time.perf_counter()
+        r0, t0 = _reserved(), time.perf_counter()
         try:
             return real(*args, **kwargs)
         finally:
             key = label if isinstance(label, str) else label(stage[0])
+            key += " +reserve" if _reserved() > r0 else ""
             seconds[key] += time.perf_counter() - t0
             counts[key] += 1
             if set_stage:
@@ -54,7 +65,8 @@ def timed(owner, name: str, label, set_stage: str | None = None) -> None:
     setattr(owner, name, wrapper)
 
 
-per_key: list = []  # capture order: [key, queued behind, recording ms, launch verify ms, launch timing ms]
+per_key: list = []  # capture order: [key, queued behind, recording ms, launch verify ms, launch timing ms, pool MB]
+gc_pause: list = [0.0]  # when the running collection began
 launched: list = []  # every PendingParity launched, for how many the device has not finished
 
 
@@ -67,7 +79,8 @@ def per_key_stages() -> None:
         behind = sum(1 for p in launched if p._done is not None and not p._done.query())
         t0 = time.perf_counter()
         out = capture(ex, key)
-        per_key.append([str(key), behind, round((time.perf_counter() - t0) * 1e3, 3), 0.0, 0.0])
+        per_key.append([str(key), behind, round((time.perf_counter() - t0) * 1e3, 3), 0.0, 0.0,
+                        round(out.pool_bytes / 2**20, 1)])
         return out
 
     def verified(*args, **kwargs):
@@ -86,8 +99,23 @@ def per_key_stages() -> None:
     Executor.capture, pipeline.launch_verify, pipeline.launch_timing = captured, verified, timed_replay
 
 
+def gc_pauses() -> None:
+    """Python's garbage collections, by generation and stage: their host seconds."""
+    def callback(phase, info):
+        if phase == "start":
+            gc_pause[0] = time.perf_counter()
+        else:
+            label = f"gc_gen{info['generation']}[{stage[0]}]"
+            seconds[label] += time.perf_counter() - gc_pause[0]
+            counts[label] += 1
+
+    gc.callbacks.append(callback)
+
+
 def main(config_path: str, out_dir: str, result: str | None) -> None:
     per_key_stages()
+    gc_pauses()
+    timed(graph_runner.GraphRunner, "replay", lambda s: f"graph_launch[{s}]")
     timed(buffers.StepBuffers, "staging_ready", lambda s: f"staging_wait[{s}]")
     timed(graph_runner.GraphRunner, "_capture_cuda", "recording")
     timed(Executor, "capture", "capture_call (recording + C staging)", "C")
@@ -108,7 +136,7 @@ def main(config_path: str, out_dir: str, result: str | None) -> None:
             "capture_seconds": t["capture_seconds"], "replay_timing": t["replay_timing"],
             "phases": startup.CLOCK.to_json()["phases_seconds"],
             "host_seconds": {k: round(v, 4) for k, v in sorted(seconds.items())}, "calls": dict(counts),
-            "per_key": ["key, verifications queued behind, recording ms, launch verify ms, launch timing ms",
+            "per_key": ["key, verifications queued behind, recording ms, launch verify ms, launch timing ms, pool MB",
                         *per_key]}
     print(json.dumps(body, indent=1))
     if result:

@@ -79,3 +79,43 @@ torch.cuda.synchronize()
 print("recordings, device idle (host ms):", [ms(record) for _ in range(3)])
 torch.cuda.synchronize()
 print("raw_cuda_graph_exec:", hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"), torch.__version__)
+
+# h/u8: what else the capture loop does while the device is behind (its host stalls of 10-50 ms
+# at the timing launches and 100-200 ms in one recording, docs/performance.md, eighth session).
+# 1. a new graph's first launch then at once its second, behind a 50 ms sleep: does the second
+#    wait for the first's upload (queued behind the sleep)?
+fresh = [record() for _ in range(3)]
+torch.cuda.synchronize()
+for g in fresh:
+    torch.cuda._sleep(100_000_000)
+    print("behind a 50 ms sleep: new graph, first then second launch:", ms(g.replay), ms(g.replay))
+    torch.cuda.synchronize()
+# 2. device memory the caching allocator must get from the driver (a new segment), behind a sleep
+torch.cuda.empty_cache()
+for mb in (64, 256, 1024):
+    torch.cuda._sleep(100_000_000)
+    print(f"behind a 50 ms sleep: torch.empty of {mb} MB, new segment:",
+          ms(lambda: torch.empty(mb << 20, dtype=torch.uint8, device=dev)))
+    torch.cuda.synchronize()
+# 3. pinned host memory the host allocator must get (a new block), behind a sleep
+for kb in (1, 300, 65536):
+    torch.cuda._sleep(100_000_000)
+    print(f"behind a 50 ms sleep: pinned torch.empty of {kb} KB, new block:",
+          ms(lambda: torch.empty(kb << 10, dtype=torch.uint8, pin_memory=True)))
+    torch.cuda.synchronize()
+# 4. a recording whose pool must grow (a new segment in the graph pool), behind a sleep
+pool = torch.cuda.graph_pool_handle()
+for mb in (64, 512):
+    def grow(mb=mb):
+        g = torch.cuda.CUDAGraph()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            g.capture_begin(pool=pool)
+            torch.empty(mb << 20, dtype=torch.uint8, device=dev).fill_(1)
+            g.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        fresh.append(g)
+    torch.cuda._sleep(100_000_000)
+    print(f"behind a 50 ms sleep: a recording that grows its pool by {mb} MB:", ms(grow))
+    torch.cuda.synchronize()
+print("(a 50 ms sleep: a host figure near 50 ms means the call waited for the device)")

@@ -11,10 +11,13 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trtgraph.compiler import pipeline
 from trtgraph.compiler.verify import StepTiming
 from trtgraph.runtime.step.buffers import FIELDS, StepBuffers
+
+from conftest import tiny_config
 
 
 def _buffers() -> StepBuffers:
@@ -54,8 +57,11 @@ def test_a_staging_ring_holds_what_one_slot_would():
 class _Timing:
     """A launched timing whose first runs differ by too much once (`more` further runs)."""
 
-    def __init__(self, more: bool):
-        self.more, self.asked = more, 0
+    def __init__(self, more: bool, done: bool = False):
+        self.more, self.asked, self.done = more, 0, done
+
+    def ready(self) -> bool:  # its device work done (both the parity's and the timing's here)
+        return self.done
 
     def queue_more(self) -> bool:
         self.asked += 1
@@ -74,7 +80,7 @@ def test_a_timing_that_needs_more_runs_is_queued_and_read_later(monkeypatch, lag
     monkeypatch.setattr(pipeline, "_read_verify_and_time",
                         lambda launched, stats: (read.append(launched[0]) or launched[0], launched[3].timing()))
     timings = {k: _Timing(more=k == "b") for k in "abcd"}
-    pending = deque(((k, 0, None, timings[k]), False) for k in "abcd")
+    pending = deque(((k, 0, timings[k], timings[k]), False) for k in "abcd")
     records, out = [], []
     pipeline._read_due(pending, lag, {k: None for k in "abcd"}, records, out)
     if lag:
@@ -84,3 +90,77 @@ def test_a_timing_that_needs_more_runs_is_queued_and_read_later(monkeypatch, lag
     else:
         assert read == ["a", "b", "c", "d"]
     assert timings["b"].asked == (1 if lag else 0) and len(records) == 4
+
+
+def test_a_key_whose_work_is_done_is_read_before_the_lag(monkeypatch):
+    """On CUDA the capture reads a key as soon as its verification and timing are done (their
+    events passed, asked without waiting), in launch order: at lag 3 of 6 keys, the 3 past
+    the lag are read (done or not), then d (done); e, not done, stops the reads (f, done, waits
+    behind it)."""
+    read = []
+    monkeypatch.setattr(pipeline, "_read_verify_and_time",
+                        lambda launched, stats: (read.append(launched[0]) or launched[0], launched[3].timing()))
+    timings = {k: _Timing(more=False, done=k in "adf") for k in "abcdef"}
+    pending = deque(((k, 0, timings[k], timings[k]), False) for k in "abcdef")
+    records, out = [], []
+    pipeline._read_due(pending, 3, {k: None for k in "abcdef"}, records, out)
+    assert read == ["a", "b", "c", "d"] and [e[0][0] for e in pending] == ["e", "f"]
+
+
+class _CountOps(TorchDispatchMode):
+    """The tensor ops dispatched while active (views aside: they launch nothing), but not
+    those inside a replay (the static backend's replay runs the step's ops; on CUDA it is one
+    graph launch): each replay counts as one op, "replay"."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.replaying = [], False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.replaying and not func.is_view and func not in _NOT_LAUNCHES:
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+_NOT_LAUNCHES = {torch.ops.aten.lift_fresh.default, torch.ops.aten.detach.default, torch.ops.aten.detach_.default}
+
+
+def test_a_keys_verification_and_timing_queue_few_ops(monkeypatch):
+    """Issue 14 (capture's wall): what the capture loop queues per key beside its graph
+    launches. A verification copies the key's KV blocks of every layer out and back in one op
+    each (the caches are views of one allocation), uploads each step's inputs in one copy and
+    compares the replay with its reference in one short chain; the timing adds its upload and
+    its replays. Counted on the static backend (each op is one kernel or copy on CUDA), on 4
+    layers: at most 16 ops and 3 replays per key (before: 21 + 3 here, 45 + 3 on 16 layers)."""
+    from trtgraph.runtime.step.graph_runner import GraphRunner
+
+    counter, per_key = _CountOps(), []
+    real_replay, real_launch = GraphRunner.replay, pipeline._launch_verify_and_time
+
+    def replay(self, *args, **kwargs):
+        counter.ops.append("replay")
+        counter.replaying = True
+        try:
+            return real_replay(self, *args, **kwargs)
+        finally:
+            counter.replaying = False
+
+    def launch(ex, key, index, ref, repeats, least):
+        counter.ops = []
+        with counter:
+            out = real_launch(ex, key, index, ref, repeats, least)
+        per_key.append((str(key), list(counter.ops)))
+        return out
+
+    monkeypatch.setattr(GraphRunner, "replay", replay)
+    monkeypatch.setattr(pipeline, "_launch_verify_and_time", launch)
+    from trtgraph.config import Config
+
+    synthetic = {**Config.default().to_dict()["model"]["synthetic"], "num_hidden_layers": 4}
+    config = tiny_config(model={"synthetic": synthetic})
+    pipeline.capture(config, None, timing_repeats=2)
+    assert per_key
+    for key, ops in per_key:
+        assert ops.count("replay") == 3, (key, ops)  # the verification's and 2 timing runs
+        assert len(ops) - 3 <= 16, (key, len(ops), ops)
+        assert ops.count("index_select") == 1 and ops.count("index_copy_") == 1, (key, ops)

@@ -224,7 +224,8 @@ def test_a_fast_path_step_is_one_replay_and_the_token_copy(engine):
     gathered = [(s, ops) for s, ops in work.by_launch if s.gather]
     assert gathered, "no decode step was launched after a prefill"
     for step, ops in gathered:
-        assert ops == ["copy_ (to device)"] * 2 + [copy_back], f"gathered decode step: {ops}"
+        # one upload (the ints and floats are views of one byte tensor), then the token copy
+        assert ops == ["copy_ (to device)", copy_back], f"gathered decode step: {ops}"
 
 
 def test_waves_admission_and_block_boundaries_keep_the_device_busy(engine):

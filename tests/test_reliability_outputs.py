@@ -324,7 +324,7 @@ def test_a_failed_capture_leaves_nothing_behind(failure, tmp_path, monkeypatch):
     from trtgraph.runtime.step.executor import Executor
 
     if failure == "parity":
-        failing = types.SimpleNamespace(parity=lambda: Parity(0.5, False, False))
+        failing = types.SimpleNamespace(parity=lambda: Parity(0.5, False, False), ready=lambda: False)
         monkeypatch.setattr(pipeline, "launch_verify", lambda ex, key, seed, reference=None: failing)
         expected = pytest.raises(CaptureError, match="replay differs from eager")
     else:

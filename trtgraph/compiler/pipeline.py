@@ -14,11 +14,14 @@
    compared with it (on CUDA the device runs this while the host records the next key).
 5. Measure: median replay time on padding-only inputs (events in bulk; 2 runs, more where
    they differ by over 3%), queued after the verification; the eager time is the
-   reference's run. A key's verification and timing are read once LAG_KEYS later keys are
+   reference's run. A key's verification and timing are read once the device has done
+   them (CUDA events, asked without waiting), at the latest once LAG_KEYS later keys are
    captured and launched (further timing runs, where needed, are queued then and read as
    late again): the device works through that queue while the host records, and the host
    waits only for work LAG_KEYS keys old (the step inputs' host staging is a ring of
-   slots for it: `StepBuffers.stage_slots`).
+   slots for it: `StepBuffers.stage_slots`). A key's verification queues few small ops
+   (its KV blocks of every layer copied out and back in one op each, one upload, a short
+   comparison), so the queue stays below what a stream holds before a launch blocks.
 6. Manifest: written atomically, only once everything above passed.
 """
 
@@ -56,10 +59,16 @@ from .verify import (LONG_STEP_MS, StepTiming, clear_kv_cache, eager_reference, 
 # past it runs eagerly again at its verification.
 REFERENCE_BYTES = 2 << 30
 
-# A key's verification and timing are read after this many later keys are captured and launched;
-# each key's work stages at most 3 uploads (capture, verification, timing) and a late one (further
-# timing runs), so a ring of 4 x LAG_KEYS staging slots lets no upload wait for work that recent.
-LAG_KEYS = 8
+# A key's verification and timing are read at the latest after this many later keys are captured
+# and launched (on CUDA earlier where its work is done: `_read_due`); each key's work stages at most
+# 3 uploads (capture, verification, timing) and a late one (further timing runs), so a ring of
+# 4 x LAG_KEYS staging slots lets no upload wait for work that recent. The long prefill keys come
+# first, and the device's work on them outlasts their recordings: the lag lets the host record
+# on. On the H200 the device was at most 9 keys behind with the lag at 32 (h/u8's profile,
+# docs/performance.md), and the capture phase outside its recordings took 18-33 ms longer than
+# with 8: the 128-slot ring's pinned allocation, presumably. 12 keeps it near what 8 took
+# before the ring became one allocation (47 slots of 263 KB; 31 separate ones before).
+LAG_KEYS = 12
 
 # progress(stage, key, done, total); stage is "warmup" | "capture" | "verify"
 Progress = Callable[[str, GraphKey | None, int, int], None]
@@ -231,10 +240,11 @@ def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeat
 
 
 def _read_due(pending: deque, lag: int, stats: dict, records: list, timings: list) -> None:
-    """Read the keys launched more than `lag` keys ago (all of them at lag 0). A key whose
-    first timing runs differ by over SPREAD_OK gets its further runs queued and goes to the
-    back, read as late again (at lag 0: at once). Entries: (launched, whether requeued)."""
-    while len(pending) > lag:
+    """Read the keys launched more than `lag` keys ago (all of them at lag 0), and any at the
+    front whose work the device has done (`_done`: on CUDA, where a read would not wait). A key
+    whose first timing runs differ by over SPREAD_OK gets its further runs queued and goes to
+    the back, read as late again (at lag 0: at once). Entries: (launched, whether requeued)."""
+    while pending and (len(pending) > lag or _done(pending[0][0])):
         launched, requeued = pending.popleft()
         key, replay = launched[0], launched[3]
         if lag and not requeued and not isinstance(replay, StepTiming) \
@@ -244,6 +254,12 @@ def _read_due(pending: deque, lag: int, stats: dict, records: list, timings: lis
         record, timing = _read_verify_and_time(launched, stats[key])
         records.append(record)
         timings.append(timing)
+
+
+def _done(launched) -> bool:
+    """The key's verification and its timing runs queued last are done: reading them would not wait."""
+    parity, replay = launched[2], launched[3]
+    return parity.ready() and (isinstance(replay, StepTiming) or replay.ready())
 
 
 def _read_verify_and_time(launched, stats) -> tuple[KeyRecord, StepTiming]:

@@ -89,30 +89,59 @@ class Reference:
     clock: "_StepClock"
     peak_bytes: int = 0  # above what was allocated before the run
     kept_bytes: int = 0  # still allocated after it, its outputs and this reference aside (lazy buffers)
+    ints: torch.Tensor | None = None  # tokens then accepted, in one tensor (they are views of it)
+
+    @classmethod
+    def of(cls, seed: int, rows: list, logits: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor,
+           clock: "_StepClock") -> "Reference":
+        """Copies of a run's real outputs: the logits, and the tokens and accepted counts in
+        one tensor (what the verification compares to in one op, `_compare`)."""
+        ints = torch.cat([tokens, accepted])
+        return cls(seed, rows, logits.clone(), ints[:len(tokens)], ints[len(tokens):], clock, ints=ints)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.logits, self.tokens, self.accepted))
+        return sum(t.numel() * t.element_size() for t in (self.logits, self.ints))
 
 
 class KeptBlocks:
     """The KV blocks `rows` write (those holding positions start_pos .. start_pos + n - 1),
     copied on creation and written back by `restore()`: a verification run leaves the cache
     as it found it, so a key's rows read the same context whenever they run (at warm-up for
-    the eager reference, after capture for the replay), whatever other keys ran between."""
+    the eager reference, after capture for the replay), whatever other keys ran between.
+    Every layer at once where the caches are views of one allocation (`stacked_kv`): one
+    copy out and one back, not one per layer (the capture queues these beside its replays)."""
 
     def __init__(self, ex: Executor, rows: list[StepRow]):
         bs = ex.block_size
         ids = sorted({b for r in rows
                       for b in r.block_table[r.start_pos // bs:(r.start_pos + len(r.token_ids) - 1) // bs + 1]})
-        self.caches = ex.kv_caches
-        self.index = torch.tensor(ids, dtype=torch.int64).to(ex.device, non_blocking=True)
-        self.saved = [kv.index_select(1, self.index) for kv in self.caches]  # kv: [2, blocks, ...]
+        stacked = stacked_kv(ex.kv_caches)  # [layers, 2, blocks, ...], or None: one per layer
+        self.caches, self.dim = ([stacked], 2) if stacked is not None else (ex.kv_caches, 1)
+        index = torch.tensor(ids, dtype=torch.int64, pin_memory=ex.device.type == "cuda")
+        self.index = index.to(ex.device, non_blocking=True)
+        self.saved = [kv.index_select(self.dim, self.index) for kv in self.caches]
 
     def restore(self) -> None:
         for kv, saved in zip(self.caches, self.saved):
-            kv.index_copy_(1, self.index, saved)
+            kv.index_copy_(self.dim, self.index, saved)
         self.saved = []
+
+
+def stacked_kv(caches: list[torch.Tensor]) -> torch.Tensor | None:
+    """The per-layer caches as one [layers, ...] view, where they lie evenly spaced in one
+    storage with equal shapes and strides (runtime/step/kv_cache.py allocates them so); else None."""
+    first = caches[0]
+    if len(caches) == 1:
+        return first.unsqueeze(0)
+    gap, size = caches[1].data_ptr() - first.data_ptr(), first.element_size()
+    storage = first.untyped_storage().data_ptr()
+    if gap <= 0 or gap % size or any(
+            c.untyped_storage().data_ptr() != storage or c.data_ptr() - first.data_ptr() != i * gap
+            or c.shape != first.shape or c.stride() != first.stride() or c.dtype != first.dtype
+            for i, c in enumerate(caches)):
+        return None
+    return first.as_strided((len(caches), *first.shape), (gap // size, *first.stride()), first.storage_offset())
 
 
 def fill_kv_cache(ex: Executor, seed: int) -> None:
@@ -150,7 +179,7 @@ def eager_reference(ex: Executor, key: GraphKey, seed: int) -> Reference:
     clock.stop()
     peak = torch.cuda.max_memory_allocated(ex.device) - base if cuda else 0
     before_copy = torch.cuda.memory_allocated(ex.device) if cuda else 0
-    ref = Reference(seed, rows, *(t.clone() for t in _real_outputs(key, out, len(rows))), clock)
+    ref = Reference.of(seed, rows, *_real_outputs(key, out, len(rows)), clock)
     copies = torch.cuda.memory_allocated(ex.device) - before_copy if cuda else 0
     del out
     if cuda:  # before the block copies are freed (they were allocated before `base`)
@@ -174,28 +203,42 @@ class PendingParity:
         kept = KeptBlocks(ex, rows)
         ex.prepare(key, rows)
         logits, tokens, accepted = _real_outputs(key, ex.execute(key), len(rows))
-        diff = (logits - ref.logits).abs().max().float()
-        tokens_same = (tokens == ref.tokens).all() & (accepted == ref.accepted).all()
-        pair = torch.stack([diff, tokens_same.float()])
+        pair = _compare(logits, tokens, accepted, ref)
         kept.restore()
         self.tolerance = LOGIT_TOLERANCE[ex.config.dtype]
         self._done = None
         if ex.device.type == "cuda":
-            self._host = torch.empty(2, dtype=torch.float32, pin_memory=True)
+            self._host = torch.empty(pair.shape, dtype=pair.dtype, pin_memory=True)
             self._host.copy_(pair, non_blocking=True)
             self._done = torch.cuda.Event()
             self._done.record()
         else:
             self._host = pair
 
+    def ready(self) -> bool:
+        """The comparison is on the host already (CUDA: its event passed; never on the CPU, where
+        the capture keeps its fixed lag), so `parity()` would not wait."""
+        return self._done is not None and self._done.query()
+
     def parity(self) -> Parity:
         """Wait for this key's comparison (not for work launched after it) and read it."""
         if self._done is not None:
             self._done.synchronize()
-        diff, same = self._host.tolist()
-        tokens_equal = same == 1.0
+        low, high, differ = self._host.tolist()
+        diff = max(-low, high)  # = max |replay - reference| (NaN where either is NaN: compares False)
+        diff = diff if low == low and high == high else float("nan")
+        tokens_equal = differ == 0.0
         ok = tokens_equal and diff <= self.tolerance and diff == diff  # NaN never passes
         return Parity(diff, tokens_equal, ok, self.clock.ms())
+
+
+def _compare(logits, tokens, accepted, ref: Reference) -> torch.Tensor:
+    """[lowest, highest] of replay - reference logits and 1.0 where any token or accepted
+    count differs (0.0 where all are equal), on the device: five small ops, read by one copy.
+    max(-lowest, highest) is max |replay - reference| exactly (NaN propagates through aminmax)."""
+    low, high = torch.aminmax(logits - ref.logits)
+    differ = torch.cat([tokens, accepted]).ne(ref.ints).any()
+    return torch.stack([low, high, differ.to(low.dtype)])
 
 
 def launch_verify(ex: Executor, key: GraphKey, seed: int, reference: Reference | None = None) -> PendingParity:
@@ -277,12 +320,18 @@ class PendingTiming:
         self._more: list = []  # the events of the runs queued by queue_more()
 
     def _launch(self, n: int) -> list:
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for start, end in events:
-            start.record()
+        """n runs back to back, n + 1 events: run i lies between events i and i + 1."""
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        events[0].record()
+        for end in events[1:]:
             self.ex.execute(self.key, eager=self.eager)
             end.record()
         return events
+
+    def ready(self) -> bool:
+        """The runs queued last (the first ones, or the further ones) have passed their last
+        event: reading them would not wait."""
+        return (self._more or self._events)[-1].query()
 
     def queue_more(self) -> bool:
         """Read the first runs (waiting for them alone); where their spread is over SPREAD_OK,
@@ -318,8 +367,8 @@ def timing_runs(key: GraphKey, eager_ms: float | None, loaded_new: bool) -> int:
 
 
 def _read(events: list) -> list[float]:
-    events[-1][1].synchronize()
-    return [start.elapsed_time(end) for start, end in events]
+    events[-1].synchronize()
+    return [start.elapsed_time(end) for start, end in zip(events, events[1:])]
 
 
 def _timing(times: list[float]) -> StepTiming:

@@ -2,8 +2,8 @@
 
 Every graph reads its inputs from views at offset 0 of these tensors. All per-step integer
 metadata lives in one int64 tensor (`ints`) and the float sampling parameters in one fp32
-tensor (`floats`), each with a host staging twin (pinned on CUDA), so a step's inputs
-cross to the device in two copies. The staging is one slot (the runtime), or a ring of slots
+tensor (`floats`), both views of one byte tensor (`raw`) with a host staging twin (pinned on
+CUDA), so a step's inputs cross to the device in one copy. The staging is one slot (the runtime), or a ring of slots
 (`stage_slots`: the capture, whose verification and timing runs queue many steps ahead of the
 device): each upload leaves from the next slot, which starts as a copy of the last, so a write
 waits only for the upload that slot made a ring ago. `dev` and `host` name every field
@@ -97,8 +97,10 @@ class StepBuffers:
     num_slots: int = 0  # state slots of running sequences (the scratch slot is added)
     ints: torch.Tensor = field(init=False)  # every int64 field, packed
     floats: torch.Tensor = field(init=False)  # every fp32 field, packed
-    ints_host: torch.Tensor = field(init=False)  # their host staging (pinned on CUDA)
+    raw: torch.Tensor = field(init=False)  # uint8: ints then floats (views of it), what one upload copies
+    ints_host: torch.Tensor = field(init=False)  # their host staging (pinned on CUDA), views of raw_host
     floats_host: torch.Tensor = field(init=False)
+    raw_host: torch.Tensor = field(init=False)
     dev: StepFields = field(init=False)  # named device views of `ints` / `floats`
     host: StepFields = field(init=False)  # named numpy views of the staging: write after staging_ready()
     next_tokens: torch.Tensor = field(init=False)  # [max_rows] int64: the step's drawn tokens, written in the graph
@@ -116,9 +118,12 @@ class StepBuffers:
         for name, group, size in FIELDS:
             spans[name] = (group, ends[group], shapes[size])
             ends[group] += math.prod(shapes[size])
-        for group, dtype in (("ints", torch.int64), ("floats", torch.float32)):
-            setattr(self, group, torch.zeros(ends[group], dtype=dtype, device=self.device))
-            setattr(self, group + "_host", torch.zeros(ends[group], dtype=dtype, pin_memory=pin))
+        self._int_bytes = ends["ints"] * 8
+        self._nbytes = self._int_bytes + ends["floats"] * 4
+        self.raw = torch.zeros(self._nbytes, dtype=torch.uint8, device=self.device)
+        self.ints, self.floats = self._groups(self.raw)
+        self.raw_host = torch.zeros(self._nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.ints_host, self.floats_host = self._groups(self.raw_host)
 
         self._spans = spans
         self.dev = StepFields(**self._views(self.ints, self.floats))
@@ -127,7 +132,7 @@ class StepBuffers:
         self.accepted = torch.zeros(self.max_seqs, dtype=torch.int64, device=self.device)
         self.new_blocks = torch.zeros(1 + 3 * self.max_seqs, dtype=torch.int64, device=self.device)
         self._uploaded = torch.cuda.Event() if pin else None
-        self._ring: list[tuple] = []  # (ints_host, floats_host, host, uploaded) per slot; empty: one slot
+        self._ring: list[tuple] = []  # (raw_host, ints_host, floats_host, host, uploaded) per slot; empty: one slot
         self._turn = 0
         self.scratch_slot = self.num_slots
         S, dev = self.num_slots + 1, self.device
@@ -139,6 +144,10 @@ class StepBuffers:
             "logprob_values": torch.zeros(self.max_rows, 1 + MAX_LOGPROBS, dtype=torch.float32, device=dev),
             "logprob_ids": torch.zeros(self.max_rows, MAX_LOGPROBS, dtype=torch.int64, device=dev),
         }
+
+    def _groups(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int64 and fp32 views of a packed byte tensor (ints first: 8-byte aligned)."""
+        return raw[:self._int_bytes].view(torch.int64), raw[self._int_bytes:].view(torch.float32)
 
     def _views(self, ints: torch.Tensor, floats: torch.Tensor) -> dict:
         groups = {"ints": ints, "floats": floats}
@@ -167,31 +176,32 @@ class StepBuffers:
         `n` uploads ago, and copies the last slot's values into it (what a writer finds there is
         what one slot would hold: the last step's values, written over in part)."""
         pin = self.device.type == "cuda"
-        self._ring = [(self.ints_host, self.floats_host, self.host, self._uploaded)]
-        for _ in range(n - 1):
-            ints, floats = (torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin)
-                            for t in (self.ints_host, self.floats_host))
-            self._ring.append((ints, floats, self._host_fields(ints, floats), torch.cuda.Event() if pin else None))
+        self._ring = [(self.raw_host, self.ints_host, self.floats_host, self.host, self._uploaded)]
+        stride = -(-self._nbytes // 64) * 64  # each slot 64-byte aligned, all in one pinned allocation
+        block = torch.empty((max(n - 1, 0), stride), dtype=torch.uint8, pin_memory=pin)
+        for row in block.unbind(0):
+            raw = row[:self._nbytes]  # its values: the last slot's, copied in when it is used
+            groups = self._groups(raw)
+            self._ring.append((raw, *groups, self._host_fields(*groups), torch.cuda.Event() if pin else None))
         self._turn = 0
 
     def staging_ready(self) -> None:
         """Wait until the host staging may be rewritten: the last upload has left it (one
         slot), or the next slot of the ring is free, with the last slot's values copied in."""
         if len(self._ring) > 1:
-            last = self.ints_host, self.floats_host
+            last = self.raw_host
             self._turn = (self._turn + 1) % len(self._ring)
-            self.ints_host, self.floats_host, self.host, self._uploaded = self._ring[self._turn]
+            self.raw_host, self.ints_host, self.floats_host, self.host, self._uploaded = self._ring[self._turn]
             if self._uploaded is not None:
                 self._uploaded.synchronize()
-            self.ints_host.numpy()[:] = last[0].numpy()
-            self.floats_host.numpy()[:] = last[1].numpy()
+            self.raw_host.numpy()[:] = last.numpy()
         elif self._uploaded is not None:
             self._uploaded.synchronize()
 
     def upload(self) -> None:
-        """The two host->device copies of a full-path step (non-blocking from pinned memory)."""
-        self.ints.copy_(self.ints_host, non_blocking=True)
-        self.floats.copy_(self.floats_host, non_blocking=True)
+        """The host->device copy of a full-path step's ints and floats (one, non-blocking from
+        pinned memory)."""
+        self.raw.copy_(self.raw_host, non_blocking=True)
         if self._uploaded is not None:
             self._uploaded.record()
 

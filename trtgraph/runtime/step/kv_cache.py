@@ -41,8 +41,10 @@ def auto_num_blocks(cfg: ModelConfig, block_size: int, dtype: torch.dtype, devic
 
 def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[torch.Tensor]:
-    shape = (2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+    """One tensor per layer, all views of one allocation [layers, 2, ...] (so a copy of some
+    blocks of every layer is one op: compiler/verify.py's KeptBlocks)."""
+    shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    return list(torch.zeros(shape, dtype=dtype, device=device).unbind(0))
 
 
 class BlockAllocator:
