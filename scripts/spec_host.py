@@ -54,9 +54,13 @@ pol.replay_ms = {k: (1.5 if k.draft_len else 1.0) for k in spec.manifest.graph_k
 pol.measure = True
 if args.always:
     pol.replay_ms = {}
-calls = [0]
-propose = spec.drafter.propose
-spec.drafter.propose = lambda *a, **kw: calls.__setitem__(0, calls[0] + 1) or propose(*a, **kw)
+calls = [0]  # rows proposed for (propose_many's rows where the drafter has it, else propose calls)
+if hasattr(spec.drafter, "propose_many"):
+    many = spec.drafter.propose_many
+    spec.drafter.propose_many = lambda ids, *a, **kw: calls.__setitem__(0, calls[0] + len(ids)) or many(ids, *a, **kw)
+else:
+    propose = spec.drafter.propose
+    spec.drafter.propose = lambda *a, **kw: calls.__setitem__(0, calls[0] + 1) or propose(*a, **kw)
 from trtgraph.runtime.step.executor import StepOutputs
 
 gen = torch.Generator().manual_seed(0)
@@ -183,7 +187,7 @@ for name in args.workloads.split(","):
         hs, hp = min(s["host"]), min(p["host"])  # the least disturbed run
         print(f"{name:12s} bs {bs:3d}: host us/step plain {hp:7.1f}  speculative {hs:7.1f}  (+{hs - hp:6.1f}, "
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
-              f"verify {s['verify']} accepted {st.get('acceptance_rate')}  propose calls {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
+              f"verify {s['verify']} accepted {st.get('acceptance_rate')}  rows proposed for {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)
         for label, r in (("plain", p), ("speculative", s)) if args.phases else ():
             print(f"    {label:12s} us/step: " + "  ".join(f"{k} {v:6.1f}" for k, v in r["phases"].items()), flush=True)

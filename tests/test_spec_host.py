@@ -38,7 +38,8 @@ def test_proposals_for_a_step_s_rows_at_once_equal_each_row_s_own(seed, monkeypa
         per_row, many = NgramDrafter(k, n_min, n_max), NgramDrafter(k, n_min, n_max, vocab_size=vocab)
         assert per_row.bits is None and many.bits == 63 // n_max
         rows = rng.choice([rng.randint(1, 6), rng.randint(MANY_ROWS, MANY_ROWS + 20)])
-        ids = [[rng.randrange(vocab) for _ in range(rng.randint(1, 40))] for _ in range(rows)]
+        ids = [[rng.randrange(vocab) for _ in range(rng.choice([rng.randint(1, 40), rng.randint(65, 150)]))]
+               for _ in range(rows)]  # (over 64 new tokens: coded by numpy)
         ia, ib = [NgramIndex() for _ in ids], [NgramIndex() for _ in ids]
         for step in range(25):
             window = rng.choice([None, None, 16, 2])

@@ -29,6 +29,7 @@ import numpy as np
 # (the newest first; the rest at the next proposals): the first drafting step of a large batch
 # would otherwise index every row's whole prompt and output at once (tens of ms at 64 rows).
 BACKFILL = 32
+BIG = 64  # _index_codes codes longer stretches than this with numpy (list comprehensions below)
 MANY_NEW = 8  # propose_many codes the n-grams of rows with at most this many new positions at once ...
 MANY_ROWS = 16  # ... when there are at least this many (its numpy work costs ~20 us whatever the rows, and saves
 #                 ~2 us a row: per row it is 3.5 us against 5.5 at 64 rows, 5.9 against 5.6 at 8, on the 2-core CPU)
@@ -161,27 +162,32 @@ class NgramDrafter:
         index.indexed = max(a, stop)
 
     def _index_codes(self, ids: list[int], a: int, stop: int, f: dict) -> None:
-        """`_index` with integer keys: each n-gram's code built from the one a token shorter."""
+        """`_index` with integer keys: the codes of each n from those of n - 1 (a token
+        shorter), for all the positions at once (numpy for a long stretch, a prompt; list
+        comprehensions for a few), entered by one update per n (the n-grams of one n in
+        position order: a later occurrence wins; codes of different n never collide)."""
         if a >= stop:
             return
         B, lo = self.bits, max(a - self.n_max + 1, 0)
-        if stop - a > 8:  # many at once (a prompt): coded by numpy, entered by one update per n
-            w = np.asarray(ids[lo:stop], dtype=np.int64) + 1
-            c = w
-            for n in range(1, self.n_max + 1):
-                if n > 1:
-                    c = (c[:-1] << B) | w[n - 1:]
-                first = max(a, n - 1)  # the first end position of an n-gram here
-                if n >= self.n_min and first < stop:
-                    f.update(zip(c[first - (lo + n - 1):].tolist(), range(first + 1, stop + 1)))
+        if stop - a <= 8:  # a few (a decode or verify step's): each end's codes from one token to n_max
+            t, n_min, n_max = ids[lo:stop], self.n_min, self.n_max
+            for e in range(a - lo, stop - lo):
+                code, pos = 0, lo + e + 1
+                for n in range(1, min(n_max, e + 1) + 1):
+                    code |= (t[e - n + 1] + 1) << (B * (n - 1))
+                    if n >= n_min:
+                        f[code] = pos
             return
-        t = ids[lo:stop]
-        for e in range(a - lo, stop - lo):
-            code = 0
-            for n in range(1, min(self.n_max, e + 1) + 1):
-                code |= (t[e - n + 1] + 1) << (B * (n - 1))
-                if n >= self.n_min:
-                    f[code] = lo + e + 1
+        big = stop - lo > BIG
+        w = np.asarray(ids[lo:stop], dtype=np.int64) + 1 if big else [t + 1 for t in ids[lo:stop]]
+        c = w  # c[j]: the code of the n-gram ending at position lo + j + n - 1
+        for n in range(1, self.n_max + 1):
+            if n > 1:
+                c = (c[:-1] << B) | w[n - 1:] if big else [(x << B) | y for x, y in zip(c, w[n - 1:])]
+            first = max(a, n - 1)  # the first end position of an n-gram here
+            if n >= self.n_min and first < stop:
+                part = c[first - (lo + n - 1):]
+                f.update(zip(part.tolist() if big else part, range(first + 1, stop + 1)))
 
     def _backfill(self, ids: list[int], index: NgramIndex, budget: int = BACKFILL) -> None:
         """Index up to `budget` skipped positions, the newest first (what is left stays
