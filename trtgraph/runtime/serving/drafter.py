@@ -22,6 +22,7 @@ index take `propose`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -102,7 +103,8 @@ class NgramDrafter:
         every n-gram ending at the last MANY_NEW + 1 positions coded at once."""
         B, M, W = self.bits, MANY_NEW, self.n_max - 1 + MANY_NEW
         ns = range(self.n_min, self.n_max + 1)
-        w = np.array([seqs_ids[i][-W - 1:] for i in batch], dtype=np.int64) + 1  # [b, W + 1]
+        w = np.fromiter(chain.from_iterable(seqs_ids[i][-W - 1:] for i in batch), np.int64,
+                        len(batch) * (W + 1)).reshape(len(batch), W + 1) + 1  # [b, W + 1]
         lens = np.fromiter((len(seqs_ids[i]) for i in batch), np.int64, len(batch))
         codes, c = {}, w  # n -> [b, M + 1]: the n-grams ending at the last M + 1 positions
         for n in range(1, self.n_max + 1):
