@@ -5,7 +5,7 @@ process time, not wall time: other processes on a shared machine do not count).
 Drafts never match (the tokens are random, none is accepted). The speculative engine's policy
 gets replay times (each verify key 1.5x its plain key) and measures wall times, as on CUDA.
 Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3] [--phases]
-(prints one line per cell: host us/step plain, speculative, the difference, propose calls, and
+(prints one line per cell: host us/step plain, speculative, the difference, the rows proposed for, and
 Python function calls per step of each engine, counted by cProfile in one more run: a figure
 that the machine's load does not move)."""
 
