@@ -4,12 +4,13 @@ that the loop's CPU time is the host's: packing, scheduling, the policy, proposa
 process time, not wall time: other processes on a shared machine do not count).
 Drafts never match (the tokens are random, none is accepted). The speculative engine's policy
 gets replay times (each verify key 1.5x its plain key) and measures wall times, as on CUDA.
-Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3]
-(prints one line per cell: host us/step plain, speculative, the difference, propose calls, and
+Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3] [--phases]
+(prints one line per cell: host us/step plain, speculative, the difference, the rows proposed for, and
 Python function calls per step of each engine, counted by cProfile in one more run: a figure
 that the machine's load does not move)."""
 
 import argparse
+import os
 import cProfile
 import pstats
 import random
@@ -21,6 +22,7 @@ import torch
 from trtgraph.compiler.pipeline import capture
 from trtgraph.config import Config
 from trtgraph.runtime.serving.engine import Engine
+from trtgraph.runtime.serving.requests import parse_request
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -30,6 +32,8 @@ ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--workloads", default="never-match", help="never-match, copy (comma-separated)")
 ap.add_argument("--always", action="store_true", help="no replay times: the speculative engine drafts at every match")
 ap.add_argument("--profile", type=int, default=0, help="print the N costliest functions of the speculative run (cumulative)")
+ap.add_argument("--phases", action="store_true", help="µs per step by phase (forming, packing, model, read-back, "
+                "postprocess, outputs, the rest), best of --repeats runs per engine")
 args = ap.parse_args()
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
@@ -44,14 +48,19 @@ art = Path(args.out) / "artifacts"
 if not (art / "manifest.json").exists():
     capture(Config.from_dict(d, source="spec_host"), art)
 spec, plain = Engine(art), Engine(art, speculative=False)
+vocab = spec.executor.loaded.config.vocab_size
 pol = spec.scheduler.speculation
 pol.replay_ms = {k: (1.5 if k.draft_len else 1.0) for k in spec.manifest.graph_keys if not k.is_prefill}
 pol.measure = True
 if args.always:
     pol.replay_ms = {}
-calls = [0]
-propose = spec.drafter.propose
-spec.drafter.propose = lambda *a, **kw: calls.__setitem__(0, calls[0] + 1) or propose(*a, **kw)
+calls = [0]  # rows proposed for (propose_many's rows where the drafter has it, else propose calls)
+if hasattr(spec.drafter, "propose_many"):
+    many = spec.drafter.propose_many
+    spec.drafter.propose_many = lambda ids, *a, **kw: calls.__setitem__(0, calls[0] + len(ids)) or many(ids, *a, **kw)
+else:
+    propose = spec.drafter.propose
+    spec.drafter.propose = lambda *a, **kw: calls.__setitem__(0, calls[0] + 1) or propose(*a, **kw)
 from trtgraph.runtime.step.executor import StepOutputs
 
 gen = torch.Generator().manual_seed(0)
@@ -103,6 +112,36 @@ for eng in (spec, plain):
     ex._fake_fresh = True
     ex.prepare, ex.advance_decode = fresh(ex.prepare, ex), fresh(ex.advance_decode, ex)
     ex.execute = lambda key, eager=False, ex=ex: fake_execute(key, eager, ex)
+PHASES = {"forming": [], "packing": [], "model": [], "read-back": [], "postprocess": [], "outputs": []}
+
+
+def timed_phases(eng):
+    """Wrap the engine's methods of each phase (none nested in another) with a process-time
+    clock; the returned dict is the phase -> seconds of the runs since the last reset."""
+    spent = dict.fromkeys(PHASES, 0.0)
+    sched, launcher = eng.scheduler, eng.launcher
+
+    def wrap(obj, name, phase):
+        method = getattr(obj, name)
+
+        def call(*a, **kw):
+            t = time.process_time()
+            try:
+                return method(*a, **kw)
+            finally:
+                spent[phase] += time.process_time() - t
+        setattr(obj, name, call)
+    for name in ("schedule", "extend_decode", "form_ahead"):
+        wrap(sched, name, "forming")
+    wrap(launcher, "_prepare", "packing")
+    wrap(eng.executor, "execute", "model")
+    wrap(launcher, "wait", "read-back")
+    wrap(sched, "postprocess", "postprocess")
+    wrap(eng, "_news", "outputs")
+    return spent
+
+
+phase_clock = {id(e): timed_phases(e) for e in (spec, plain)} if args.phases else {}
 rng = random.Random(0)
 workloads = {"never-match": lambda i: {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(32)]},
              "copy": lambda i: {"prompt_token_ids": [3 + (i + j) % CYCLE for j in range(2 * CYCLE)]}}
@@ -110,17 +149,24 @@ for name in args.workloads.split(","):
     make = workloads[name]
     mode["copy"] = name == "copy"
     for bs in batches:
-        reqs = [{"id": f"{name}-{i}", "max_tokens": args.tokens, "ignore_eos": True, **make(i)} for i in range(bs)]
+        reqs = [parse_request({"id": f"{name}-{i}", "max_tokens": args.tokens, "ignore_eos": True, **make(i)}, "spec_host",
+                              vocab) for i in range(bs)]  # parsed once: the runs time the steps, not the parsing
         res = {}
         for eng in [e for rep in range(args.repeats + 1) for e in ((spec, plain) if rep % 2 else (plain, spec))]:
             list(eng.generate(reqs[:1]))
             c0 = calls[0]
+            spent = phase_clock.get(id(eng))
+            if spent:
+                spent.update(dict.fromkeys(spent, 0.0))
             t = time.process_time()
             out = sorted((r.id, r.token_ids) for r in eng.generate(reqs))
             wall = time.process_time() - t
             steps = eng.stats.steps
             r = res.setdefault(eng is spec, {"host": [], "out": out, "steps": steps})
             r["host"].append(1e6 * wall / steps)
+            if spent and 1e6 * wall / steps <= min(r["host"]):  # the least disturbed run's phases
+                r["phases"] = {k: 1e6 * v / steps for k, v in spent.items()}
+                r["phases"]["rest"] = 1e6 * wall / steps - sum(r["phases"].values())
             if eng is spec:
                 r["calls"] = calls[0] - c0
                 r["verify"] = eng.stats.verify_steps
@@ -136,10 +182,12 @@ for name in args.workloads.split(","):
             r["calls_per_step"] = sum(v[1] for v in pstats.Stats(prof).stats.values()) / eng.stats.steps
             if eng is spec and args.profile:
                 print(f"{name} bs {bs}: speculative, {eng.stats.steps} steps, {eng.stats.verify_steps} verify")
-                pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+                pstats.Stats(prof).sort_stats(os.environ.get("SPEC_HOST_SORT", "tottime")).print_stats(args.profile)
         st = spec.stats.to_json().get("speculative") or {}
         hs, hp = min(s["host"]), min(p["host"])  # the least disturbed run
         print(f"{name:12s} bs {bs:3d}: host us/step plain {hp:7.1f}  speculative {hs:7.1f}  (+{hs - hp:6.1f}, "
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
-              f"verify {s['verify']} accepted {st.get('acceptance_rate')}  propose calls {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
+              f"verify {s['verify']} accepted {st.get('acceptance_rate')}  rows proposed for {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)
+        for label, r in (("plain", p), ("speculative", s)) if args.phases else ():
+            print(f"    {label:12s} us/step: " + "  ".join(f"{k} {v:6.1f}" for k, v in r["phases"].items()), flush=True)

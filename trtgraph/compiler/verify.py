@@ -159,8 +159,11 @@ def clear_kv_cache(ex: Executor) -> None:
 
 
 def _real_outputs(key: GraphKey, out, n: int) -> tuple:
+    """The real rows' logits and tokens, and (verify keys only) their accepted counts: other
+    keys leave the accepted buffer as the last verify key wrote it, so a replay after another
+    key's would differ from its eager reference there without anything being wrong."""
     real = _real_logit_rows(key, n)
-    return out.logits[real], out.tokens[real], out.accepted[:n]
+    return out.logits[real], out.tokens[real], out.accepted[:n if key.draft_len else 0]
 
 
 def eager_reference(ex: Executor, key: GraphKey, seed: int) -> Reference:

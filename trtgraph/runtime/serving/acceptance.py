@@ -44,9 +44,13 @@ class Acceptance:
         if self.pending is None:
             return False
         start, drafts = self.pending
-        n = 0
-        while n < len(drafts) and start + n < len(ids) and ids[start + n] == drafts[n]:
-            n += 1
+        k = len(drafts)
+        if ids[start:start + k] == drafts:  # all K agree (the common case of a copying sequence): one compare
+            n = k
+        else:
+            n = 0
+            while n < k and start + n < len(ids) and ids[start + n] == drafts[n]:
+                n += 1
         if n < len(drafts) and start + n >= len(ids):
             self.agreeing = n  # agrees so far; the tokens that decide it are not drawn yet
             return False

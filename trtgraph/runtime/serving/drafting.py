@@ -44,7 +44,8 @@ class Drafting:
         pol = self.speculation
         start = time.perf_counter()
         window, probed = pol.probe_window, pol.probe_rows(rows)
-        out = {id(s): self.drafter.propose(s.all_ids, s.ngram, window) for s in probed}
+        out = dict(zip(map(id, probed), self.drafter.propose_many([s.all_ids for s in probed],
+                                                                   [s.ngram for s in probed], window)))
         if pol.decide(rows, out, probed):
             return out
         pol.spaced(time.perf_counter() - start, rows, probed)

@@ -58,7 +58,8 @@ class Engine:
         self.generation = ex.loaded.generation  # generation_config.json: eos ids, sampling defaults
         self.stop_ids = set(ex.loaded.config.eos_token_ids) | set(self.generation.eos_token_ids)
         sp = config.speculative
-        self.drafter = NgramDrafter(sp.draft_len, sp.ngram_min, sp.ngram_max) if sp and speculative else None
+        self.drafter = (NgramDrafter(sp.draft_len, sp.ngram_min, sp.ngram_max, ex.loaded.config.vocab_size)
+                        if sp and speculative else None)
         self.scheduler = Scheduler(self.manifest.plan(), ex.num_blocks, ex.block_size, self.drafter,
                                    config.limits.max_seq_len, eos_ids=self.stop_ids,
                                    replay_ms={r.key: r.replay_ms for r in self.manifest.keys}  # CPU times: noise
@@ -334,8 +335,8 @@ class Engine:
         tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
         drew, live = [], self._live
         for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
-            req, text = seq.request, None
-            if req.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= req.min_tokens:
+            req, text, f = seq.request, None, seq.facts
+            if f.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= f.min_tokens:
                 text, hit = live[req.id].text.stop_text(seq.output_ids)
                 if hit:
                     reason = "stop"

@@ -96,7 +96,7 @@ class StepLauncher:
             stats.drafted_rows += step.num_proposed
             stats.drafts_fed += n * step.key.draft_len
         logprobs = None
-        if out.logprob_values is not None and any(q.request.logprobs is not None for q in step.seqs):
+        if out.logprob_values is not None and any(q.facts.logprobs for q in step.seqs):
             # copied now (a step launched ahead rewrites the device buffers), into this turn's host pair
             logprobs = tuple(h[:rows].copy_(t[:rows], non_blocking=True)
                              for h, t in zip(self._logprob_bufs[self._turn], (out.logprob_values, out.logprob_ids)))
@@ -134,7 +134,7 @@ class StepLauncher:
             stats.fast_path_steps += 1
             return
         for seq in step.seqs if step.is_prefill else ():  # entering its slot: its tables replace the last occupant's
-            if seq.num_computed == 0 and seq.request.sampling.uses_processors:
+            if seq.num_computed == 0 and seq.facts.processors:
                 ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq))
         drafts = step.drafts or [None] * len(step.seqs)
         rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
@@ -167,7 +167,7 @@ class StepLauncher:
         else:
             fed = seq.all_ids[start:end]
         row = seq.step_row
-        if row is None or row.slot != (seq.slot if seq.request.sampling.uses_processors else None):
+        if row is None or row.slot != (seq.slot if seq.facts.processors else None):
             r, s = seq.request, seq.request.sampling
             prompt_len = len(seq.prompt_ids)
             row = seq.step_row = StepRow(

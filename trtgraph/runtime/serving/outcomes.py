@@ -6,15 +6,43 @@
 - `postprocess`: `advance`, the rows' log-probabilities, the other completions of an n > 1
   request started after its first token, the stop checks (`_stop`) and the finished
   sequences' blocks freed.
+
+The per-row work of a step is O(1) cheap operations per row: a row's request fields are read
+once per sequence (`RowFacts`, `Sequence.facts`), and a row whose new tokens hold no stop id
+(nor EOS, unless it ignores EOS) and do not reach max_tokens is known not to stop by two set
+tests in C; only the rows that may stop go through `_stop`'s walk over their tokens.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .requests import Request
     from .scheduler import ScheduledStep, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class RowFacts:
+    """A sequence's request fields that the host reads at every step (the stop checks, key
+    selection, packing, outputs), looked up once: `Request` resolves its sampling fields
+    through `__getattr__` and its stop ids through a property, per access."""
+    max_tokens: int
+    min_tokens: int
+    stop_ids: frozenset  # the request's stop token ids
+    ignore_eos: bool
+    greedy: bool  # runs on the greedy keys (Request.is_greedy)
+    processors: bool  # uses logits processors (SamplingParams.uses_processors)
+    stop_strings: tuple  # its stop strings (checked on the text, engine._drawn)
+    logprobs: bool  # asked for log-probabilities
+
+    @classmethod
+    def of(cls, req: Request) -> RowFacts:
+        s = req.sampling
+        return cls(req.max_tokens, req.min_tokens, frozenset(req.stop_token_ids), bool(req.ignore_eos),
+                   req.is_greedy, s.uses_processors, tuple(req.stop_strings), req.logprobs is not None)
 
 
 class Outcomes:
@@ -63,14 +91,18 @@ class Outcomes:
         drew = self.advance(step, tokens, accepted, now)
         if logprobs is not None:
             _keep_logprobs(step, drew, logprobs)
-        news = []
+        news, eos = [], self.eos_ids
         for seq, n_new in drew:
-            req = seq.request
-            if req.n > 1 and seq.index == 0 and len(seq.all_ids) - len(seq.prompt_ids) == n_new:
+            req, ids, f = seq.request, seq.all_ids, seq.facts
+            num_out = len(ids) - len(seq.prompt_ids)
+            if req.n > 1 and seq.index == 0 and num_out == n_new:
                 self.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])  # completion i: seed + i
-            reason = self._stop(seq, n_new)
-            if reason is not None:
-                self.finish(seq)
+            reason = None
+            if num_out >= f.max_tokens or not f.stop_ids.isdisjoint(new := ids[-n_new:]) \
+                    or not (f.ignore_eos or eos.isdisjoint(new)):  # else no token of the row's can stop it
+                reason = self._stop(seq, n_new)
+                if reason is not None:
+                    self.finish(seq)
             news.append((seq, reason))
         if self._probe is not None:
             self._deferred_probe()
@@ -80,12 +112,13 @@ class Outcomes:
         """Check the `n_new` tokens just appended, in order: "stop" at a stop id or EOS (not
         before min_tokens; EOS not with ignore_eos), "length" at max_tokens. Tokens a verify
         step drew past that point are dropped."""
-        req, ids, p = seq.request, seq.all_ids, len(seq.prompt_ids)
+        f, ids, p = seq.facts, seq.all_ids, len(seq.prompt_ids)
         num_out = len(ids) - p
-        min_tokens, max_tokens, stops, eos = req.min_tokens, req.max_tokens, req.stop_token_ids, self.eos_ids
+        min_tokens, max_tokens, stops = f.min_tokens, f.max_tokens, f.stop_ids
+        eos = frozenset() if f.ignore_eos else self.eos_ids
         for j in range(num_out - n_new, num_out):
             t = ids[p + j]
-            if j + 1 >= min_tokens and (t in stops or (t in eos and not req.ignore_eos)):
+            if j + 1 >= min_tokens and (t in stops or t in eos):
                 reason = "stop"
             elif j + 1 >= max_tokens:
                 reason = "length"
@@ -102,6 +135,6 @@ def _keep_logprobs(step: ScheduledStep, drew: list[tuple[Sequence, int]], logpro
     q = 1 if step.is_prefill else step.key.q_len
     row_of = {id(seq): i * q for i, seq in enumerate(step.seqs)}
     for seq, n_new in drew:
-        if seq.request.logprobs is not None:
+        if seq.facts.logprobs:
             r = row_of[id(seq)]
             seq.logprobs += [(values[r + j], ids[r + j]) for j in range(n_new)]

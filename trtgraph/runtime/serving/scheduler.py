@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from .ahead import LaunchAhead
 from .drafting import Drafting
-from .outcomes import Outcomes
+from .outcomes import Outcomes, RowFacts
 from .drafter import NgramDrafter, NgramIndex
 from .acceptance import Acceptance
 from .speculation import SpeculationPolicy
@@ -59,9 +59,18 @@ class Sequence:
     step_row: object = field(default=None, repr=False)  # its StepRow, reused step to step (launcher.py)
     prompt_array: object = field(default=None, repr=False)  # prompt_ids as int64 numpy, for prefill chunks (launcher.py)
     retired: bool = False  # its blocks and slot were freed before its last token was read (retire_ahead)
+    _facts: RowFacts | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.all_ids = list(self.prompt_ids)
+
+    @property
+    def facts(self) -> RowFacts:
+        """Its request's fields that every step reads, looked up once (outcomes.py)."""
+        f = self._facts
+        if f is None:
+            f = self._facts = RowFacts.of(self.request)
+        return f
 
     @property
     def output_ids(self) -> list[int]:
@@ -233,13 +242,15 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         rows = [s for s in self.running if s.num_pending == 1] if ready_only else list(self.running)
         proposals = self._proposals(rows[:self.max_decode_batch])
         q = 1 + self.drafter.k if proposals is not None else 1
-        chosen = []
+        chosen, bs, preempted = [], self.block_size, self.num_preemptions
         for seq in rows:
-            if seq not in self.running:  # preempted while reserving for an earlier row
+            if self.num_preemptions != preempted and seq not in self.running:  # preempted reserving for an earlier row
                 continue
             if len(chosen) == self.max_decode_batch:
                 break
-            if self._reserve(seq, q, protect=chosen, may_preempt=True):
+            if len(seq.block_table) * bs >= seq.num_computed + q:  # its blocks hold the step's tokens already
+                chosen.append(seq)
+            elif self._reserve(seq, q, protect=chosen, may_preempt=True):
                 chosen.append(seq)
             else:  # nothing newer to take blocks from: step aside, recompute later
                 self.preempt(seq)
@@ -253,7 +264,7 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
                              num_proposed=sum(proposals.get(id(s)) is not None for s in chosen) if drafts else 0)
 
     def _select(self, n: int, chunk: int, seqs: list[Sequence], draft_len: int = 0) -> GraphKey:
-        sampled = any(not s.request.is_greedy for s in seqs)
+        sampled = any(not s.facts.greedy for s in seqs)
         return select(self.plan, BatchShape(n, draft_len, chunk, SAMPLED if sampled else GREEDY))
 
     # ---- blocks and preemption ------------------------------------------------------

@@ -216,12 +216,22 @@ class SpeculationPolicy:
         """What a verify key not measured yet is expected to cost beyond its replay: the host's
         work of the measured verify key of the nearest batch size (same sampling), per row
         (proposals, packing and bookkeeping go by rows: a verify step at 64 rows cost 5.6 ms
-        on the H200 against a 0.38 ms replay, at 8 rows 0.70 against 0.28); 0 when none is."""
-        near = [(abs(b - verify.batch_size), b, ms) for (s, b), ms in self._host_ms.items() if s == verify.sampling]
-        if not near:
+        on the H200 against a 0.38 ms replay, at 8 rows 0.70 against 0.28); 0 when none is.
+        Above the largest measured batch size, where two are measured, the largest one's host
+        work plus the rows beyond it at the per-row increment between the two largest (at
+        least the largest one's): part of a step's host work is per step, not per row, so
+        scaling a small batch's by the rows overprices a large one (scripts/spec_host.py's
+        copy workload, host us per speculative step on the CPU: 226 at 1 row, 334 at 8, 641 at
+        64; 8's scaled by the rows says 2,670 at 64, the increment from 1 to 8 says 1,170)."""
+        measured = sorted((b, ms) for (s, b), ms in self._host_ms.items() if s == verify.sampling)
+        if not measured:
             return 0.0
-        _, b, ms = min(near)
-        return ms * verify.batch_size / b
+        n = verify.batch_size
+        if len(measured) > 1 and n > measured[-1][0]:
+            (b0, ms0), (b1, ms1) = measured[-2:]
+            return ms1 + max((ms1 - ms0) / (b1 - b0), 0.0) * (n - b1)
+        _, b, ms = min((abs(b - n), b, ms) for b, ms in measured)
+        return ms * n / b
 
     # ---- decisions -----------------------------------------------------------------------
     def pays(self, rows: list, matched: list[bool], hope: bool = False, n: int | None = None) -> bool:

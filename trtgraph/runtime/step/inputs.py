@@ -68,6 +68,7 @@ class StepInputs:
     _real_rows = 0  # real rows of the last full-path step (the device's control[1])
     _inputs_set = False  # prepare or advance_decode since the last execute
     _last_packed: tuple = (None, ())  # (key, rows) of the last full-path verify step (`_prepare_verify_again`)
+    _verify_have: np.ndarray | None = None  # the block-table length of each row, as the staging holds them
 
     # ---- input preparation (full path) ------------------------------------------------
     def prepare(self, key: GraphKey, rows: list[StepRow], gather: list[tuple[int, int]] = ()) -> None:
@@ -100,10 +101,8 @@ class StepInputs:
         slots[:T] = np.arange(T) % bs + NULL_BLOCK * bs
         last[:B] = np.arange(B) * q
         tables[:B] = NULL_BLOCK
-        table_row = np.repeat(np.arange(n), have)  # [sum(have)] the row of each table entry
-        table_col = np.arange(len(table_row)) - np.repeat(np.cumsum(have) - have, have)
-        tables[table_row, table_col] = np.fromiter(chain.from_iterable(r.block_table for r in rows), np.int64,
-                                                   len(table_row))
+        self._write_tables(key, rows, np.arange(n), have)
+        self._verify_have = have
         # Real tokens: row i's j-th at i * q + j. A prefill chunk's tail (j >= its length)
         # repeats the last position and writes to the null block.
         col = np.arange(q)
@@ -114,6 +113,8 @@ class StepInputs:
         flat = np.flatnonzero(real)  # where real tokens go, row-major: i * q + j
         if q == 1:  # one token a row
             ids[flat] = np.fromiter((r.token_ids[0] for r in rows), np.int64, n)
+        elif key.draft_len and len(flat) == n * q:  # verify rows (lists of q tokens each): one pass in C
+            ids[flat] = np.fromiter(chain.from_iterable(r.token_ids for r in rows), np.int64, n * q)
         elif n:  # prefill chunks (the launcher hands numpy slices of the prompts) and verify rows
             ids[flat] = np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in rows])
         p, row_of = pos[flat], flat // q
@@ -121,7 +122,6 @@ class StepInputs:
         last[:n] = np.arange(n) * q + lens - 1
         self._pack_sampling(key, rows)
         self._check_values(key, "token_ids", ids[:n * q], 0, self.loaded.config.vocab_size, q)
-        self._check_values(key, "block_table", tables[table_row, table_col], 1, self.num_blocks, None, table_row)
         pairs = self._check_gather(key, n, gather)
         b.host.gather_src[:B] = -1
         b.host.gather_src[pairs[:, 0]] = pairs[:, 1]
@@ -133,30 +133,42 @@ class StepInputs:
         """A verify step over the very rows (the same StepRow objects, in order) of the full-path
         step packed last, with the same key: what depends only on the rows and the key (their
         sampling fields, the padding, the logit rows, the gather sources, the control) is in the
-        staging already; only each row's q tokens, positions, slots and block table are written
-        and checked (a verify row feeds exactly q tokens, so no row has a tail)."""
+        staging already; only each row's q tokens, positions and slots are written and checked
+        (a verify row feeds exactly q tokens, so no row has a tail), and the block-table entries
+        the rows gained since (a running sequence's table only grows: the rows whose table is
+        longer than when last written get theirs written and checked again, whole)."""
         q, bs, n = key.q_len, self.block_size, len(rows)
-        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n)
         starts = np.fromiter((r.start_pos for r in rows), np.int64, n)
         have = np.fromiter((len(r.block_table) for r in rows), np.int64, n)
-        self._check_row_shapes(key, rows, lens, starts, have)
-        if (lens != q).any():
+        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n)
+        ends = starts + q
+        if ((lens != q) | (starts < 0) | (ends > self.config.limits.max_seq_len)
+                | ((ends + bs - 1) // bs > have) | (have > self.max_blocks_per_seq)).any():
+            self._check_row_shapes(key, rows, lens, starts, have)
             raise ReplayMismatchError(f"{key} row {int(np.flatnonzero(lens != q)[0])}: a verify row feeds {q} tokens")
         b = self.buffers
         b.staging_ready()
         ids, pos, slots, tables = b.host.input_ids, b.host.positions, b.host.slot_mapping, b.host.block_tables
-        table_row = np.repeat(np.arange(n), have)
+        grew = np.flatnonzero(have != self._verify_have)
+        if len(grew):
+            self._write_tables(key, [rows[i] for i in grew], grew, have[grew])
+            self._verify_have = have
+        ids[:n * q] = np.fromiter(chain.from_iterable(r.token_ids for r in rows), np.int64, n * q)
+        p = (starts[:, None] + np.arange(q)).ravel()  # [n * q]
+        pos[:n * q] = p
+        slots[:n * q] = tables[np.repeat(np.arange(n), q), p // bs] * bs + p % bs
+        self._check_values(key, "token_ids", ids[:n * q], 0, self.loaded.config.vocab_size, q)
+        b.upload()
+        self._real_rows, self._inputs_set = n, True
+
+    def _write_tables(self, key: GraphKey, rows: list[StepRow], at: np.ndarray, have: np.ndarray) -> None:
+        """The block tables of `rows` into the staging's table rows `at` (have: their lengths), checked."""
+        tables = self.buffers.host.block_tables
+        table_row = np.repeat(at, have)  # [sum(have)] the table row of each entry
         table_col = np.arange(len(table_row)) - np.repeat(np.cumsum(have) - have, have)
         tables[table_row, table_col] = np.fromiter(chain.from_iterable(r.block_table for r in rows), np.int64,
                                                    len(table_row))
-        ids[:n * q] = np.fromiter(chain.from_iterable(r.token_ids for r in rows), np.int64, n * q)
-        p = (starts[:, None] + np.arange(q)[None, :]).ravel()  # [n * q]
-        pos[:n * q] = p
-        slots[:n * q] = tables[np.arange(n * q) // q, p // bs] * bs + p % bs
-        self._check_values(key, "token_ids", ids[:n * q], 0, self.loaded.config.vocab_size, q)
         self._check_values(key, "block_table", tables[table_row, table_col], 1, self.num_blocks, None, table_row)
-        b.upload()
-        self._real_rows, self._inputs_set = n, True
 
     def _pack_sampling(self, key: GraphKey, rows: list[StepRow]) -> None:
         """The per-row sampling fields: neutral values on every logit row of the key, then each
