@@ -41,6 +41,7 @@ from collections import defaultdict
 
 import torch
 
+from trtgraph import startup
 from trtgraph.bench import own_steps_bound
 from trtgraph.compiler.pipeline import capture
 from trtgraph.config import Config
@@ -338,6 +339,7 @@ def gpu(manifest: str, prompt_file: str | None, repeats: int, dump: str | None, 
     transition). pipeline False: the engine forms a rows-changing step only after reading the
     step before it (Engine.pipeline_changes: the before of this branch, same tree)."""
     engine = Engine(manifest)
+    startup.freeze_heap(engine.executor.device)  # as `trtgraph run` does
     if hasattr(engine, "pipeline_changes"):
         engine.pipeline_changes = pipeline
     if mixed:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from trtgraph import startup
 from trtgraph.buckets import GREEDY
 from trtgraph.compiler.pipeline import capture
 from trtgraph.config import Config
@@ -103,6 +104,7 @@ def ngram_acceptance(prompt_ids, outputs, k=4):
         tokens += len(out)
     return tokens / max(steps, 1), accepted / max(k * steps, 1)
 engines = {"speculative": Engine(raw["output"]), "plain": Engine(raw["output"], speculative=False)}
+startup.freeze_heap(engines["plain"].executor.device)  # as `trtgraph run` does
 REPEATS = REPEATS_ARG or (2 if SMOKE else 5)  # each cell runs this often, speculative and plain alternating
 PROMPTS = {1: 2, 8: 8} if SMOKE else {1: 16, 8: 32, 64: 128}  # requests per cell (groups of `batch`)
 

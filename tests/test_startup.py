@@ -130,3 +130,28 @@ def test_cuda_starts_early_only_for_one_process_on_a_cuda_device_before_torch():
                          env={**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "0"})
     # the thread ends (a context made, or no driver here: quietly) and imports nothing
     assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_freeze_heap_on_cuda_only_and_unfrozen_at_exit(monkeypatch):
+    """A serving process's heap is frozen once its engine is built on CUDA (a full collection
+    then walks only what serving makes), lapped as `heap_frozen`, with one exit hook that puts
+    it back; on the CPU nothing changes (tests build many engines in one process)."""
+    import gc
+    import types
+
+    from trtgraph import startup
+
+    hooks = []
+    monkeypatch.setattr(startup.atexit, "register", hooks.append)
+    monkeypatch.setattr(startup, "_UNFREEZE_AT_EXIT", [])
+    before = gc.get_freeze_count()
+    try:
+        assert not startup.freeze_heap(types.SimpleNamespace(type="cpu"))
+        assert gc.get_freeze_count() == before and "heap_frozen" not in startup.CLOCK.phases
+        assert startup.freeze_heap(types.SimpleNamespace(type="cuda"))
+        assert gc.get_freeze_count() > before and "heap_frozen" in startup.CLOCK.phases
+        assert startup.freeze_heap(types.SimpleNamespace(type="cuda"))
+        assert hooks == [gc.unfreeze]  # one hook, however many engines
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0

@@ -79,6 +79,7 @@ def run_rank(tp, requests, manifest, output, eager, summary_json, resume, specul
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     engine = Engine(manifest, eager=eager, speculative=speculative, tp=tp, model=model)
+    startup.freeze_heap(engine.executor.device)
     if tp.rank != 0:
         engine.follow()
         return 0

@@ -22,6 +22,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import startup
 from ..errors import ConfigError, PromptError, TrtgraphError
 from ..formats import openai as oa
 from ..inputs import JSONProblem, loads_json
@@ -239,7 +240,12 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
                           f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
     path = model or manifest_obj.app_config().model.path  # `model`: the checkpoint where it has moved
     model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
-    thread = EngineThread(lambda: Engine(manifest_obj, model=model), Metrics(), max_waiting)  # read once
+    def load() -> Engine:
+        engine = Engine(manifest_obj, model=model)
+        startup.freeze_heap(engine.executor.device)  # one engine for the process's life
+        return engine
+
+    thread = EngineThread(load, Metrics(), max_waiting)  # read once
     config = uvicorn.Config(create_app(thread, model_name, api_key), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACE_SECONDS, lifespan="on")
     server = _Server(config, thread)
