@@ -240,6 +240,7 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
                           f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
     path = model or manifest_obj.app_config().model.path  # `model`: the checkpoint where it has moved
     model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
+
     def load() -> Engine:
         engine = Engine(manifest_obj, model=model)
         startup.freeze_heap(engine.executor.device)  # one engine for the process's life
