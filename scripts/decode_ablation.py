@@ -15,7 +15,7 @@ a variant's two results):
 - `pdl`: `new` + PDL for every fused op, `pdl-<op>`: for that op alone, `pdl-no-prefetch`:
   every op, waiting at the start with no L2 prefetch;
 - `one-per-sm`: `new` with the LM head's tuned depth at 32 and 64-row tiles
-  (decode_linear._TWO_PER_SM off), at bs 32-64;
+  (decode_occupancy.TWO_PER_SM off), at bs 32-64;
 - `main81`: main 81adfc0's kernels (`one-per-sm`, the LM head normed in every program);
   `no-prenorm`: `new` with that LM head; `wide-qkv-down`, `wide-all`: `new` with qkv and down
   (and o) fused up to 64 rows too, at bs 40 and 64;
@@ -51,6 +51,7 @@ from trtgraph.bench import _timed, decode_rows, measure_bandwidth
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.config import Config
 from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import decode_occupancy as occ
 from trtgraph.kernels import decode_persistent as dp
 from trtgraph.kernels import decode_tuned
 from trtgraph.kernels import linear as lin
@@ -107,7 +108,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
-    dl._TWO_PER_SM, dl._WIDE_PDL = v["two_per_sm"], v.get("wide_pdl", False)
+    occ.TWO_PER_SM, dl._WIDE_PDL = v["two_per_sm"], v.get("wide_pdl", False)
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])

@@ -3,7 +3,7 @@ put the 64-row gate_up at 59% of DRAM peak with one program per SM and two weigh
 flight (shared memory the limit), 72% at 8 rows. Here each Llama-3.2-1B shape's config today
 against the same tile with 64-wide K steps and more stages (more bytes in flight for the same
 shared memory), and against deeper pipelines past the 85% shared-memory budget of
-`_fit_stages` (`+`: 95%), each timed alone in a CUDA graph (weight copies defeat L2) at 8, 32
+`decode_occupancy.fit_stages` (`+`: 95%), each timed alone in a CUDA graph (weight copies defeat L2) at 8, 32
 and 64 rows (64 only for the shapes fused up to 64 rows). Candidates compile first in a pool of
 processes. Usage: python scripts/depth_probe.py OUT.json [SHAPE ...]
 """
@@ -22,6 +22,7 @@ from tune_linear import graph_time  # noqa: E402
 
 from trtgraph.bench import measure_bandwidth  # noqa: E402
 from trtgraph.kernels import decode_linear as dl  # noqa: E402
+from trtgraph.kernels import decode_occupancy as occ  # noqa: E402
 from trtgraph.kernels import decode_tuned  # noqa: E402
 
 DEV, DT = torch.device("cuda"), torch.bfloat16
@@ -39,7 +40,7 @@ def install(name, cfg, wide):
     op, n, k = SHAPES[name]
     dl._TUNED[(n, k)] = cfg
     full = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    dl._shared_memory_bytes = (lambda index: int(full * 0.95 / 0.85)) if wide else (lambda index: full)
+    occ.shared_memory_bytes = (lambda index: int(full * 0.95 / 0.85)) if wide else (lambda index: full)
 
 
 def rows_of(name):

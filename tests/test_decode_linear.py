@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import decode_occupancy as occ
 from trtgraph.kernels import reference
 from trtgraph.kernels.composed import QKVHeads, compose
 
@@ -369,36 +370,36 @@ def test_pipeline_depth_fits_shared_memory(monkeypatch):
     """fp32 weights stage twice bf16's bytes: the depth is cut until the tiles fit (the H200 ran
     out of shared memory at 4 stages of 64 x 128 fp32 tiles), and every tuned bf16 config keeps
     its measured depth."""
-    monkeypatch.setattr(dl, "_shared_memory_bytes", lambda index: 232448)  # the H200's opt-in limit
+    monkeypatch.setattr(occ, "shared_memory_bytes", lambda index: 232448)  # the H200's opt-in limit
     cuda = torch.device("cuda", 0)
     cfg = dl.DecodeConfig(64, 128, 2, 4, 4)
-    assert dl._fit_stages(cfg, 1, 2, cuda) == 4
-    assert dl._fit_stages(cfg, 1, 4, cuda) == 3
-    assert dl._fit_stages(dl.DecodeConfig(64, 256, 4, 4, 3), 1, 4, cuda) == 1
+    assert occ.fit_stages(cfg, 1, 2, cuda) == 4
+    assert occ.fit_stages(cfg, 1, 4, cuda) == 3
+    assert occ.fit_stages(dl.DecodeConfig(64, 256, 4, 4, 3), 1, 4, cuda) == 1
     for tuned in dl._TUNED.values():
         c = dl.DecodeConfig(*tuned)
-        assert dl._fit_stages(c, 2 if c.stack else 1, 2, cuda) == c.num_stages
-    assert dl._fit_stages(cfg, 1, 4, torch.device("cpu")) == 4
+        assert occ.fit_stages(c, 2 if c.stack else 1, 2, cuda) == c.num_stages
+    assert occ.fit_stages(cfg, 1, 4, torch.device("cpu")) == 4
 
 
 def test_two_programs_per_sm_where_the_grid_has_two_waves(monkeypatch):
     """A grid of >= 2 programs per SM (the LM head: 1002 N-tiles) gets the depth at which two
     programs of its row tile share an SM (never under 2 stages); a grid of under two waves keeps
     the tuned depth at every row tile."""
-    monkeypatch.setattr(dl, "_shared_memory_bytes", lambda index: 232448)
-    monkeypatch.setattr(dl, "_sm_resources", lambda index: (132, 233472))  # the H200
+    monkeypatch.setattr(occ, "shared_memory_bytes", lambda index: 232448)
+    monkeypatch.setattr(occ, "sm_resources", lambda index: (132, 233472))  # the H200
     cuda = torch.device("cuda", 0)
     lm = dl.DecodeConfig(128, 128, 1, 8, 3)
-    assert [dl._fit_stages(lm, 1, 2, cuda, rows, 1002) for rows in (16, 32, 64)] == [3, 2, 2]
-    assert [dl._fit_stages(lm, 1, 2, cuda, rows, 200) for rows in (16, 32, 64)] == [3, 3, 3]
-    assert dl._fit_stages(dl.DecodeConfig(64, 256, 1, 4, 4), 1, 2, cuda, 64, 1002) == 2  # 3 fit one: never under 2
-    monkeypatch.setattr(dl, "_TWO_PER_SM", False)
-    assert dl._fit_stages(lm, 1, 2, cuda, 64, 1002) == 3
+    assert [occ.fit_stages(lm, 1, 2, cuda, rows, 1002) for rows in (16, 32, 64)] == [3, 2, 2]
+    assert [occ.fit_stages(lm, 1, 2, cuda, rows, 200) for rows in (16, 32, 64)] == [3, 3, 3]
+    assert occ.fit_stages(dl.DecodeConfig(64, 256, 1, 4, 4), 1, 2, cuda, 64, 1002) == 2  # 3 fit one: never under 2
+    monkeypatch.setattr(occ, "TWO_PER_SM", False)
+    assert occ.fit_stages(lm, 1, 2, cuda, 64, 1002) == 3
     # _WIDE_PDL's launches (two=True): two programs per SM whatever the grid (o: 4 -> 3 stages of
     # 32 KB; qkv's paired rows 3 -> 2 of 48 KB at 64-row tiles)
     o, qkv = dl.DecodeConfig(64, 128, 4, 4, 4), dl.DecodeConfig(64, 128, 4, 8, 3, True)
-    assert [dl._fit_stages(o, 1, 2, cuda, 64, 128, two=t) for t in (False, True)] == [4, 3]
-    assert [dl._fit_stages(qkv, 2, 2, cuda, 64, 96, two=t) for t in (False, True)] == [3, 2]
+    assert [occ.fit_stages(o, 1, 2, cuda, 64, 128, two=t) for t in (False, True)] == [4, 3]
+    assert [occ.fit_stages(qkv, 2, 2, cuda, 64, 96, two=t) for t in (False, True)] == [3, 2]
 
 
 def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trtgraph.kernels import decode_linear as dl
+from trtgraph.kernels import decode_occupancy as occ
 from trtgraph.kernels import decode_persistent as dp
 from trtgraph.kernels import decode_tuned, reference
 from trtgraph.kernels.composed import compose
@@ -148,7 +149,7 @@ def test_dispatch_runs_the_tail_for_33_to_64_rows_only(monkeypatch):
 def test_grid_is_at_most_one_program_per_sm(monkeypatch):
     """Every program must be resident at once (a program waiting at an arrival for one that has
     no SM would wait forever): at most the SM count, one on the interpreter."""
-    monkeypatch.setattr(dl, "_sm_resources", lambda index: (132, 233472))
+    monkeypatch.setattr(occ, "sm_resources", lambda index: (132, 233472))
     cuda = torch.device("cuda", 0)
     assert [dp._programs(n, cuda) for n in (1, 128, 132, 133, 1002)] == [1, 128, 132, 132, 132]
     assert dp._programs(128, torch.device("cpu")) == 1

@@ -40,8 +40,6 @@ Qwen3's q/k norms).
 
 from __future__ import annotations
 
-import functools
-
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +49,7 @@ from . import decode_tuned
 from .composed import FusedOps, QKVHeads
 from .decode_kernel import _decode_kernel, _prenorm_kernel
 from .decode_light import LIGHT_MAX_ROWS, _light_kernel
+from . import decode_occupancy as occ
 from .triton_ops import arrival_counters, pdl_capable
 
 # The fused kernels run for steps of at most this many rows. They take any row count (64-row
@@ -104,7 +103,6 @@ def decode_config(n: int, k: int, device: torch.device) -> DecodeConfig:
 _ROW_TILES: tuple[int, ...] | None = (16, 32, 64)
 
 
-_ROW_TILES_MAX = 64  # the widest row tile (what the shared-memory fit assumes, whatever the step's rows)
 
 
 def row_tile(rows: int) -> int:
@@ -169,7 +167,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
         EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out, TRIGGER=trigger,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
-        num_warps=cfg.num_warps, num_stages=_fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
+        num_warps=cfg.num_warps, num_stages=occ.fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
                                                         grid[0] * grid[1] * grid[2], two=wide_pdl), **extra)
     return out
 
@@ -222,57 +220,14 @@ _TRIGGER_MODES: frozenset[int] = frozenset()
 
 # Steps of more than FUSED_MAX_ROWS rows (the WIDE shapes): every op launched with PDL and its
 # pipeline depth cut until two programs share an SM, so that an early-launched successor finds
-# room beside it (`_fit_stages(two=True)`). Off: with qkv, o and down WIDE too (decode_ablation.py's
-# `wide-pdl`), the H200's replayed step took 1.52-1.55 ms at bs 40-64 against 1.11-1.20 (86 kernels
-# against 118; docs/performance.md, seventh session).
+# room beside it (`decode_occupancy.fit_stages(two=True)`). Off: with qkv, o and down WIDE too
+# (decode_ablation.py's `wide-pdl`), the H200's replayed step took 1.52-1.55 ms at bs 40-64 against
+# 1.11-1.20 (86 kernels against 118; docs/performance.md, seventh session).
 _WIDE_PDL = False
 
 
 def _uses_pdl(mode: int, device: torch.device) -> bool:
     return mode in _PDL_MODES and pdl_capable(device)
-
-
-def _fit_stages(cfg: DecodeConfig, nacc: int, elem_bytes: int, device: torch.device, rows: int = _ROW_TILES_MAX,
-                programs: int = 0, two: bool = False) -> int:
-    """The config's pipeline depth, cut until the staged weight and x tiles fit the device's
-    shared memory (fp32 weights need twice bf16's; the table was tuned in bf16); and where the
-    grid has at least two programs per SM (the LM head's 1002), cut (to no fewer than 2 stages)
-    until two programs of `rows`-row tiles share an SM (`_TWO_PER_SM`), so that one's epilogue
-    and start overlap the other's weight stream (`two`: whatever the grid, for `_WIDE_PDL`). The depth never changes what a row sums, or in
-    what order: a function of the shape, dtype, device and row tile, never of the results."""
-    if device.type != "cuda":
-        return cfg.num_stages
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    per_stage = (nacc * cfg.block_n + _ROW_TILES_MAX) * cfg.block_k * elem_bytes
-    budget = int(0.85 * _shared_memory_bytes(index))
-    stages = cfg.num_stages
-    while stages > 1 and stages * per_stage > budget:
-        stages -= 1
-    sms, per_sm = _sm_resources(index) if (_TWO_PER_SM and programs) or two else (1, 0)
-    if two or (_TWO_PER_SM and programs >= 2 * sms):
-        per_stage = (nacc * cfg.block_n + rows) * cfg.block_k * elem_bytes
-        while stages > 2 and stages * per_stage > per_sm // 2 - 3072:  # 1 KB per program reserved, 2 KB spare
-            stages -= 1
-    return stages
-
-
-# Two programs per SM where the grid has two waves or more (see _fit_stages; the ablation's
-# `one-per-sm` variant turns it off). On the H200 it changes the LM head's depth at 32 and 64-row
-# tiles only (3 -> 2 stages); 16-row tiles already fit two.
-_TWO_PER_SM = True
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_resources(index: int) -> tuple[int, int]:
-    """(SMs, shared memory bytes per SM) of the device."""
-    props = torch.cuda.get_device_properties(index)
-    return props.multi_processor_count, getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_memory_bytes(index: int) -> int:
-    props = torch.cuda.get_device_properties(index)
-    return getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

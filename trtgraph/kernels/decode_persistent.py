@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from . import decode_linear as dl
+from . import decode_occupancy as occ
 from . import decode_tuned
 from .composed import FusedOps, tail_op
 from .decode_kernel import _prefetch_l2, _tile
@@ -141,7 +142,7 @@ def _programs(items: int, device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(items, dl._sm_resources(index)[0]))
+    return max(1, min(items, occ.sm_resources(index)[0]))
 
 
 def layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight):
@@ -164,7 +165,7 @@ def layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_
     act = torch.empty((T, inter), dtype=gate_up_weight.dtype, device=dev)
     cuda = dev.type == "cuda"
     grid = (_programs(max(io, ig, i_d), dev),)
-    stages = min(dl._fit_stages(c, n, el, dev, bt) for c, n in ((co, 1), (cg, 2), (cd, 1)))
+    stages = min(occ.fit_stages(c, n, el, dev, bt) for c, n in ((co, 1), (cg, 2), (cd, 1)))
     _tail_kernel[grid](
         attn, o_weight, residual, norm_weight, gate_up_weight, act, down_weight, ws, cnt, cnt[tiles:],
         T, H, inter, o_weight.shape[1], attn.stride(0), residual.stride(0), float(eps), kpo, kpg, kpd,
