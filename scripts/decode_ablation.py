@@ -34,7 +34,10 @@ a variant's two results):
   `wide-light`: the same WIDE shapes without that;
 - `deep`: `light` with gate_up's and the LM head's weight pipelines in 64-wide K steps, 6 and 5
   stages deep (scripts/depth_probe.py), `deep-gu`: gate_up's only (shipped since: with today's
-  table `light` and `deep-gu` are the same step).
+  table `light` and `deep-gu` are the same step);
+- `nosplit`: `light` without the split down projection at 33-64 rows (kernels/split_residual.py:
+  the norms still taken in the tails, by addmm_ + the norm kernel); `split2`, `split8`: 2 / 8 K
+  slices instead of decode_tuned.SPLIT_DOWN's.
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -55,6 +58,7 @@ from trtgraph.kernels import decode_occupancy as occ
 from trtgraph.kernels import decode_persistent as dp
 from trtgraph.kernels import decode_tuned
 from trtgraph.kernels import linear as lin
+from trtgraph.kernels import split_residual as sr
 from trtgraph.kernels import attention_config as attention
 from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import compose
@@ -99,6 +103,9 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "wide-light": {**NEW, **LIGHT, "wide": set(decode_tuned.WIDE) | {QKV, O, DOWN}, "batches": (33, 40, 48, 64)},
             "deep": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP, LM: LM_DEEP}},
             "deep-gu": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP}},
+            "nosplit": {**NEW, **LIGHT, "split": {}},
+            "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
+            "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
             "pdl-no-prefetch": {**NEW, "pdl": ALL, "batches": (1, 64)},
             "pdl-o-lm": {**NEW, "pdl": frozenset({dl._RESIDUAL, dl._PLAIN}), "prefetch": dl._PREFETCH_BYTES},
@@ -119,7 +126,10 @@ def install(ex, v):
     dp.choose_tail(dl._CHOICE, ex.device, False, False, torch.bfloat16)
     fused = compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                     lin.linear_residual if v["epilogue"] else None)
-    ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops, **dl.dispatch(fused)._asdict())
+    sr._SPLITS.clear()
+    sr._SPLITS.update(v.get("split", decode_tuned.SPLIT_DOWN))
+    ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops,
+                                              **sr.with_split(dl.dispatch(fused), t.rms_norm)._asdict())
 
 
 def floor_ms(ex, batch, bw):

@@ -34,6 +34,11 @@ class KernelSet:
     # a layer after attention: o + residual, norm + gate_up + SiLU-mul, down + residual (composed.tail_op;
     # the Triton set's persistent kernel for steps of 33-64 rows, kernels/decode_persistent.py)
     layer_tail: Callable
+    # the down projection + residual with the next layer's RMSNorm of the result, and layer_tail
+    # with it (composed.py; the Triton set's two-kernel form at 33-64 rows: kernels/split_residual.py),
+    # for steps whose next qkv takes its input normed (the model asks rope_in_attention)
+    linear_residual_norm: Callable
+    layer_tail_norm: Callable
     # decode steps whose qkv is not one fused kernel: norm + qkv (+ Qwen3's q/k norms) not
     # rotated, then RoPE + KV write + attention in one op; rope_in_attention(qkv weight, rows,
     # q_len, heads) says which steps (a shape-only test, the same for every replay of a key)
@@ -78,11 +83,13 @@ def _triton_set() -> KernelSet:
 
     from . import processors as pr
     from . import sampling as s
+    from .split_residual import with_split
 
+    fused = with_split(dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
+                                           lin.linear_residual)), t.rms_norm)
     return KernelSet(name="triton", rms_norm=t.rms_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=at.paged_attention, linear=lin.linear,
-                     **dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
-                                                          lin.linear_residual))._asdict(),
+                     **fused._asdict(),
                      norm_qkv=norm_qkv_op(t.rms_norm, lin.linear), rope_paged_attention=at.rope_paged_attention,
                      rope_in_attention=_rope_in_attention,
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,

@@ -14,6 +14,10 @@ is small; so the model calls four fused ops, each a matrix multiply with its nei
 - `layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight)`: a
   layer after attention, o + residual then the MLP (`tail_op`: the three ops above in order; the
   Triton set runs it as one persistent kernel at 33-64 rows, kernels/decode_persistent.py).
+- `linear_residual_norm(x, weight, residual, norm_weight, eps) -> (residual + x @ weight.T, its
+  RMSNorm)`: the down projection of a step whose next layer takes its normed input ready (the
+  Triton set's two-kernel form at 33-64 rows: kernels/split_residual.py), and `layer_tail_norm`
+  (layer_tail's arguments plus the next norm's weight and eps -> (residual, normed)) over it.
 
 Decode steps whose qkv projection is not one fused kernel split the first op differently:
 `norm_qkv(x, norm_weight, eps, weight, bias, heads) -> (q, k, v)` (RMSNorm, the projection,
@@ -55,6 +59,8 @@ class FusedOps(NamedTuple):
     norm_gate_up_silu: Callable
     norm_linear: Callable
     layer_tail: Callable | None = None  # tail_op's signature (compose: tail_op of the four)
+    linear_residual_norm: Callable | None = None  # residual_norm_op's signature
+    layer_tail_norm: Callable | None = None  # tail_norm_op's signature
 
 
 def tail_op(ops: FusedOps) -> Callable:
@@ -69,13 +75,39 @@ def tail_op(ops: FusedOps) -> Callable:
     return layer_tail
 
 
+def residual_norm_op(linear_residual: Callable, rms_norm: Callable) -> Callable:
+    """linear_residual_norm(x, weight, residual, norm_weight, eps) -> (h, rms_norm(h)) where h =
+    linear_residual(x, weight, residual): the next layer's norm taken where the residual is made."""
+
+    def linear_residual_norm(x, weight, residual, norm_weight, eps):
+        h = linear_residual(x, weight, residual)
+        return h, rms_norm(h, norm_weight, eps)
+
+    return linear_residual_norm
+
+
+def tail_norm_op(ops: FusedOps) -> Callable:
+    """layer_tail_norm(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight,
+    next_norm_weight, next_eps) -> (the residual stream after the layer, the next layer's RMSNorm
+    of it): tail_op's three ops, the last one ops.linear_residual_norm."""
+
+    def layer_tail_norm(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight, next_norm_weight,
+                        next_eps):
+        h = ops.linear_residual(attn, o_weight, residual)
+        return ops.linear_residual_norm(ops.norm_gate_up_silu(h, norm_weight, eps, gate_up_weight), down_weight, h,
+                                        next_norm_weight, next_eps)
+
+    return layer_tail_norm
+
+
 def norm_qkv_op(rms_norm: Callable, linear: Callable) -> Callable:
     """norm_qkv(x, norm_weight, eps, weight, bias, heads) -> q [T, Hq, D], k, v [T, Hkv, D]: views
-    of the projection's output (Qwen3's normed q and k are new tensors), not rotated."""
+    of the projection's output (Qwen3's normed q and k are new tensors), not rotated. norm_weight
+    None: x is already normed (the previous layer's linear_residual_norm)."""
 
     def norm_qkv(x, norm_weight, eps, weight, bias, heads: QKVHeads):
         T, D = x.shape[0], heads.head_dim
-        qkv = linear(rms_norm(x, norm_weight, eps), weight, bias)  # [T, (Hq + 2 Hkv) D]
+        qkv = linear(x if norm_weight is None else rms_norm(x, norm_weight, eps), weight, bias)  # [T, (Hq + 2 Hkv) D]
         q_size, kv_size = heads.sizes()
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q, k, v = q.reshape(T, heads.num_heads, D), k.reshape(T, heads.num_kv_heads, D), v.reshape(T, heads.num_kv_heads, D)
@@ -108,4 +140,5 @@ def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_w
         return silu_and_mul(norm_linear(x, norm_weight, eps, weight))
 
     ops = FusedOps(norm_qkv_rope, linear_residual or add_linear, norm_gate_up_silu, norm_linear)
-    return ops._replace(layer_tail=tail_op(ops))
+    ops = ops._replace(layer_tail=tail_op(ops), linear_residual_norm=residual_norm_op(ops.linear_residual, rms_norm))
+    return ops._replace(layer_tail_norm=tail_norm_op(ops))

@@ -317,7 +317,8 @@ def installed_choice() -> dict[str, str]:
     """The installed choice as the manifest records it: "composed", "fused" (steps of <=
     FUSED_MAX_ROWS rows), or "fused<=64" for a WIDE shape, "+light<=1" where the light kernel
     serves one row, "+tail<=64" for the persistent layer tail's three shapes, so that a manifest captured when the
-    shape was fused for fewer rows is refused (Recapture) rather than replayed another way."""
+    shape was fused for fewer rows is refused (Recapture) rather than replayed another way; and the split
+    down projection's shapes (split_residual.installed_split: "linear_residual_norm:NxK": "split4:33-64")."""
     from .decode_persistent import TAIL_MAX_ROWS, tail_shapes
 
     tail = tail_shapes()
@@ -327,7 +328,9 @@ def installed_choice() -> dict[str, str]:
         c = f"{FUSED}<={rows}" if c == FUSED and rows != FUSED_MAX_ROWS else c
         c = f"{c}+light<={LIGHT_MAX_ROWS}" if (n, k) in _LIGHT_ON else c
         return f"{c}+tail<={TAIL_MAX_ROWS}" if (op, n, k) in tail else c
-    return {f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}
+    from .split_residual import installed_split
+
+    return {**{f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}, **installed_split()}
 
 
 def fused(name: str, weight: torch.Tensor, rows: int) -> bool:

@@ -61,3 +61,10 @@ LIGHT_PDL = {1, 2, 3}
 # path alone (46.4-47.4 vs 42.3-43.1, scripts/tail_bench.py) and the replayed step 42-62 us slower
 # at bs 40 and 64 (scripts/decode_ablation.py `tail`), for 70 kernels per step instead of 118.
 TAIL = False
+
+# The down projection at 33-64 rows as cuBLAS partial products over this many K slices, summed with
+# the residual and the next layer's RMSNorm in one kernel (kernels/split_residual.py): (N, K) -> slices.
+# On the H200 (scripts/splitk_probe.py, 16 layers in a graph, us per layer at 40 / 48 / 56 / 64 rows):
+# 4 slices 15.2 / 15.4 / 15.4 / 15.6, 2 slices 15.7-16.0, 8 slices 16.1-16.5, against cuBLAS's own
+# split-K GEMM + reduce + the RMSNorm kernel 16.7-16.8.
+SPLIT_DOWN = {(2048, 8192): 4}

@@ -8,7 +8,8 @@ Each layer is four fused ops of the KernelSet (kernels/composed.py) around atten
 qkv + RoPE + KV write, o + residual, norm + gate_up + SiLU-mul, down + residual (the last three
 as one op on one GPU, `layer_tail`); decode steps
 whose qkv is not one fused kernel (KernelSet.rope_in_attention) run norm + qkv, then RoPE + KV
-write + attention in one op.
+write + attention in one op, and there (on one GPU) each layer's tail also takes the next layer's
+norm (`layer_tail_norm`), so the next qkv reads its input normed: no norm of its own.
 
 `meta` is an AttentionMetadata (runtime/step/metadata.py): q_len (a constant of the graph
 key), slot_mapping [T], block_tables [B, MB] and the per-layer KV caches. Every shape
@@ -84,15 +85,18 @@ class Attention(nn.Module):
         out = self.attend(residual, norm, positions, cos_sin, kv_cache, meta, ops)
         return _add_projection(ops, self.tp, out, self.o_proj.weight, residual)
 
-    def attend(self, residual, norm: RMSNorm, positions, cos_sin, kv_cache, meta, ops: KernelSet):
-        """residual [T, H] -> attention(norm(residual)) [T, q_size], before the o projection."""
+    def attend(self, residual, norm: RMSNorm, positions, cos_sin, kv_cache, meta, ops: KernelSet, normed=None):
+        """residual [T, H] -> attention(norm(residual)) [T, q_size], before the o projection;
+        `normed`: norm(residual) already made (steps where rope_in_attention holds)."""
         T, heads, w = residual.shape[0], self.heads(), self.qkv_proj.weight
         slots = meta.slot_mapping[:T]
         if ops.rope_in_attention(w, T, meta.q_len, heads):  # RoPE + KV write inside the attention kernel
-            q, k, v = ops.norm_qkv(residual, norm.weight, norm.eps, w, self.qkv_proj.bias, heads)
+            q, k, v = (ops.norm_qkv(residual, norm.weight, norm.eps, w, self.qkv_proj.bias, heads) if normed is None
+                       else ops.norm_qkv(normed, None, norm.eps, w, self.qkv_proj.bias, heads))
             out = ops.rope_paged_attention(q, k, v, cos_sin, positions, kv_cache, slots, meta.block_tables, meta.q_len,
                                            self.scale)
         else:
+            assert normed is None, "a step whose qkv takes the norm in its kernel gets no normed input"
             q = ops.norm_qkv_rope(residual, norm.weight, norm.eps, w, self.qkv_proj.bias, heads, cos_sin, positions,
                                   kv_cache, slots)
             out = ops.paged_attention(q, kv_cache, meta.block_tables, positions, meta.q_len, self.scale)
@@ -128,17 +132,22 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    def forward(self, residual, positions, cos_sin, kv_cache, meta, ops: KernelSet):
-        """The residual stream in, the residual stream out (each norm lives in its consumer). On
-        one GPU everything after attention is the kernel set's `layer_tail` (o + residual, then
-        the MLP: one op, so a set may run it as one kernel)."""
+    def forward(self, residual, normed, next_norm: RMSNorm | None, positions, cos_sin, kv_cache, meta,
+                ops: KernelSet):
+        """(The residual stream, its norm for this layer's qkv or None) in, (the residual stream,
+        next_norm of it or None) out: each norm lives in its consumer, or, given `next_norm`, in
+        the tail before it. On one GPU everything after attention is the kernel set's `layer_tail`
+        (o + residual, then the MLP: one op, so a set may run it as one kernel), or
+        `layer_tail_norm` with the next norm."""
         attn, mlp, norm = self.self_attn, self.mlp, self.post_attention_layernorm
         if attn.tp.active:
             residual = attn(residual, self.input_layernorm, positions, cos_sin, kv_cache, meta, ops)
-            return mlp(residual, norm, ops)
-        out = attn.attend(residual, self.input_layernorm, positions, cos_sin, kv_cache, meta, ops)
-        return ops.layer_tail(out, attn.o_proj.weight, residual, norm.weight, norm.eps, mlp.gate_up_proj.weight,
-                              mlp.down_proj.weight)
+            return mlp(residual, norm, ops), None
+        out = attn.attend(residual, self.input_layernorm, positions, cos_sin, kv_cache, meta, ops, normed)
+        tail = (attn.o_proj.weight, residual, norm.weight, norm.eps, mlp.gate_up_proj.weight, mlp.down_proj.weight)
+        if next_norm is None:
+            return ops.layer_tail(out, *tail), None
+        return ops.layer_tail_norm(out, *tail, next_norm.weight, next_norm.eps)
 
 
 class CausalLM(nn.Module):
@@ -182,8 +191,13 @@ class CausalLM(nn.Module):
         """The residual stream after the last layer [T, H]; the final norm is the LM head's
         (compute_logits), so rows can be picked before it."""
         h = self.embed(input_ids)  # [T, H]
-        for layer, kv_cache in zip(self.layers, meta.kv_caches):
-            h = layer(h, positions, self.cos_sin, kv_cache, meta, self.ops)
+        layers, normed = self.layers, None
+        first = layers[0].self_attn
+        hoist = not self.tp.active and self.ops.rope_in_attention(first.qkv_proj.weight, h.shape[0], meta.q_len,
+                                                                  first.heads())  # the tails take the next norms
+        for i, (layer, kv_cache) in enumerate(zip(layers, meta.kv_caches)):
+            nxt = layers[i + 1].input_layernorm if hoist and i + 1 < len(layers) else None
+            h, normed = layer(h, normed, nxt, positions, self.cos_sin, kv_cache, meta, self.ops)
         return h
 
     def linear_row_counts(self, step_tokens: list[int], logit_rows: list[int]) -> dict[tuple[int, int], list[int]]:

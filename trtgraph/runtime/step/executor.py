@@ -105,7 +105,8 @@ class Executor(StepInputs):
             loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels, tp)
         if loaded.model.ops.name == "triton":  # GEMM backends, fused GEMVs, attention splits, invariant where asked
             from ...kernels.decode_linear import choose_fused
-            from ...kernels.linear import choose_backends
+            from ...kernels.linear import CUBLAS, choose_backends, installed_backends
+            from ...kernels.split_residual import choose_split
             from ...kernels.attention import set_attention_invariant
 
             set_attention_invariant(config.deterministic)
@@ -122,6 +123,10 @@ class Executor(StepInputs):
                 ("norm_linear", loaded.model.lm_head_weight))]
             choose_fused(shapes, counts, device, config.deterministic, loaded.model.tp.active,
                          qk_norm=loaded.model.local.qk_norm, dtype=DTYPES[config.dtype])
+            # the down projection at 33-64 rows with the next norm: partials + one sum / residual / norm kernel
+            down = tuple(first.mlp.down_proj.weight.shape)
+            choose_split(down, counts[down], installed_backends().get("%dx%d" % down) == CUBLAS, device,
+                         config.deterministic, loaded.model.tp.active, DTYPES[config.dtype])
         lim = config.limits
         num_blocks = config.kv_cache.num_blocks
         if num_blocks == AUTO:

@@ -1,0 +1,135 @@
+"""The down projection of a decode step of 33-64 rows, its residual add and the next layer's
+RMSNorm in two kernels (`linear_residual_norm`).
+
+At 33-64 rows cuBLAS runs the down projection (K = 4 N on Llama shapes) as a split-K GEMM plus
+its own reduce kernel, and the next layer's RMSNorm, before its cuBLAS qkv, is a third kernel.
+Here one strided-batched cuBLAS GEMM writes each K slice's fp32 partial product [S, T, N]
+(`torch.bmm(..., out_dtype=float32)`: the slices are views of x and of the weight, nothing is
+copied), and one Triton kernel (`_sum_add_norm_kernel`, a program per row) sums the partials in
+slice order, adds the residual and rounds once (as `addmm_`'s epilogue does), stores the new
+residual and the next layer's RMSNorm of it (triton_ops.rms_norm's arithmetic, bit for bit). On
+the H200 at Llama-3.2-1B's down shape: 15.2-15.6 us per layer against 16.7 for addmm_ + the norm
+(`scripts/splitk_probe.py`; docs/performance.md, ninth session), 16 kernels fewer per step.
+
+Rounding and invariance: a row's partials are cuBLAS's products over its K slices; `choose_split`
+installs a shape only where they are bitwise the same at every row count of 33-64 the plan runs
+(a probe, as linear.cublas_is_invariant), and the sum's order is fixed, so a row's result does not
+depend on the rows beside it. Steps of other row counts keep the composition (addmm_ + the norm),
+which rounds otherwise: with `deterministic` (one rounding per shape for every step) the split is
+not installed, as the fused GEMVs past their rows are not (decode_linear.choose_fused).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from . import decode_tuned
+from .composed import FusedOps, residual_norm_op, tail_norm_op
+
+SPLIT_MIN_ROWS, SPLIT_MAX_ROWS = 33, 64
+_SPLITS: dict[tuple[int, int], int] = {}  # (N, K) -> K slices, installed by choose_split
+
+
+@triton.jit
+def _sum_add_norm_kernel(p_ptr, r_ptr, w_ptr, out_ptr, M, N, eps, S: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    part = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(S):  # slice order: fixed
+        part += tl.load(p_ptr + (s * M + row) * N + cols, mask=mask, other=0.0)
+    h = (tl.load(r_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32) + part).to(r_ptr.dtype.element_ty)
+    tl.store(r_ptr + row * N + cols, h, mask=mask)
+    xf = h.to(tl.float32)  # triton_ops._rms_norm_kernel's arithmetic
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    normed = (xf * inv).to(r_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """x [T, K] @ weight [N, K].T per K slice: fp32 [splits, T, N] (one strided-batched GEMM)."""
+    (T, K), N = x.shape, weight.shape[0]
+    kc = K // splits
+    a = x.view(T, splits, kc).transpose(0, 1)  # [S, T, kc]
+    b = weight.view(N, splits, kc).permute(1, 2, 0)  # [S, kc, N]
+    if x.dtype == torch.float32:
+        return torch.bmm(a, b)
+    if x.device.type != "cuda":  # bmm's out_dtype is CUDA's (the tests off the GPU)
+        return torch.bmm(a.float(), b.float())
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def split_linear_residual_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                               norm_weight: torch.Tensor, eps: float,
+                               splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + x @ weight.T written into residual's storage, its RMSNorm) in two kernels:
+    x [T, K] and residual [T, N] contiguous rows, K a multiple of `splits` (the installed one)."""
+    splits = splits or _SPLITS[tuple(weight.shape)]
+    T, N = residual.shape
+    parts = partials(x, weight, splits)
+    out = torch.empty_like(residual)
+    if T > 0:
+        _sum_add_norm_kernel[(T,)](parts, residual, norm_weight, out, T, N, eps, S=splits,
+                                   BLOCK=triton.next_power_of_2(N), num_warps=4)
+    return residual, out
+
+
+def runs_split(weight: torch.Tensor, rows: int) -> bool:
+    """Whether linear_residual_norm runs the two kernels for this weight at `rows` rows."""
+    return tuple(weight.shape) in _SPLITS and SPLIT_MIN_ROWS <= rows <= SPLIT_MAX_ROWS
+
+
+def with_split(ops: FusedOps, rms_norm: Callable) -> FusedOps:
+    """ops with `linear_residual_norm` dispatching (the two kernels where runs_split, else ops' own
+    linear_residual then rms_norm) and `layer_tail_norm` over it."""
+    composed = residual_norm_op(ops.linear_residual, rms_norm)
+
+    def linear_residual_norm(x, weight, residual, norm_weight, eps):
+        if runs_split(weight, x.shape[0]) and x.is_contiguous() and residual.is_contiguous():
+            return split_linear_residual_norm(x, weight, residual, norm_weight, eps)
+        return composed(x, weight, residual, norm_weight, eps)
+
+    ops = ops._replace(linear_residual_norm=linear_residual_norm)
+    return ops._replace(layer_tail_norm=tail_norm_op(ops))
+
+
+def split_is_invariant(n: int, k: int, splits: int, row_counts: list[int], dtype: torch.dtype,
+                       device: torch.device) -> bool:
+    """Are the partial products row-for-row bitwise equal at every row count in `row_counts`?"""
+    g = torch.Generator(device="cpu").manual_seed(n * 37 + k)
+    most = max(row_counts)
+    x = torch.randn((most, k), generator=g).to(device, dtype)
+    w = (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
+    full = partials(x, w, splits)
+    same = all(torch.equal(partials(x[:m].contiguous(), w, splits), full[:, :m]) for m in sorted(set(row_counts)))
+    del x, w, full
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return same
+
+
+def choose_split(down_shape: tuple[int, int], row_counts: list[int], cublas: bool, device: torch.device,
+                 deterministic: bool, tensor_parallel: bool, dtype: torch.dtype) -> dict[str, str]:
+    """Install the split down projection for the down weight [N, K] where decode_tuned.SPLIT_DOWN
+    measured it faster: on CUDA, one GPU, 16-bit weights, the shape's GEMM already on cuBLAS (its
+    invariance probed: linear.choose_backends), not with `deterministic`, and the partials bitwise
+    invariant over the plan's row counts in 33-64. Returns `installed_split()`."""
+    _SPLITS.clear()
+    splits = decode_tuned.SPLIT_DOWN.get(tuple(down_shape))
+    counts = [m for m in row_counts if SPLIT_MIN_ROWS <= m <= SPLIT_MAX_ROWS]
+    if (splits and counts and cublas and device.type == "cuda" and not tensor_parallel and not deterministic
+            and dtype.itemsize == 2 and down_shape[1] % splits == 0
+            and split_is_invariant(*down_shape, splits, counts, dtype, device)):
+        _SPLITS[tuple(down_shape)] = splits
+    return installed_split()
+
+
+def installed_split() -> dict[str, str]:
+    """The manifest's record: {"linear_residual_norm:NxK": "split4:33-64"} per installed shape."""
+    return {f"linear_residual_norm:{n}x{k}": f"split{s}:{SPLIT_MIN_ROWS}-{SPLIT_MAX_ROWS}"
+            for (n, k), s in sorted(_SPLITS.items())}
