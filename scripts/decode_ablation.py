@@ -37,7 +37,8 @@ a variant's two results):
   table `light` and `deep-gu` are the same step);
 - `nosplit`: `light` without the split down projection at 33-64 rows (kernels/split_residual.py:
   the norms still taken in the tails, by addmm_ + the norm kernel); `split2`, `split8`: 2 / 8 K
-  slices instead of decode_tuned.SPLIT_DOWN's.
+  slices instead of decode_tuned.SPLIT_DOWN's; `nohoist`: no norm hoisted (each qkv and the LM head
+  norm their own input, the embedding a lookup: the step before the ninth session).
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -47,6 +48,7 @@ import dataclasses
 import json
 import statistics
 import sys
+import types
 
 import torch
 
@@ -104,6 +106,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "deep": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP, LM: LM_DEEP}},
             "deep-gu": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP}},
             "nosplit": {**NEW, **LIGHT, "split": {}},
+            "nohoist": {**NEW, **LIGHT, "split": {}, "hoist": False},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
@@ -128,8 +131,20 @@ def install(ex, v):
                     lin.linear_residual if v["epilogue"] else None)
     sr._SPLITS.clear()
     sr._SPLITS.update(v.get("split", decode_tuned.SPLIT_DOWN))
+    model = ex.loaded.model
+    model.__dict__.pop("forward_normed", None)
+    if not v.get("hoist", True):
+        model.forward_normed = types.MethodType(_unhoisted, model)
     ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops,
                                               **sr.with_split(dl.dispatch(fused), t.rms_norm)._asdict())
+
+
+def _unhoisted(model, ids, pos, meta):
+    """CausalLM.forward_normed with no norm hoisted (the step before the ninth session)."""
+    h = model.embed(ids)
+    for layer, kv_cache in zip(model.layers, meta.kv_caches):
+        h, _ = layer(h, None, None, pos, model.cos_sin, kv_cache, meta, model.ops)
+    return h, None
 
 
 def floor_ms(ex, batch, bw):

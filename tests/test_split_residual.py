@@ -139,7 +139,8 @@ def test_hoisted_norms_give_the_unhoisted_forward_bit_for_bit(kernels):
     with torch.inference_mode():
         assert model.ops.rope_in_attention(model.layers[0].self_attn.qkv_proj.weight, T, 1,
                                            model.layers[0].self_attn.heads())
-        hoisted = model(ids, pos, meta)
+        hoisted, final = model.forward_normed(ids, pos, meta)
+        logits = model.compute_logits(hoisted, final)
         after = [c.clone() for c in kv]
         for c, s in zip(kv, saved):
             c.copy_(s)
@@ -147,8 +148,21 @@ def test_hoisted_norms_give_the_unhoisted_forward_bit_for_bit(kernels):
         for layer, cache in zip(model.layers, kv):
             h, normed = layer(h, None, None, pos, model.cos_sin, cache, meta, model.ops)
             assert normed is None
-    assert torch.equal(hoisted, h)
+        want = model.compute_logits(h)
+    assert torch.equal(hoisted, h) and torch.equal(logits, want)
     assert all(torch.equal(a, c) for a, c in zip(after, kv))
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_embed_norm_kernel_is_the_lookup_then_the_norm_kernel(T):
+    g = torch.Generator().manual_seed(T)
+    table, nw = torch.randn((50, 24), generator=g), torch.rand(24, generator=g) + 0.5
+    ids = torch.randint(0, 50, (T,), generator=g)
+    h, normed = triton_ops.embed_norm(ids, table, nw, 1e-5)
+    assert torch.equal(h, table[ids]) and torch.equal(normed, triton_ops.rms_norm(table[ids], nw, 1e-5))
+    ref = reference.embed_norm(ids, table, nw, 1e-5)
+    assert torch.equal(ref[0], h)
+    torch.testing.assert_close(ref[1], normed, atol=1e-6, rtol=1e-6)
 
 
 def _gpu():
@@ -179,3 +193,15 @@ def test_split_down_gpu_matches_the_composition_and_is_row_invariant():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out[0], h) and torch.equal(out[1], normed)
+
+
+@pytest.mark.gpu
+def test_embed_norm_gpu_is_the_lookup_then_the_norm_kernel():
+    dev = _gpu()
+    g = torch.Generator().manual_seed(5)
+    table = torch.randn((128256, 2048), generator=g).to(dev, BF16)
+    nw = (torch.rand(2048, generator=g) + 0.5).to(dev, BF16)
+    ids = torch.randint(0, 128256, (64,), generator=g).to(dev)
+    h, normed = triton_ops.embed_norm(ids, table, nw, 1e-5)
+    assert torch.equal(h, table[ids]) and torch.equal(normed, triton_ops.rms_norm(table[ids], nw, 1e-5))
+

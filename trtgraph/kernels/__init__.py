@@ -20,6 +20,7 @@ from .composed import compose, norm_qkv_op
 class KernelSet:
     name: str
     rms_norm: Callable
+    embed_norm: Callable  # (ids, table, norm weight, eps) -> (table[ids], its RMSNorm): hoisted-norm steps
     silu_and_mul: Callable
     rope_write_kv: Callable
     paged_attention: Callable
@@ -57,6 +58,7 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
     "torch": lambda: KernelSet(
         name="torch",
         rms_norm=reference.rms_norm,
+        embed_norm=reference.embed_norm,
         silu_and_mul=reference.silu_and_mul,
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
@@ -87,7 +89,7 @@ def _triton_set() -> KernelSet:
 
     fused = with_split(dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                                            lin.linear_residual)), t.rms_norm)
-    return KernelSet(name="triton", rms_norm=t.rms_norm, silu_and_mul=t.silu_and_mul,
+    return KernelSet(name="triton", rms_norm=t.rms_norm, embed_norm=t.embed_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=at.paged_attention, linear=lin.linear,
                      **fused._asdict(),
                      norm_qkv=norm_qkv_op(t.rms_norm, lin.linear), rope_paged_attention=at.rope_paged_attention,

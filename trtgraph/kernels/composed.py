@@ -123,8 +123,8 @@ def compose(rms_norm: Callable, linear: Callable, silu_and_mul: Callable, rope_w
     """The four fused ops as sequences of a kernel set's single ops; `linear_residual`, where
     the set has one (a GEMM with the residual add in its epilogue), replaces residual + linear."""
 
-    def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
-        y = linear(rms_norm(x, norm_weight, eps), weight, bias)
+    def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):  # norm_weight None: x normed
+        y = linear(x if norm_weight is None else rms_norm(x, norm_weight, eps), weight, bias)
         return y if out_dtype is None else y.to(out_dtype)
 
     norm_qkv = norm_qkv_op(rms_norm, linear)

@@ -15,6 +15,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def embed_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table[ids], rms_norm of it): the embedding lookup and the first layer's norm [T, H] each."""
+    h = torch.nn.functional.embedding(ids, table)
+    return h, rms_norm(h, weight, eps)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
     gate, up = gate_up.chunk(2, dim=-1)

@@ -18,7 +18,7 @@ import triton.language as tl
 from .sampling_common import _mix32_i64
 
 # ---------------------------------------------------------------------------------------
-# RMSNorm, and RMSNorm fused with the residual add
+# RMSNorm; the embedding lookup with the first layer's RMSNorm
 # ---------------------------------------------------------------------------------------
 
 
@@ -47,6 +47,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, n, x2.stride(0), out.stride(0), eps,
                                      BLOCK=triton.next_power_of_2(n))
     return out.view(x.shape)
+
+
+@triton.jit
+def _embed_norm_kernel(ids_ptr, table_ptr, w_ptr, h_ptr, out_ptr, n_cols, table_stride, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(table_ptr + tl.load(ids_ptr + row).to(tl.int64) * table_stride + cols, mask=mask, other=0.0)
+    tl.store(h_ptr + row * n_cols + cols, x, mask=mask)
+    xf = x.to(tl.float32)  # _rms_norm_kernel's arithmetic
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    normed = (xf * inv).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def embed_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table[ids], its RMSNorm) [T, H] each, in one kernel (ids valid: checked on admission)."""
+    T, n = ids.shape[0], table.shape[1]
+    h = torch.empty((T, n), dtype=table.dtype, device=table.device)
+    out = torch.empty_like(h)
+    if T > 0:
+        _embed_norm_kernel[(T,)](ids, table, weight, h, out, n, table.stride(0), eps, BLOCK=triton.next_power_of_2(n))
+    return h, out
 
 
 # ---------------------------------------------------------------------------------------

@@ -190,15 +190,25 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         """The residual stream after the last layer [T, H]; the final norm is the LM head's
         (compute_logits), so rows can be picked before it."""
-        h = self.embed(input_ids)  # [T, H]
-        layers, normed = self.layers, None
-        first = layers[0].self_attn
-        hoist = not self.tp.active and self.ops.rope_in_attention(first.qkv_proj.weight, h.shape[0], meta.q_len,
-                                                                  first.heads())  # the tails take the next norms
-        for i, (layer, kv_cache) in enumerate(zip(layers, meta.kv_caches)):
-            nxt = layers[i + 1].input_layernorm if hoist and i + 1 < len(layers) else None
+        return self.forward_normed(input_ids, positions, meta)[0]
+
+    def forward_normed(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       meta) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(The residual stream after the last layer [T, H], its final norm or None). Decode steps
+        whose qkv is not one fused kernel (rope_in_attention, on one GPU) hoist every norm: the
+        embedding lookup takes the first layer's, each layer's tail the next one's and the last
+        tail the final norm, which compute_logits then takes as it is."""
+        layers, first = self.layers, self.layers[0]
+        if not self.tp.active and self.ops.rope_in_attention(first.self_attn.qkv_proj.weight, input_ids.shape[0],
+                                                             meta.q_len, first.self_attn.heads()):
+            n0 = first.input_layernorm
+            h, normed = self.ops.embed_norm(input_ids, self.embed_tokens.weight, n0.weight, n0.eps)
+            after = [layer.input_layernorm for layer in layers[1:]] + [self.norm]
+        else:
+            h, normed, after = self.embed(input_ids), None, [None] * len(layers)  # [T, H]
+        for layer, kv_cache, nxt in zip(layers, meta.kv_caches, after):
             h, normed = layer(h, normed, nxt, positions, self.cos_sin, kv_cache, meta, self.ops)
-        return h
+        return h, normed
 
     def linear_row_counts(self, step_tokens: list[int], logit_rows: list[int]) -> dict[tuple[int, int], list[int]]:
         """Each linear weight shape [N, K] -> the row counts it multiplies in the given steps."""
@@ -210,10 +220,12 @@ class CausalLM(nn.Module):
         counts.setdefault(tuple(self.lm_head_weight.shape), []).extend(logit_rows)
         return counts
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: the residual stream's rows [R, H] (forward's output) -> fp32 logits [R, V]."""
+    def compute_logits(self, hidden: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: the residual stream's rows [R, H] (forward's output) -> fp32 logits [R, V];
+        `normed`: their final norm, where forward_normed made it (the LM head takes it as is)."""
         n = self.norm
-        logits = self.ops.norm_linear(hidden, n.weight, n.eps, self.lm_head_weight,
+        x, weight = (hidden, n.weight) if normed is None else (normed, None)
+        logits = self.ops.norm_linear(x, weight, n.eps, self.lm_head_weight,
                                       out_dtype=torch.float32)  # [R, ceil(V / world)]
         logits = self.tp.all_gather_last(logits)  # [R, padded V], gathered before sampling
         if logits.shape[-1] != self.cfg.vocab_size:  # vocabulary padding: cut off, never sampled

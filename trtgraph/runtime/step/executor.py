@@ -174,10 +174,10 @@ class Executor(StepInputs):
         def step():
             if advance is not None:
                 advance()  # this step's inputs from what the last replay left (kernels/advance.py)
-            hidden = model(ids, pos, meta)  # [T, H]
+            hidden, normed = model.forward_normed(ids, pos, meta)  # [T, H]; the final norm where hoisted
             if key.is_prefill:
-                hidden = hidden.index_select(0, rows)  # [B, H]: each sequence's last real token
-            logits = model.compute_logits(hidden)  # [R, V]
+                hidden, normed = hidden.index_select(0, rows), None  # [B, H]: each sequence's last real token
+            logits = model.compute_logits(hidden, normed)  # [R, V]
             if draw is None:
                 tokens = model.ops.argmax(logits, out=out)  # the drawn tokens' buffer itself: no copy
             else:
