@@ -38,7 +38,9 @@ a variant's two results):
 - `nosplit`: `light` without the split down projection at 33-64 rows (kernels/split_residual.py:
   the norms still taken in the tails, by addmm_ + the norm kernel); `split2`, `split8`: 2 / 8 K
   slices instead of decode_tuned.SPLIT_DOWN's; `nohoist`: no norm hoisted (each qkv and the LM head
-  norm their own input, the embedding a lookup: the step before the ninth session).
+  norm their own input, the embedding a lookup, the greedy argmax a kernel of its own: the step
+  before the ninth session); `sep-argmax`: `light` with the argmax a kernel of its own, not in the
+  LM head's epilogue.
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -64,6 +66,8 @@ from trtgraph.kernels import split_residual as sr
 from trtgraph.kernels import attention_config as attention
 from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import compose
+from trtgraph.kernels import _with_argmax
+from trtgraph.kernels import sampling as smp
 from trtgraph.runtime.step.executor import Executor
 
 BATCHES = (1, 2, 8, 32, 33, 40, 48, 64)
@@ -106,7 +110,8 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "deep": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP, LM: LM_DEEP}},
             "deep-gu": {**NEW, **LIGHT, "tuned": {**NEW["tuned"], GU: GU_DEEP}},
             "nosplit": {**NEW, **LIGHT, "split": {}},
-            "nohoist": {**NEW, **LIGHT, "split": {}, "hoist": False},
+            "nohoist": {**NEW, **LIGHT, "split": {}, "hoist": False, "fused_argmax": False},
+            "sep-argmax": {**NEW, **LIGHT, "fused_argmax": False},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
@@ -127,16 +132,18 @@ def install(ex, v):
     decode_tuned.TAIL, dp.TAIL_MIN_ROWS = v.get("tail", False), v.get("tail_min", 33)
     dp._PREFETCH_BYTES, dp._NUM_WARPS = v.get("tail_prefetch", 0), v.get("tail_warps")
     dp.choose_tail(dl._CHOICE, ex.device, False, False, torch.bfloat16)
-    fused = compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
-                    lin.linear_residual if v["epilogue"] else None)
+    fused = _with_argmax(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
+                                 lin.linear_residual if v["epilogue"] else None), smp.argmax)
     sr._SPLITS.clear()
     sr._SPLITS.update(v.get("split", decode_tuned.SPLIT_DOWN))
     model = ex.loaded.model
     model.__dict__.pop("forward_normed", None)
     if not v.get("hoist", True):
         model.forward_normed = types.MethodType(_unhoisted, model)
-    ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops,
-                                              **sr.with_split(dl.dispatch(fused), t.rms_norm)._asdict())
+    ops = sr.with_split(dl.dispatch(fused), t.rms_norm)
+    if not v.get("fused_argmax", True):
+        ops = ops._replace(norm_linear_argmax=fused.norm_linear_argmax)
+    ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops, **ops._asdict())
 
 
 def _unhoisted(model, ids, pos, meta):

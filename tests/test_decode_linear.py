@@ -49,6 +49,12 @@ def _check_all(T, dtype, device, shapes, bias, seed=0):
     b = (0.1 * torch.randn(V, generator=g)).to(device, dtype) if bias else None
     _close(dl.norm_linear(x, nw, eps, w, b, torch.float32), REF.norm_linear(x, nw, eps, w, b, torch.float32), dtype)
     _close(dl.norm_linear(x, nw, eps, w, b), REF.norm_linear(x, nw, eps, w, b), dtype)
+    # the greedy LM head: the same logits, the argmax from its epilogue (twice: the maxima reset themselves)
+    for _ in range(2):
+        tokens = torch.full((T,), -7, dtype=torch.int64, device=device)
+        logits = dl.norm_linear_argmax(x, nw, eps, w, tokens)
+        _close(logits, REF.norm_linear(x, nw, eps, w, None, torch.float32), dtype)
+        assert torch.equal(tokens, logits.argmax(dim=-1))
     # gate_up + SiLU-and-mul
     w = _weight(g, 2 * inter, H, dtype, device)
     _close(dl.norm_gate_up_silu(x, nw, eps, w), REF.norm_gate_up_silu(x, nw, eps, w), dtype)
@@ -96,6 +102,33 @@ def test_fused_ops_with_prenorm_match_the_references(monkeypatch, T, split):
     """PRENORM configs (x normed by the row pass, rstd applied in the epilogue) on the three
     RMSNorm ops: the same results as the references."""
     test_fused_ops_match_the_references(monkeypatch, T, (16, 32, 64), split, True, prenorm=True)
+
+
+@pytest.mark.parametrize("T,split", [(1, 1), (5, 3), (70, 1)])
+def test_fused_argmax_takes_the_first_maximum_and_nan(monkeypatch, T, split):
+    """The LM head's epilogue argmax is torch.argmax's: on ties the first column (a weight row
+    repeated past the first N-tile), a NaN above every number (its first column), -0.0 == +0.0;
+    every m-tile's rows (70 rows in 16-row tiles), with split-K, launch after launch."""
+    monkeypatch.setattr(dl, "_TUNED", {(72, 48): (16, 16, split, 1, 1)})
+    monkeypatch.setattr(dl, "_ROW_TILES", (16, 32, 64))
+    g, x, nw = _inputs(T, 48, torch.float32, torch.device("cpu"), seed=T)
+    w = _weight(g, 72, 48, torch.float32, "cpu")
+    w[40] = w[3] = w[60]  # ties across N-tiles: column 3 first
+    w[3] *= 50
+    w[40] *= 50
+    w[60] *= 50
+    for nan in (False, True):
+        if nan:
+            w[66, 0], w[70, 0] = float("nan"), float("nan")  # NaN logits in every row: column 66 first
+        tokens = torch.empty(T, dtype=torch.int64)
+        logits = dl.norm_linear_argmax(x, nw, 1e-5, w, tokens)
+        want = logits.argmax(dim=-1)
+        assert torch.equal(tokens, want)
+        assert (want == 66).all() if nan else True
+    zeros = torch.zeros(T, 48)  # every logit +-0.0: column 0
+    tokens = torch.empty(T, dtype=torch.int64)
+    dl.norm_linear_argmax(zeros, nw, 1e-5, -w.nan_to_num(), tokens)
+    assert (tokens == 0).all()
 
 
 def _light_tables(monkeypatch, split, block_k=16, light_rows=(72, 80, 48, 64)):

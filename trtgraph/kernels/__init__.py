@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import reference, sampler_reference
-from .composed import compose, norm_qkv_op
+from .composed import argmax_op, compose, norm_qkv_op
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class KernelSet:
     # for steps whose next qkv takes its input normed (the model asks rope_in_attention)
     linear_residual_norm: Callable
     layer_tail_norm: Callable
+    # the LM head of a greedy step: fp32 logits, each row's argmax written into `tokens` (composed.argmax_op;
+    # the Triton set's fused GEMV takes it in its epilogue, decode_kernel._argmax_epilogue)
+    norm_linear_argmax: Callable
     # decode steps whose qkv is not one fused kernel: norm + qkv (+ Qwen3's q/k norms) not
     # rotated, then RoPE + KV write + attention in one op; rope_in_attention(qkv weight, rows,
     # q_len, heads) says which steps (a shape-only test, the same for every replay of a key)
@@ -63,7 +66,8 @@ _REGISTRY: dict[str, Callable[[], KernelSet]] = {
         rope_write_kv=reference.rope_write_kv,
         paged_attention=reference.paged_attention,
         linear=reference.linear,
-        **compose(reference.rms_norm, reference.linear, reference.silu_and_mul, reference.rope_write_kv)._asdict(),
+        **_with_argmax(compose(reference.rms_norm, reference.linear, reference.silu_and_mul, reference.rope_write_kv),
+                       sampler_reference.greedy)._asdict(),
         norm_qkv=norm_qkv_op(reference.rms_norm, reference.linear),
         rope_paged_attention=reference.rope_paged_attention,
         rope_in_attention=lambda weight, rows, q_len, heads: q_len == 1,  # the same rounding as the two ops
@@ -87,8 +91,8 @@ def _triton_set() -> KernelSet:
     from . import sampling as s
     from .split_residual import with_split
 
-    fused = with_split(dl.dispatch(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
-                                           lin.linear_residual)), t.rms_norm)
+    fused = with_split(dl.dispatch(_with_argmax(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
+                                                        lin.linear_residual), s.argmax)), t.rms_norm)
     return KernelSet(name="triton", rms_norm=t.rms_norm, embed_norm=t.embed_norm, silu_and_mul=t.silu_and_mul,
                      rope_write_kv=t.rope_write_kv, paged_attention=at.paged_attention, linear=lin.linear,
                      **fused._asdict(),
@@ -96,6 +100,11 @@ def _triton_set() -> KernelSet:
                      rope_in_attention=_rope_in_attention,
                      sample=s.sample, process_logits=pr.process, top_logprobs=pr.top_logprobs,
                      gumbel_noise=t.gumbel_noise, argmax=s.argmax)
+
+
+def _with_argmax(ops, argmax: Callable):
+    """ops with the greedy LM head as its head then `argmax` (composed.argmax_op)."""
+    return ops._replace(norm_linear_argmax=argmax_op(ops.norm_linear, argmax))
 
 
 def _rope_in_attention(weight, rows: int, q_len: int, heads) -> bool:

@@ -14,6 +14,8 @@ is small; so the model calls four fused ops, each a matrix multiply with its nei
 - `layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight)`: a
   layer after attention, o + residual then the MLP (`tail_op`: the three ops above in order; the
   Triton set runs it as one persistent kernel at 33-64 rows, kernels/decode_persistent.py).
+- `norm_linear_argmax(x, norm_weight, eps, weight, tokens)`: the LM head of a greedy step, the
+  argmax written into `tokens` (`argmax_op`; the Triton set's fused GEMV takes it in its epilogue);
 - `linear_residual_norm(x, weight, residual, norm_weight, eps) -> (residual + x @ weight.T, its
   RMSNorm)`: the down projection of a step whose next layer takes its normed input ready (the
   Triton set's two-kernel form at 33-64 rows: kernels/split_residual.py), and `layer_tail_norm`
@@ -61,6 +63,7 @@ class FusedOps(NamedTuple):
     layer_tail: Callable | None = None  # tail_op's signature (compose: tail_op of the four)
     linear_residual_norm: Callable | None = None  # residual_norm_op's signature
     layer_tail_norm: Callable | None = None  # tail_norm_op's signature
+    norm_linear_argmax: Callable | None = None  # argmax_op's signature
 
 
 def tail_op(ops: FusedOps) -> Callable:
@@ -98,6 +101,19 @@ def tail_norm_op(ops: FusedOps) -> Callable:
                                         next_norm_weight, next_eps)
 
     return layer_tail_norm
+
+
+def argmax_op(norm_linear: Callable, argmax: Callable) -> Callable:
+    """norm_linear_argmax(x, norm_weight, eps, weight, tokens) -> fp32 logits [T, V], each row's
+    first maximal column written into tokens (int64 [T]): the LM head of a greedy step, as the
+    head then the kernel set's argmax."""
+
+    def norm_linear_argmax(x, norm_weight, eps, weight, tokens):
+        logits = norm_linear(x, norm_weight, eps, weight, None, torch.float32)
+        argmax(logits, out=tokens)
+        return logits
+
+    return norm_linear_argmax
 
 
 def norm_qkv_op(rms_norm: Callable, linear: Callable) -> Callable:

@@ -3,11 +3,14 @@ it): the swap-AB K loops (paired rows in two tiles or stacked in one), RMSNorm's
 squares alongside, split-K merged by the last arriving program, the four epilogues, and the
 programmatic-dependent-launch prologue (an L2 prefetch of the weights before the wait); and
 the row pass that norms x ahead of the GEMV for PRENORM shapes (`_prenorm_kernel`).
-MODE: 0 plain store, 1 residual add, 2 SiLU-and-mul, 3 RoPE + KV write."""
+MODE: 0 plain store, 1 residual add, 2 SiLU-and-mul, 3 RoPE + KV write, -1 plain store and the
+greedy argmax (`_argmax_epilogue`: the LM head of a greedy step)."""
 
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .sampling_common import _keys
 
 
 @triton.jit
@@ -17,7 +20,9 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
               MODE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr,
               PRENORM: tl.constexpr):
     """acc [BLOCK_N (output columns), BLOCK_T (rows)] -> the op's outputs. PRENORM: x came normed
-    but for its rstd, which rs_ptr holds per row."""
+    but for its rstd, which rs_ptr holds per row. MODE -1 reads three pointers the plain store
+    leaves free: res_ptr the rows' packed running maxima, slot_ptr the tokens, kv_ptr the m-tiles'
+    arrival counters (_argmax_epilogue)."""
     if HAS_NORM or PRENORM:
         if PRENORM:
             rstd = tl.load(rs_ptr + rows, mask=row_ok, other=0.0)
@@ -32,8 +37,10 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
             acc2 += tl.load(b_ptr + w_rows2, mask=col_ok, other=0.0).to(tl.float32)[:, None]
     mask = col_ok[:, None] & row_ok[None, :]
     dst = out_ptr + rows[None, :] * out_stride + cols[:, None]
-    if MODE == 0:
+    if MODE <= 0:
         tl.store(dst, acc1.to(out_ptr.dtype.element_ty), mask=mask)
+        if MODE == -1:
+            _argmax_epilogue(acc1, rows, row_ok, cols, col_ok, res_ptr, slot_ptr, kv_ptr)
     elif MODE == 1:
         r = tl.load(res_ptr + rows[None, :] * res_stride + cols[:, None], mask=mask, other=0.0).to(tl.float32)
         tl.store(dst, (r + acc1).to(out_ptr.dtype.element_ty), mask=mask)
@@ -62,6 +69,25 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
         km = mask & (~is_q)[:, None]
         tl.store(kd, r1.to(kv_ptr.dtype.element_ty), mask=km)
         tl.store(kd + HALF, r2.to(kv_ptr.dtype.element_ty), mask=km)
+
+
+@triton.jit
+def _argmax_epilogue(acc, rows, row_ok, cols, col_ok, best_ptr, tok_ptr, cnt_ptr):
+    """The greedy argmax of fp32 logits in the GEMV's epilogue (sampler_reference.greedy's: the
+    first maximal column, NaN above every number, -0.0 == +0.0). Each tile folds its columns into
+    its rows' running maxima, one atomic max per row of a packed key (the value's order key, then
+    2**24 - 1 - column: ties go to the first column); the last of an m-tile's N-tiles to arrive
+    takes its rows' maxima (resetting them to -1 in the same exchange), writes their columns as the
+    tokens and puts its counter back to 0, so graph replays need no reset. Columns < 2**24."""
+    key = tl.where(acc != acc, 4294967296, _keys(acc))
+    packed = tl.where(col_ok[:, None], (key << 24) | (16777215 - cols.to(tl.int64))[:, None], -1)
+    tl.atomic_max(best_ptr + rows, tl.max(packed, axis=0), mask=row_ok, sem="relaxed")
+    tl.debug_barrier()
+    m = tl.program_id(0)
+    if tl.atomic_add(cnt_ptr + m, 1, sem="acq_rel") == tl.num_programs(1) - 1:
+        best = tl.atomic_xchg(best_ptr + rows, tl.full(rows.shape, -1, tl.int64), mask=row_ok, sem="acq_rel")
+        tl.store(tok_ptr + rows, 16777215 - (best & 16777215), mask=row_ok)
+        tl.atomic_xchg(cnt_ptr + m, 0)
 
 
 @triton.jit

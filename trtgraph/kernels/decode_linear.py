@@ -50,7 +50,7 @@ from .composed import FusedOps, QKVHeads
 from .decode_kernel import _decode_kernel, _prenorm_kernel
 from .decode_light import LIGHT_MAX_ROWS, _light_kernel
 from . import decode_occupancy as occ
-from .triton_ops import arrival_counters, pdl_capable
+from .triton_ops import argmax_best, arrival_counters, pdl_capable
 
 # The fused kernels run for steps of at most this many rows. They take any row count (64-row
 # tiles, then a grid of m-tiles), but in the replayed 1B step on the H200 the 64-row tiles lost:
@@ -62,6 +62,7 @@ FUSED_MAX_ROWS = 32
 WIDE_MAX_ROWS = 64
 FUSED, COMPOSED = "fused", "composed"
 _PLAIN, _RESIDUAL, _SILU, _ROPE = 0, 1, 2, 3
+_ARGMAX = -1  # the plain store and the greedy argmax (decode_kernel._argmax_epilogue)
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,16 @@ def row_tile(rows: int) -> int:
 
 
 def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_cols: int, *,
-            norm_weight=None, eps=0.0, bias=None, residual=None, pair_offset=0, half=1, rope=None) -> torch.Tensor:
-    """Run the fused kernel: x [T, K] (row stride free), weight [N_w, K], out [T, ...] contiguous rows."""
+            norm_weight=None, eps=0.0, bias=None, residual=None, pair_offset=0, half=1, rope=None,
+            tokens=None) -> torch.Tensor:
+    """Run the fused kernel: x [T, K] (row stride free), weight [N_w, K], out [T, ...] contiguous rows;
+    `tokens` (int64 [T], mode _ARGMAX): each row's first maximal column of out (fp32)."""
     T, K = x.shape
     N_w = weight.shape[0]
     assert x.stride(-1) == 1 and weight.is_contiguous()
     if T == 0:
         return out
-    light = light_config(N_w, K) if T <= LIGHT_MAX_ROWS and (N_w, K) in _LIGHT_ON else None
+    light = light_config(N_w, K) if T <= LIGHT_MAX_ROWS and (N_w, K) in _LIGHT_ON and tokens is None else None
     cfg = light or decode_config(N_w, K, x.device)
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
@@ -138,6 +141,10 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         x, rs = _prenorm(x, norm_weight, eps)
         norm_weight = None
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
+    if tokens is not None:  # the argmax's running maxima, tokens and m-tile counters in three free pointers
+        assert mode == _ARGMAX and out.dtype == torch.float32 and n_cols < 1 << 24
+        tiles = grid[0] * grid[1]
+        residual, slots, kv = argmax_best(T, x.device), tokens, arrival_counters(tiles + grid[0], x.device)[tiles:]
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
     wide_pdl = not light and T > FUSED_MAX_ROWS and _WIDE_PDL and pdl_capable(x.device)
     pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else (_uses_pdl(mode, x.device) or wide_pdl)
@@ -240,6 +247,13 @@ def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
     return _launch(_PLAIN, _rows(x), weight, out, weight.shape[0], norm_weight=norm_weight, eps=eps, bias=bias)
 
 
+def norm_linear_argmax(x, norm_weight, eps, weight, tokens):
+    """norm_linear's fp32 logits, and each row's first maximal column written into `tokens`
+    (int64 [T]) by the same kernel's epilogue (the greedy LM head: no argmax kernel of its own)."""
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32, device=x.device)
+    return _launch(_ARGMAX, _rows(x), weight, out, weight.shape[0], norm_weight=norm_weight, eps=eps, tokens=tokens)
+
+
 def linear_residual(x, weight, residual):
     """residual + x @ weight.T, written into residual's storage."""
     assert residual.stride(-1) == 1
@@ -266,6 +280,7 @@ def norm_qkv_rope(x, norm_weight, eps, weight, bias, heads: QKVHeads, cos_sin, p
 
 
 FUSED_OPS = FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear)
+FUSED_ARGMAX = norm_linear_argmax
 
 # ---------------------------------------------------------------------------------------
 # The choice: which (op, weight shape) runs the fused kernel for steps of <= max_rows rows
@@ -339,9 +354,10 @@ def fused(name: str, weight: torch.Tensor, rows: int) -> bool:
 
 
 def dispatch(composed: FusedOps) -> FusedOps:
-    """The four ops: each call runs the fused kernel when its (op, shape) was chosen and the
-    step has at most max_rows(op, shape) rows, the composition otherwise (a shape-only test: the
-    same for every replay of a key)."""
+    """The four ops (and the greedy LM head, norm_linear_argmax): each call runs the fused kernel
+    when its (op, shape) was chosen and the step has at most max_rows(op, shape) rows, the
+    composition otherwise (a shape-only test: the same for every replay of a key). `composed`
+    carries norm_linear_argmax (kernels/__init__ gives it the set's argmax)."""
 
     def pick(name: str, weight: torch.Tensor, rows: int):
         return getattr(FUSED_OPS if fused(name, weight, rows) else composed, name)
@@ -359,6 +375,12 @@ def dispatch(composed: FusedOps) -> FusedOps:
     def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
         return pick("norm_linear", weight, x.shape[0])(x, norm_weight, eps, weight, bias, out_dtype)
 
+    def norm_linear_argmax(x, norm_weight, eps, weight, tokens):
+        if fused("norm_linear", weight, x.shape[0]) and weight.shape[0] < 1 << 24:
+            return FUSED_ARGMAX(x, norm_weight, eps, weight, tokens)
+        return composed.norm_linear_argmax(x, norm_weight, eps, weight, tokens)
+
     from .decode_persistent import with_tail
 
-    return with_tail(FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear))
+    return with_tail(FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear,
+                              norm_linear_argmax=norm_linear_argmax))

@@ -180,6 +180,18 @@ def arrival_counters(n: int, device: torch.device) -> torch.Tensor:
     return held[-1]
 
 
+_BEST: dict = {}
+
+
+def argmax_best(n: int, device: torch.device) -> torch.Tensor:
+    """Persistent int64 running maxima of the fused greedy argmax (decode_kernel._argmax_epilogue),
+    at least n of them, all -1 between launches (the kernel puts them back)."""
+    held = _BEST.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.full((max(n, 1 << 10),), -1, dtype=torch.int64, device=device))
+    return held[-1]
+
+
 # ---------------------------------------------------------------------------------------
 # Gumbel noise for the sampler: the same 32-bit hash as kernels/sampler_reference.py, one pass
 # ---------------------------------------------------------------------------------------

@@ -220,14 +220,21 @@ class CausalLM(nn.Module):
         counts.setdefault(tuple(self.lm_head_weight.shape), []).extend(logit_rows)
         return counts
 
-    def compute_logits(self, hidden: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, normed: torch.Tensor | None = None,
+                       tokens: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: the residual stream's rows [R, H] (forward's output) -> fp32 logits [R, V];
-        `normed`: their final norm, where forward_normed made it (the LM head takes it as is)."""
+        `normed`: their final norm, where forward_normed made it (the LM head takes it as is);
+        `tokens` (int64 [R]): the greedy tokens written there too (on one GPU by the LM head's
+        own kernel where the set fuses it: KernelSet.norm_linear_argmax)."""
         n = self.norm
         x, weight = (hidden, n.weight) if normed is None else (normed, None)
+        if tokens is not None and not self.tp.active:
+            return self.ops.norm_linear_argmax(x, weight, n.eps, self.lm_head_weight, tokens)
         logits = self.ops.norm_linear(x, weight, n.eps, self.lm_head_weight,
                                       out_dtype=torch.float32)  # [R, ceil(V / world)]
         logits = self.tp.all_gather_last(logits)  # [R, padded V], gathered before sampling
         if logits.shape[-1] != self.cfg.vocab_size:  # vocabulary padding: cut off, never sampled
             logits = logits[:, :self.cfg.vocab_size].contiguous()
+        if tokens is not None:
+            self.ops.argmax(logits, out=tokens)
         return logits

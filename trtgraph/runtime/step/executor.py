@@ -177,10 +177,10 @@ class Executor(StepInputs):
             hidden, normed = model.forward_normed(ids, pos, meta)  # [T, H]; the final norm where hoisted
             if key.is_prefill:
                 hidden, normed = hidden.index_select(0, rows), None  # [B, H]: each sequence's last real token
-            logits = model.compute_logits(hidden, normed)  # [R, V]
-            if draw is None:
-                tokens = model.ops.argmax(logits, out=out)  # the drawn tokens' buffer itself: no copy
+            if draw is None:  # greedy: the LM head writes the tokens' buffer itself (its epilogue's argmax)
+                logits, tokens = model.compute_logits(hidden, normed, tokens=out), out  # [R, V]
             else:
+                logits = model.compute_logits(hidden, normed)  # [R, V]
                 tokens = out.copy_(draw(logits))
             if key.draft_len:
                 # Verification: row i's token j is the model's own draw after its first j+1
