@@ -65,7 +65,7 @@ from trtgraph.kernels import linear as lin
 from trtgraph.kernels import split_residual as sr
 from trtgraph.kernels import attention_config as attention
 from trtgraph.kernels import triton_ops as t
-from trtgraph.kernels.composed import compose
+from trtgraph.kernels.composed import argmax_op, compose
 from trtgraph.kernels import _with_argmax
 from trtgraph.kernels import sampling as smp
 from trtgraph.runtime.step.executor import Executor
@@ -142,7 +142,7 @@ def install(ex, v):
         model.forward_normed = types.MethodType(_unhoisted, model)
     ops = sr.with_split(dl.dispatch(fused), t.rms_norm)
     if not v.get("fused_argmax", True):
-        ops = ops._replace(norm_linear_argmax=fused.norm_linear_argmax)
+        ops = ops._replace(norm_linear_argmax=argmax_op(ops.norm_linear, smp.argmax))  # the dispatched head
     ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops, **ops._asdict())
 
 
