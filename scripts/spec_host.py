@@ -34,6 +34,10 @@ ap.add_argument("--always", action="store_true", help="no replay times: the spec
 ap.add_argument("--profile", type=int, default=0, help="print the N costliest functions of the speculative run (cumulative)")
 ap.add_argument("--phases", action="store_true", help="µs per step by phase (forming, packing, model, read-back, "
                 "postprocess, outputs, the rest), best of --repeats runs per engine")
+ap.add_argument("--plan", default="default", choices=("default", "spec-bench"),
+                help="spec-bench: spec_bench.py's prefill shape (1 or 2 prompts a step, chunks of 64 and 256)")
+ap.add_argument("--walls", help="a spec_bench.json: the speculative policy decides with its measured wall and replay "
+                "times, frozen (no measuring on the CPU); prints the steps each engine ran by kind")
 args = ap.parse_args()
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
@@ -43,8 +47,10 @@ d["device"] = "cpu"
 d["limits"] = {"max_batch_size": max(batches), "max_seq_len": 256, "max_num_tokens": 512}
 d["kv_cache"] = {**d.get("kv_cache", {}), "num_blocks": max(batches) * 16 + 8}
 d["buckets"] = {**d["buckets"], "chunk_sizes": [64]}
+if args.plan == "spec-bench":  # as scripts/spec_bench.py: prompts of 71-74 tokens take two chunks, two rows a step
+    d["buckets"] = {**d["buckets"], "context_batch_sizes": [1, 2], "chunk_sizes": [64, 256], "sampling": ["greedy"]}
 d["speculative"] = {"method": "ngram", "draft_len": 4, "ngram_min": 1, "ngram_max": 3}
-art = Path(args.out) / "artifacts"
+art = Path(args.out) / f"artifacts-{args.plan}"
 if not (art / "manifest.json").exists():
     capture(Config.from_dict(d, source="spec_host"), art)
 spec, plain = Engine(art), Engine(art, speculative=False)
@@ -54,6 +60,13 @@ pol.replay_ms = {k: (1.5 if k.draft_len else 1.0) for k in spec.manifest.graph_k
 pol.measure = True
 if args.always:
     pol.replay_ms = {}
+if args.walls:
+    import json
+    measured = json.loads(Path(args.walls).read_text())["policy"]
+    by_name = {str(k): k for k in spec.manifest.graph_keys}
+    pol.replay_ms = {by_name[n]: ms for n, ms in measured["replay_ms"].items() if n in by_name}
+    pol.wall_ms = {by_name[n]: ms for n, ms in measured["wall_ms"].items() if n in by_name}
+    pol.measure = False
 calls = [0]  # rows proposed for (propose_many's rows where the drafter has it, else propose calls)
 if hasattr(spec.drafter, "propose_many"):
     many = spec.drafter.propose_many
@@ -189,5 +202,12 @@ for name in args.workloads.split(","):
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
               f"verify {s['verify']} accepted {st.get('acceptance_rate')}  rows proposed for {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)
+        for label, eng in (("plain", plain), ("speculative", spec)):  # the last run's steps, by kind
+            st, keys = eng.stats, eng.stats.steps_per_key
+            pre = sum(n for k, n in keys.items() if k.is_prefill)
+            print(f"    {label:12s} steps: prefill {pre}  plain decode {st.plain_decode_steps}  verify {st.verify_steps}"
+                  + (f" (rows per verify step {st.verify_rows / st.verify_steps:.1f}, tokens per row "
+                     f"{st.verify_tokens / max(st.verify_rows, 1):.2f})" if st.verify_steps else "")
+                  + f"  rows per plain decode step {sum(n * k.batch_size for k, n in keys.items() if not k.is_prefill and not k.draft_len) / max(st.plain_decode_steps, 1):.1f} (keys' sizes)", flush=True)
         for label, r in (("plain", p), ("speculative", s)) if args.phases else ():
             print(f"    {label:12s} us/step: " + "  ".join(f"{k} {v:6.1f}" for k, v in r["phases"].items()), flush=True)
