@@ -48,7 +48,7 @@ promised, scales those estimates (`acceptance.Yields`, at most 1): a step is pri
 steps like it yielded. A decode step that prefill steps pace (requests wait with room in the
 batch, or rows are in their prompts: the number of those decode steps is set by the prefills)
 never drafts (`Drafting._paced`: drafting there would cut no step); its probes are samples,
-and where they hope, the first unpaced probe is full.
+and where their estimates would pay, the first unpaced probe is full and comes at once.
 
 Without replay times (a scheduler built without them) every step proposes, and every step
 with a match drafts. Which steps draft depends on measured times; what every row emits does
@@ -114,7 +114,7 @@ class SpeculationPolicy(Episodes):
         self._run: _Run | None = None  # the current run of one generation key's steps
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
         self.yields = Yields()  # per verify key: tokens its steps emitted against the estimates' expectation
-        self.primed = False  # a probe of a paced step found drafting hopeful: the next unpaced probe is full
+        self.primed = False  # the last probe of a paced step found drafting would pay: the next unpaced probe is full
         self.paced_steps = 0  # decisions at steps the prefills pace (Drafting._paced): never drafted
         self._raw = 0.0  # the last `pays`'s expected tokens per row, before the yield factor
 
@@ -279,7 +279,8 @@ class SpeculationPolicy(Episodes):
         it calls a full probe at the next step when the batch it stands for would pay. A paced
         step (prefill steps come between the batch's decode steps whatever it drafts, so
         drafting cuts none: `Drafting._paced`) never drafts and calls no probe at the next
-        step; where its proposals hope, the first unpaced probe is full (`primed`)."""
+        step; where its estimates would pay, the first unpaced probe is full and comes at the
+        first decode step after the prefills (`primed`)."""
         probed = rows if probed is None else probed
         matched, confirmed = [], False
         for s in probed:
@@ -305,7 +306,7 @@ class SpeculationPolicy(Episodes):
         pending = [s.accept.pending is not None for s in probed]
         if paced:
             self.paced_steps += 1
-            self.primed = self.primed or self.pays(probed, pending, hope=True, n=len(rows))
+            self.primed = self.pays(probed, matched, n=len(rows))  # (the estimates: fresh proposals' hope is no evidence)
         hopeful = not paced and (draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
             probed, pending, hope=True, n=len(rows))))
         self.hoped = 0 if draft else self.hoped + hopeful
