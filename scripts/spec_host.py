@@ -37,7 +37,8 @@ ap.add_argument("--phases", action="store_true", help="µs per step by phase (fo
 ap.add_argument("--plan", default="default", choices=("default", "spec-bench"),
                 help="spec-bench: spec_bench.py's prefill shape (1 or 2 prompts a step, chunks of 64 and 256)")
 ap.add_argument("--walls", help="a spec_bench.json: the speculative policy decides with its measured wall and replay "
-                "times, frozen (no measuring on the CPU); prints the steps each engine ran by kind")
+                "times, frozen (the probes' cost and the episodes are timed on this CPU); prints the steps each engine "
+                "ran by kind")
 args = ap.parse_args()
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
@@ -66,7 +67,7 @@ if args.walls:
     by_name = {str(k): k for k in spec.manifest.graph_keys}
     pol.replay_ms = {by_name[n]: ms for n, ms in measured["replay_ms"].items() if n in by_name}
     pol.wall_ms = {by_name[n]: ms for n, ms in measured["wall_ms"].items() if n in by_name}
-    pol.measure = False
+    pol.record = lambda *a, **kw: None  # the walls stay the GPU's; the probes' own cost and episodes are timed here
 calls = [0]  # rows proposed for (propose_many's rows where the drafter has it, else propose calls)
 if hasattr(spec.drafter, "propose_many"):
     many = spec.drafter.propose_many

@@ -185,3 +185,23 @@ def test_a_copying_batch_with_cheap_verify_steps_keeps_drafting(monkeypatch):
     assert after.count("verify") >= len(after) - 2 and after.count("verify") >= 12, after
     assert sched.speculation.episodes[1] == 0
     assert sched.speculation.yields.factor(GraphKey(2, K, 0, "greedy")) == 1.0
+
+
+def test_hope_carries_through_the_paced_steps_past_the_probes_spacing(monkeypatch):
+    """As on the GPU, the probes' measured cost spaces them (here: a probe priced at 1 ms a row
+    against 1 ms plain steps: the floor at its most once a probe does not hope): a copying batch admitted two at a time
+    keeps probing samples while the prefills pace it (its proposals keep being accepted in
+    full: hope), drafts nowhere then, and drafts from the first step after the last prompt
+    (the H200's first call of this branch, which cut hope at paced steps, drafted nowhere at
+    batch 8 and 64)."""
+    clock = [0.0]
+    monkeypatch.setattr(speculation.time, "perf_counter", lambda: clock.__setitem__(0, clock[0] + 1e-4) or clock[0])
+    sched = _scheduler(2.0)
+    pol = sched.speculation
+    pol.measure, pol.row_ms = True, 1.0  # (a probe that does not hope sets the floor: MAX_FLOOR steps)
+    monkeypatch.setattr(pol, "record", lambda *a, **kw: None)
+    run = _run(sched, [_copy_request(i, 48) for i in range(8)], 2.0)
+    kinds = [(k, pending) for k, _, pending, _ in run["steps"]]
+    assert ("verify", True) not in kinds and kinds.count(("verify", False)) >= 10, kinds
+    last_prefill = max(i for i, (k, _) in enumerate(kinds) if k == "prefill")
+    assert kinds[last_prefill + 1:last_prefill + 3].count(("verify", False)) >= 1, kinds[last_prefill:]

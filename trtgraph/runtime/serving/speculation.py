@@ -47,8 +47,8 @@ verify key needs. What verify steps really emitted per row, against what the row
 promised, scales those estimates (`acceptance.Yields`, at most 1): a step is priced by what
 steps like it yielded. A decode step that prefill steps pace (requests wait with room in the
 batch, or rows are in their prompts: the number of those decode steps is set by the prefills)
-never drafts (`Drafting._paced`: drafting there would cut no step); its probes are samples,
-and where their estimates would pay, the first unpaced probe is full and comes at once.
+never drafts (`Drafting._paced`: drafting there would cut no step); its probes are samples
+(a full probe that hope calls is made at the first unpaced step).
 
 Without replay times (a scheduler built without them) every step proposes, and every step
 with a match drafts. Which steps draft depends on measured times; what every row emits does
@@ -114,7 +114,6 @@ class SpeculationPolicy(Episodes):
         self._run: _Run | None = None  # the current run of one generation key's steps
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
         self.yields = Yields()  # per verify key: tokens its steps emitted against the estimates' expectation
-        self.primed = False  # the last probe of a paced step found drafting would pay: the next unpaced probe is full
         self.paced_steps = 0  # decisions at steps the prefills pace (Drafting._paced): never drafted
         self._raw = 0.0  # the last `pays`'s expected tokens per row, before the yield factor
 
@@ -133,8 +132,8 @@ class SpeculationPolicy(Episodes):
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
         count per step; the key's mean is updated when the run ends or a decision needs it)."""
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
-            # cost allows, or at once where proposals awaiting their outcome hope, or a paced probe did), backing off afresh
-            self.interval, self.hoped = 1 if self.full_probe or self.primed else max(self.floor, 1), 0
+            # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
+            self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
             if self._episode is not None:
                 self.end_episode(rows_changed=True)
         if not self.measure:
@@ -263,11 +262,9 @@ class SpeculationPolicy(Episodes):
 
     def probe_rows(self, rows: list, paced: bool = False) -> list:
         """The rows that make proposals at this step: all of them while drafting, at a full
-        probe (the first unpaced one after a paced probe that hoped, too), or in a batch of at
-        most PROBE_ROWS; else a sample (every stride-th row, from an offset that turns with
-        each probe). paced: the step does not draft (`decide`): a sample at most."""
-        if self.primed and not paced:
-            self.primed, self.full_probe = False, True
+        probe, or in a batch of at most PROBE_ROWS; else a sample (every stride-th row, from an
+        offset that turns with each probe). paced: the step does not draft (`decide`), so a
+        sample (a full probe called waits for the first unpaced step)."""
         if not self.adaptive or len(rows) <= PROBE_ROWS or not paced and (self.drafting or self.full_probe):
             return rows
         stride = -(-len(rows) // PROBE_ROWS)
@@ -278,9 +275,8 @@ class SpeculationPolicy(Episodes):
         proposed, `probe_rows`; default all); whether this step drafts. A sample never drafts:
         it calls a full probe at the next step when the batch it stands for would pay. A paced
         step (prefill steps come between the batch's decode steps whatever it drafts, so
-        drafting cuts none: `Drafting._paced`) never drafts and calls no probe at the next
-        step; where its estimates would pay, the first unpaced probe is full and comes at the
-        first decode step after the prefills (`primed`)."""
+        drafting cuts none: `Drafting._paced`) never drafts; hope goes on as at any probe, its
+        full probe made at the first unpaced step (`probe_rows`)."""
         probed = rows if probed is None else probed
         matched, confirmed = [], False
         for s in probed:
@@ -303,12 +299,9 @@ class SpeculationPolicy(Episodes):
         # gathers until the estimate pays, or shows it does not); else back off.
         if confirmed:
             self.hoped = 0
-        pending = [s.accept.pending is not None for s in probed]
-        if paced:
-            self.paced_steps += 1
-            self.primed = self.pays(probed, matched, n=len(rows))  # (the estimates: fresh proposals' hope is no evidence)
-        hopeful = not paced and (draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
-            probed, pending, hope=True, n=len(rows))))
+        self.paced_steps += paced
+        hopeful = draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
+            probed, [s.accept.pending is not None for s in probed], hope=True, n=len(rows)))
         self.hoped = 0 if draft else self.hoped + hopeful
         self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
         self.full_probe = hopeful and not draft
