@@ -5,7 +5,7 @@
 O=/tmp/s9res; mkdir -p $O; S=$SECONDS; END=${END:-245}
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee $O/env.txt
 mkdir -p /tmp/spec/artifacts && tar xzf ../u8-tcache.tgz -C /tmp/spec/artifacts && echo tcache-ok
-timeout $((END - 60)) python3 scripts/spec_bench.py /tmp/spec --repeats 3 > $O/spec.txt 2>&1
+timeout $((END - 5)) python3 scripts/spec_bench.py /tmp/spec --repeats 3 > $O/spec.txt 2>&1
 echo "spec rc=$? t=$((SECONDS - S))"
 grep -v -i warn $O/spec.txt | tail -17; cp /tmp/spec/spec_bench.json $O/ 2>/dev/null
 for i in 1 2; do

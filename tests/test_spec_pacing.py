@@ -16,6 +16,8 @@ in a cycle), verify steps accepted as the graph accepts them."""
 
 from __future__ import annotations
 
+import math
+
 from conftest import tiny_config
 from trtgraph.buckets import BucketPlan, GraphKey
 from trtgraph.runtime.serving import speculation
@@ -205,3 +207,43 @@ def test_hope_carries_through_the_paced_steps_past_the_probes_spacing(monkeypatc
     assert ("verify", True) not in kinds and kinds.count(("verify", False)) >= 10, kinds
     last_prefill = max(i for i, (k, _) in enumerate(kinds) if k == "prefill")
     assert kinds[last_prefill + 1:last_prefill + 3].count(("verify", False)) >= 1, kinds[last_prefill:]
+
+
+def test_one_time_work_is_not_a_verify_key_s_price(monkeypatch):
+    """A verify key's first step (its graph's first replay) and a step whose proposals index what
+    the probes skipped are left out of the key's running wall time (on the H200 such steps at 64
+    rows measured 4-6 ms, and a mean started there kept the batch from ever drafting again), and
+    out of the episode's time when it is judged before its end; steady steps count."""
+    clock = [0.0]
+    monkeypatch.setattr(speculation.time, "perf_counter", lambda: clock[0])
+    plain_key, verify_key = GraphKey(2, 0, 0, "greedy"), GraphKey(2, K, 0, "greedy")
+    pol = SpeculationPolicy(PLAN, K, {plain_key: 1.0, verify_key: 1.2})
+    pol.measure = True
+
+    def step(key, ms, untimed=False):
+        pol.handed_out(key)
+        clock[0] += ms / 1e3
+        pol.untimed |= untimed  # (what Drafting marks while forming the next step)
+
+    for _ in range(3):
+        step(plain_key, 1.0)
+    step(verify_key, 6.0)  # its first replay
+    step(verify_key, 5.0, untimed=True)  # the next step's proposals backfill
+    step(verify_key, 1.5)
+    step(verify_key, 1.5)
+    step(plain_key, 1.0)
+    pol.costs([_copy_request(i, 10) for i in range(2)])  # (folds the runs)
+    assert math.isclose(pol.wall_ms[verify_key], 1.5) and math.isclose(pol.wall_ms[plain_key], 1.0)
+
+    rows = [_copy_request(i, 100) for i in range(2)]
+    for s in rows:
+        s.accept.accepted, s.accept.rejected = 20.0, 0.01
+    assert pol.decide(rows, {id(s): [7] * K for s in rows})
+    pol.handed_out(verify_key)
+    clock[0] += 0.02  # 20 ms of indexing the probes skipped ...
+    pol.untimed = True
+    for _ in range(JUDGE_STEPS):
+        pol.handed_out(verify_key)
+        clock[0] += 1.5e-3
+        pol.emitted(2 * (K + 1), rows=2)  # ... then K + 1 tokens a row each 1.5 ms against 1 ms plain steps
+    assert pol.drafting and pol.episodes == [0, 0]  # not judged lost on its sunk indexing

@@ -59,6 +59,8 @@ class Drafting:
         start = time.perf_counter()
         paced = pol.adaptive and self._paced(rows)
         window, probed = pol.probe_window, pol.probe_rows(rows, paced)
+        if window is None and pol.measure and any(s.ngram.skipped for s in probed):
+            pol.untimed = True  # these proposals index what the probes skipped: one-time work, not the step's price
         out = dict(zip(map(id, probed), self.drafter.propose_many([s.all_ids for s in probed],
                                                                    [s.ngram for s in probed], window)))
         if pol.decide(rows, out, probed, paced):

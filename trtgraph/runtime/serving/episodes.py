@@ -6,7 +6,8 @@ emitted per ms of wall time against a plain step's tokens per ms: the price of a
 misses costs that only the episode shows (its first proposals' indexing, the return to the
 fast path). It is judged at its end and, from its JUDGE_STEPS-th verify step on, at each
 verify step: an episode that loses stops there (the batch's rows' estimates may keep
-promising what its verify steps do not yield). A lost episode doubles the margin its verify
+promising what its verify steps do not yield); judged before its end, its one-time work
+(indexing what the probes skipped: `sunk`) is left out, since stopping would not undo it. A lost episode doubles the margin its verify
 key needs to start drafting again (8x after MAX_LOSSES in a row: never, in practice); a won
 one clears it, and so does the end of the sequences that lost (what lost was drafting for
 them, not for the ones after).
@@ -36,6 +37,7 @@ class _Episode:
     last: float  # when its last verify step's tokens came
     rows: tuple = ()  # its sequences: a loss it leaves is forgotten once they have all finished
     steps: int = 0  # its verify steps read so far
+    sunk: float = 0.0  # seconds of one-time work in it (the policy's untimed intervals: indexing what probes skipped)
 
 
 class Episodes:
@@ -51,7 +53,8 @@ class Episodes:
         """A verify step over `rows` rows emitted `tokens` (accepted drafts and one more per
         row; rows 0: plain tokens that count in the episode). From its JUDGE_STEPS-th verify
         step on, an episode that has emitted fewer tokens per ms than plain steps would ends
-        here, lost: the next step probes afresh at the raised margin."""
+        here, lost (its one-time work left out: what is indexed stays indexed, so it is no
+        reason to stop): the next step probes afresh at the raised margin."""
         if rows:
             self.yields.got(tokens, rows)
         ep = self._episode
@@ -59,7 +62,7 @@ class Episodes:
             ep.tokens += tokens
             ep.last = time.perf_counter()
             ep.steps += rows > 0
-            if ep.steps >= JUDGE_STEPS and self._lost(ep, ep.last):
+            if ep.steps >= JUDGE_STEPS and self._lost(ep, ep.last - ep.sunk):
                 self.end_episode()
                 self.drafting = False
 

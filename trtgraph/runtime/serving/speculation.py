@@ -115,6 +115,8 @@ class SpeculationPolicy(Episodes):
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
         self.yields = Yields()  # per verify key: tokens its steps emitted against the estimates' expectation
         self.paced_steps = 0  # decisions at steps the prefills pace (Drafting._paced): never drafted
+        self.untimed = False  # the interval ending at the next hand-out holds one-time work: not a step's price
+        self._seen: set = set()  # verify keys handed out so far (the first replay of a graph uploads it)
         self._raw = 0.0  # the last `pays`'s expected tokens per row, before the yield factor
 
     @property
@@ -130,7 +132,13 @@ class SpeculationPolicy(Episodes):
         call a probe at every decode step between them). With
         `measure`, the time from one generation step's hand-out to the next one's is that step's
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
-        count per step; the key's mean is updated when the run ends or a decision needs it)."""
+        count per step; the key's mean is updated when the run ends or a decision needs it). An
+        interval marked `untimed` is left out of the means (and of the drafting episode's time
+        when it is judged before its end): one-time work, not what a step of that key costs
+        while the batch drafts on — a verify key's first step (its graph's first replay) and a
+        step whose proposals index what the probes skipped (the first drafting steps of an
+        episode: at 64 rows on the H200 those measured 4-6 ms a step, and a mean started there
+        kept the batch from drafting again)."""
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
             # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
             self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
@@ -140,6 +148,17 @@ class SpeculationPolicy(Episodes):
             return
         now = time.perf_counter()
         run = self._run
+        if key is not None and key.draft_len and key not in self._seen:
+            self._seen.add(key)
+            untimed, self.untimed = self.untimed, True  # (its own step: the interval ending at the next hand-out)
+        else:
+            untimed, self.untimed = self.untimed, False
+        if untimed and run is not None:  # the interval ending now held one-time work
+            self._flush()
+            if self._episode is not None:
+                self._episode.sunk += now - run.last
+            self._run = _Run(key, now, 1, now) if key is not None else None
+            return
         if run is not None and key is not None:
             run.steps += 1  # a step of the run is handed out, or (another key) the run's last step ends now
             run.last = now
