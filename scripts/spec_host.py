@@ -82,7 +82,10 @@ rows = spec.executor.buffers.max_rows
 accepted = torch.zeros(spec.executor.buffers.max_seqs, dtype=torch.int64)
 
 
-CYCLE = 37  # the copy workload: a model that continues a cycle of CYCLE distinct tokens
+# The copy workload: a model that continues a cycle of CYCLE distinct tokens; with --plan spec-bench a cycle
+# of 7 in prompts of 71 tokens, as spec_bench.py's copy lines ("d['key'] = value\n" ten times over: 71 tokens).
+CYCLE = 7 if args.plan == "spec-bench" else 37
+PROMPT = 71 if args.plan == "spec-bench" else 2 * CYCLE
 succ = torch.arange(512)
 succ[3:3 + CYCLE] = torch.roll(torch.arange(3, 3 + CYCLE), -1)
 mode = {"copy": False}
@@ -158,7 +161,7 @@ def timed_phases(eng):
 phase_clock = {id(e): timed_phases(e) for e in (spec, plain)} if args.phases else {}
 rng = random.Random(0)
 workloads = {"never-match": lambda i: {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(32)]},
-             "copy": lambda i: {"prompt_token_ids": [3 + (i + j) % CYCLE for j in range(2 * CYCLE)]}}
+             "copy": lambda i: {"prompt_token_ids": [3 + (i + j) % CYCLE for j in range(PROMPT)]}}
 for name in args.workloads.split(","):
     make = workloads[name]
     mode["copy"] = name == "copy"
@@ -181,6 +184,10 @@ for name in args.workloads.split(","):
             if spent and 1e6 * wall / steps <= min(r["host"]):  # the least disturbed run's phases
                 r["phases"] = {k: 1e6 * v / steps for k, v in spent.items()}
                 r["phases"]["rest"] = 1e6 * wall / steps - sum(r["phases"].values())
+            st, keys = eng.stats, eng.stats.steps_per_key  # the steps by kind (the last timed run's)
+            r["kinds"] = (sum(n for k, n in keys.items() if k.is_prefill), st.plain_decode_steps, st.verify_steps,
+                          st.verify_rows, st.verify_tokens,
+                          sum(n * k.batch_size for k, n in keys.items() if not k.is_prefill and not k.draft_len))
             if eng is spec:
                 r["calls"] = calls[0] - c0
                 r["verify"] = eng.stats.verify_steps
@@ -203,12 +210,10 @@ for name in args.workloads.split(","):
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
               f"verify {s['verify']} accepted {st.get('acceptance_rate')}  rows proposed for {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)
-        for label, eng in (("plain", plain), ("speculative", spec)):  # the last run's steps, by kind
-            st, keys = eng.stats, eng.stats.steps_per_key
-            pre = sum(n for k, n in keys.items() if k.is_prefill)
-            print(f"    {label:12s} steps: prefill {pre}  plain decode {st.plain_decode_steps}  verify {st.verify_steps}"
-                  + (f" (rows per verify step {st.verify_rows / st.verify_steps:.1f}, tokens per row "
-                     f"{st.verify_tokens / max(st.verify_rows, 1):.2f})" if st.verify_steps else "")
-                  + f"  rows per plain decode step {sum(n * k.batch_size for k, n in keys.items() if not k.is_prefill and not k.draft_len) / max(st.plain_decode_steps, 1):.1f} (keys' sizes)", flush=True)
+        for label, r in (("plain", p), ("speculative", s)):  # the last timed run's steps, by kind
+            pre, dec, ver, vrows, vtok, drows = r["kinds"]
+            print(f"    {label:12s} steps: prefill {pre}  plain decode {dec}  verify {ver}"
+                  + (f" (rows per verify step {vrows / ver:.1f}, tokens per row {vtok / max(vrows, 1):.2f})" if ver else "")
+                  + f"  rows per plain decode step {drows / max(dec, 1):.1f} (keys' sizes)", flush=True)
         for label, r in (("plain", p), ("speculative", s)) if args.phases else ():
             print(f"    {label:12s} us/step: " + "  ".join(f"{k} {v:6.1f}" for k, v in r["phases"].items()), flush=True)

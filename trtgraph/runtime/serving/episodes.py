@@ -5,7 +5,7 @@ Each drafting episode (from the decision to draft to the one not to) is judged b
 emitted per ms of wall time against a plain step's tokens per ms: the price of a verify step
 misses costs that only the episode shows (its first proposals' indexing, the return to the
 fast path). It is judged at its end and, from its JUDGE_STEPS-th verify step on, at each
-verify step: an episode that loses stops there (the batch's rows' estimates may keep
+verify step: an episode that loses clearly (under JUDGE_SHARE of plain's tokens per ms) stops there (the batch's rows' estimates may keep
 promising what its verify steps do not yield); judged before its end, its one-time work
 (indexing what the probes skipped: `sunk`) is left out, since stopping would not undo it. A lost episode doubles the margin its verify
 key needs to start drafting again (8x after MAX_LOSSES in a row: never, in practice); a won
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 MAX_LOSSES = 3  # drafting episodes in a row that emitted fewer tokens per ms than plain steps: a verify key
 #                then needs 2**losses times break-even to start again (8x: more than K + 1 tokens a row, never)
-JUDGE_STEPS = 4  # a drafting episode is judged at each of its verify steps from this one on (and at its end)
+JUDGE_STEPS = 6  # a drafting episode is judged at each of its verify steps from this one on (and at its end) ...
+JUDGE_SHARE = 0.75  # ... and stopped there when it emitted less than this share of what plain steps would have
 
 
 @dataclass(slots=True)
@@ -52,9 +53,10 @@ class Episodes:
     def emitted(self, tokens: int, rows: int = 0) -> None:
         """A verify step over `rows` rows emitted `tokens` (accepted drafts and one more per
         row; rows 0: plain tokens that count in the episode). From its JUDGE_STEPS-th verify
-        step on, an episode that has emitted fewer tokens per ms than plain steps would ends
-        here, lost (its one-time work left out: what is indexed stays indexed, so it is no
-        reason to stop): the next step probes afresh at the raised margin."""
+        step on, an episode that has emitted less than JUDGE_SHARE of the tokens per ms plain
+        steps would have ends here, lost (a clear loss: a few steps' wall times are noisy; its
+        one-time work left out: what is indexed stays indexed, so it is no reason to stop): the
+        next step probes afresh at the raised margin."""
         if rows:
             self.yields.got(tokens, rows)
         ep = self._episode
@@ -62,7 +64,7 @@ class Episodes:
             ep.tokens += tokens
             ep.last = time.perf_counter()
             ep.steps += rows > 0
-            if ep.steps >= JUDGE_STEPS and self._lost(ep, ep.last - ep.sunk):
+            if ep.steps >= JUDGE_STEPS and self._lost(ep, ep.last - ep.sunk, JUDGE_SHARE):
                 self.end_episode()
                 self.drafting = False
 
@@ -84,9 +86,9 @@ class Episodes:
             self._lost_rows[ep.key] = ep.rows
 
     @staticmethod
-    def _lost(ep: _Episode, until: float) -> bool:
-        """Whether the episode emitted fewer tokens by `until` than plain steps would have."""
-        return ep.tokens * ep.plain_ms_per_token < 1e3 * (until - ep.start)
+    def _lost(ep: _Episode, until: float, share: float = 1.0) -> bool:
+        """Whether the episode emitted fewer tokens by `until` than `share` of what plain steps would have."""
+        return ep.tokens * ep.plain_ms_per_token < share * 1e3 * (until - ep.start)
 
     def _losses(self, verify: GraphKey) -> int:
         """The verify key's lost episodes in a row, forgotten once the rows of the last one have

@@ -295,11 +295,16 @@ class SpeculationPolicy(Episodes):
         it calls a full probe at the next step when the batch it stands for would pay. A paced
         step (prefill steps come between the batch's decode steps whatever it drafts, so
         drafting cuts none: `Drafting._paced`) never drafts; hope goes on as at any probe, its
-        full probe made at the first unpaced step (`probe_rows`)."""
+        full probe made at the first unpaced step (`probe_rows`), and there only a proposal
+        scored short of full acceptance uses up HOPE_LIMIT (paced decode steps come one in two:
+        a proposal's K tokens take twice the probes to decide)."""
         probed = rows if probed is None else probed
-        matched, confirmed = [], False
+        matched, confirmed, scored = [], False, 0
         for s in probed:
-            confirmed |= s.accept.observe(s.all_ids)
+            a = s.accept
+            scored -= a.proposals
+            confirmed |= a.observe(s.all_ids)
+            scored += a.proposals
             d = proposals.get(id(s))
             s.accept.offer(len(s.all_ids), d)
             matched.append(d is not None)
@@ -321,7 +326,7 @@ class SpeculationPolicy(Episodes):
         self.paced_steps += paced
         hopeful = draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
             probed, [s.accept.pending is not None for s in probed], hope=True, n=len(rows)))
-        self.hoped = 0 if draft else self.hoped + hopeful
+        self.hoped = 0 if draft else self.hoped + (hopeful and (not paced or scored > confirmed))
         self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
         self.full_probe = hopeful and not draft
         if draft != self.drafting and self.measure:
