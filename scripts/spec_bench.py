@@ -12,9 +12,11 @@ offers the drafter whatever the policy does (the drafter run over the plain outp
 every step drafted: tokens per verify step, accepted / fed drafts), and the policy's measured
 wall ms per step of the batch's plain and verify keys (host work included) beside their
 replay times.
-Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] [--sets a,b] (writes
-spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to test this script on
-the CPU; --repeats: paired runs per cell, 5 by default; --sets: which prompt sets, all by default)."""
+Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] [--sets a,b] [--batches 1,8,64]
+[--artifacts DIR] (writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
+test this script on the CPU; --repeats: paired runs per cell, 5 by default; --sets: which prompt sets,
+all by default; --batches: which batch sizes; --artifacts: an earlier run's captured plan, used as it
+is: no capture)."""
 
 import inspect
 import json
@@ -37,6 +39,9 @@ out_dir = Path(sys.argv[1])
 SMOKE = "--cpu-smoke" in sys.argv[2:]
 REPEATS_ARG = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv[2:] else None
 BATCHES = (1, 8) if SMOKE else (1, 8, 64)
+RUN_BATCHES = tuple(int(b) for b in sys.argv[sys.argv.index("--batches") + 1].split(",")) \
+    if "--batches" in sys.argv[2:] else BATCHES
+REUSE = sys.argv[sys.argv.index("--artifacts") + 1] if "--artifacts" in sys.argv[2:] else None
 MAX_TOKENS = 4 if SMOKE else 128
 raw = yaml.safe_load(Path("examples/stdlib-llama.yaml").read_text())
 raw["model"]["path"] = str(Path("trtgraph/assets/stdlib-llama").resolve())
@@ -45,11 +50,12 @@ raw["limits"] = {"max_batch_size": max(BATCHES), "max_num_tokens": 512}
 raw["buckets"] = {"batch_sizes": "auto", "context_batch_sizes": [1, 2], "chunk_sizes": [64, 256],
                   "sampling": ["greedy"]}
 raw["speculative"] = {"method": "ngram", "draft_len": 4, "ngram_min": 1, "ngram_max": 3}
-raw["output"] = str(out_dir / "artifacts")
+raw["output"] = REUSE or str(out_dir / "artifacts")
 config = Config.from_dict(raw, source="spec_bench")
 t0 = time.perf_counter()
-capture(config, Path(raw["output"]))
-print(f"captured in {time.perf_counter() - t0:.1f} s", flush=True)
+if REUSE is None:
+    capture(config, Path(raw["output"]))
+    print(f"captured in {time.perf_counter() - t0:.1f} s", flush=True)
 vocab = json.loads(Path(raw["model"]["path"], "config.json").read_text())["vocab_size"]
 
 rng = random.Random(0)
@@ -115,11 +121,12 @@ def timed(engine, groups):
     start, tokens, sp, ids = time.perf_counter(), 0, [], []
     pol = engine.scheduler.speculation
     for group in groups:
-        probes = pol.probes if pol else 0
+        probes, paced = (pol.probes, pol.paced_steps) if pol else (0, 0)
         results = list(engine.generate(group))
         tokens += sum(len(r.token_ids) for r in results)
         ids += [r.token_ids for r in sorted(results, key=lambda r: r.id)]
-        sp.append({**(engine.stats.to_json().get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes})
+        sp.append({**(engine.stats.to_json().get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes,
+                   "paced": (pol.paced_steps if pol else 0) - paced})
     return tokens, time.perf_counter() - start, ids, sp
 
 
@@ -131,7 +138,7 @@ def median(xs):
 rows = []
 for set_name in SETS:
     make = sets[set_name]
-    for batch in BATCHES:
+    for batch in RUN_BATCHES:
         prompts = [{"id": f"{set_name}-{i}", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, **make(i)}
                    for i in range(PROMPTS[batch])]
         groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
@@ -154,7 +161,8 @@ for set_name in SETS:
         ratios = [(ts / ss) / (tp / sp_) for (ts, ss, _, _), (tp, sp_, _, _) in zip(runs["speculative"], runs["plain"])]
         row.update(ratio_median=median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
         sp = runs["speculative"][-1][3]
-        row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows", "probes")})
+        row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows", "probes",
+                                                        "paced")})
         fed = [s for s in sp if s["verify_steps"]]
         row["acceptance_rate"] = sum(s["acceptance_rate"] for s in fed) / len(fed) if fed else None
         pol = engines["speculative"].scheduler.speculation
@@ -167,6 +175,8 @@ pol = engines["speculative"].scheduler.speculation
 policy = {"probes": pol.probes, "drafted_steps": pol.drafted_steps, "plain_steps_with_a_match": pol.plain_steps,
           "episodes_won_lost": getattr(pol, "episodes", None),
           "losses": {str(k): v for k, v in getattr(pol, "losses", {}).items()},
+          "paced_decisions": getattr(pol, "paced_steps", None),
+          "yield_ratio": {str(k): round(v, 4) for k, v in getattr(getattr(pol, "yields", None), "ratio", {}).items()},
           "wall_ms": {str(k): round(v, 4) for k, v in sorted(pol.wall_ms.items(), key=lambda kv: str(kv[0]))},
           "replay_ms": {str(k): v for k, v in sorted(pol.replay_ms.items(), key=lambda kv: str(kv[0]))}}
 print("policy, whole run:", json.dumps(policy))
@@ -175,15 +185,16 @@ out_dir.mkdir(parents=True, exist_ok=True)
 print(f"\n{REPEATS} runs per cell, speculative and plain alternating; tok/s: median (min-max); ratio: median of "
       f"the paired runs' speculative / plain (min-max); steps and acceptance: the last speculative run")
 print("| prompts | batch | tokens | speculative tok/s | plain tok/s | speculative / plain | verify steps "
-      "| plain decode steps | probes | draft acceptance | offered: tokens/step, acceptance | wall ms plain / verify "
-      "| replay ms plain / verify |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| rows per verify step | plain decode steps | paced | probes | draft acceptance | offered: tokens/step, acceptance "
+      "| wall ms plain / verify | replay ms plain / verify |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     s, p = r["speculative"], r["plain"]
     acc = f"{100 * r['acceptance_rate']:.1f}%" if r["acceptance_rate"] is not None else "no drafts"
     print(f"| {r['prompts']} | {r['batch']} | {r['tokens']} | {s['tokens_per_second']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
           f"| {p['tokens_per_second']:,.0f} ({p['min']:,.0f}-{p['max']:,.0f}) | {r['ratio_median']:.3f} "
-          f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['verify_steps']} | {r['plain_decode_steps']} | {r['probes']} "
+          f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['verify_steps']} "
+          f"| {r['drafted_rows'] / max(r['verify_steps'], 1):.1f} | {r['plain_decode_steps']} | {r['paced']} | {r['probes']} "
           f"| {acc} | {r['ngram_tokens_per_step']:.2f}, {100 * r['ngram_acceptance']:.0f}% "
           f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['wall_ms_plain_verify'])} "
           f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['replay_ms_plain_verify'])} |")

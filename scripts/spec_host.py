@@ -34,6 +34,11 @@ ap.add_argument("--always", action="store_true", help="no replay times: the spec
 ap.add_argument("--profile", type=int, default=0, help="print the N costliest functions of the speculative run (cumulative)")
 ap.add_argument("--phases", action="store_true", help="µs per step by phase (forming, packing, model, read-back, "
                 "postprocess, outputs, the rest), best of --repeats runs per engine")
+ap.add_argument("--plan", default="default", choices=("default", "spec-bench"),
+                help="spec-bench: spec_bench.py's prefill shape (1 or 2 prompts a step, chunks of 64 and 256)")
+ap.add_argument("--walls", help="a spec_bench.json: the speculative policy decides with its measured wall and replay "
+                "times, frozen (the probes' cost and the episodes are timed on this CPU); prints the steps each engine "
+                "ran by kind")
 args = ap.parse_args()
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
@@ -43,8 +48,10 @@ d["device"] = "cpu"
 d["limits"] = {"max_batch_size": max(batches), "max_seq_len": 256, "max_num_tokens": 512}
 d["kv_cache"] = {**d.get("kv_cache", {}), "num_blocks": max(batches) * 16 + 8}
 d["buckets"] = {**d["buckets"], "chunk_sizes": [64]}
+if args.plan == "spec-bench":  # as scripts/spec_bench.py: prompts of 71-74 tokens take two chunks, two rows a step
+    d["buckets"] = {**d["buckets"], "context_batch_sizes": [1, 2], "chunk_sizes": [64, 256], "sampling": ["greedy"]}
 d["speculative"] = {"method": "ngram", "draft_len": 4, "ngram_min": 1, "ngram_max": 3}
-art = Path(args.out) / "artifacts"
+art = Path(args.out) / f"artifacts-{args.plan}"
 if not (art / "manifest.json").exists():
     capture(Config.from_dict(d, source="spec_host"), art)
 spec, plain = Engine(art), Engine(art, speculative=False)
@@ -54,6 +61,13 @@ pol.replay_ms = {k: (1.5 if k.draft_len else 1.0) for k in spec.manifest.graph_k
 pol.measure = True
 if args.always:
     pol.replay_ms = {}
+if args.walls:
+    import json
+    measured = json.loads(Path(args.walls).read_text())["policy"]
+    by_name = {str(k): k for k in spec.manifest.graph_keys}
+    pol.replay_ms = {by_name[n]: ms for n, ms in measured["replay_ms"].items() if n in by_name}
+    pol.wall_ms = {by_name[n]: ms for n, ms in measured["wall_ms"].items() if n in by_name}
+    pol.record = lambda *a, **kw: None  # the walls stay the GPU's; the probes' own cost and episodes are timed here
 calls = [0]  # rows proposed for (propose_many's rows where the drafter has it, else propose calls)
 if hasattr(spec.drafter, "propose_many"):
     many = spec.drafter.propose_many
@@ -68,7 +82,10 @@ rows = spec.executor.buffers.max_rows
 accepted = torch.zeros(spec.executor.buffers.max_seqs, dtype=torch.int64)
 
 
-CYCLE = 37  # the copy workload: a model that continues a cycle of CYCLE distinct tokens
+# The copy workload: a model that continues a cycle of CYCLE distinct tokens; with --plan spec-bench a cycle
+# of 7 in prompts of 71 tokens, as spec_bench.py's copy lines ("d['key'] = value\n" ten times over: 71 tokens).
+CYCLE = 7 if args.plan == "spec-bench" else 37
+PROMPT = 71 if args.plan == "spec-bench" else 2 * CYCLE
 succ = torch.arange(512)
 succ[3:3 + CYCLE] = torch.roll(torch.arange(3, 3 + CYCLE), -1)
 mode = {"copy": False}
@@ -144,7 +161,7 @@ def timed_phases(eng):
 phase_clock = {id(e): timed_phases(e) for e in (spec, plain)} if args.phases else {}
 rng = random.Random(0)
 workloads = {"never-match": lambda i: {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(32)]},
-             "copy": lambda i: {"prompt_token_ids": [3 + (i + j) % CYCLE for j in range(2 * CYCLE)]}}
+             "copy": lambda i: {"prompt_token_ids": [3 + (i + j) % CYCLE for j in range(PROMPT)]}}
 for name in args.workloads.split(","):
     make = workloads[name]
     mode["copy"] = name == "copy"
@@ -167,6 +184,10 @@ for name in args.workloads.split(","):
             if spent and 1e6 * wall / steps <= min(r["host"]):  # the least disturbed run's phases
                 r["phases"] = {k: 1e6 * v / steps for k, v in spent.items()}
                 r["phases"]["rest"] = 1e6 * wall / steps - sum(r["phases"].values())
+            st, keys = eng.stats, eng.stats.steps_per_key  # the steps by kind (the last timed run's)
+            r["kinds"] = (sum(n for k, n in keys.items() if k.is_prefill), st.plain_decode_steps, st.verify_steps,
+                          st.verify_rows, st.verify_tokens,
+                          sum(n * k.batch_size for k, n in keys.items() if not k.is_prefill and not k.draft_len))
             if eng is spec:
                 r["calls"] = calls[0] - c0
                 r["verify"] = eng.stats.verify_steps
@@ -189,5 +210,10 @@ for name in args.workloads.split(","):
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
               f"verify {s['verify']} accepted {st.get('acceptance_rate')}  rows proposed for {s['calls']}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)
+        for label, r in (("plain", p), ("speculative", s)):  # the last timed run's steps, by kind
+            pre, dec, ver, vrows, vtok, drows = r["kinds"]
+            print(f"    {label:12s} steps: prefill {pre}  plain decode {dec}  verify {ver}"
+                  + (f" (rows per verify step {vrows / ver:.1f}, tokens per row {vtok / max(vrows, 1):.2f})" if ver else "")
+                  + f"  rows per plain decode step {drows / max(dec, 1):.1f} (keys' sizes)", flush=True)
         for label, r in (("plain", p), ("speculative", s)) if args.phases else ():
             print(f"    {label:12s} us/step: " + "  ".join(f"{k} {v:6.1f}" for k, v in r["phases"].items()), flush=True)

@@ -66,3 +66,34 @@ class Acceptance:
         """The proposal made at `position` (len of ids), scored later unless one is pending."""
         if drafts is not None and self.pending is None:
             self.pending = (position, list(drafts))
+
+
+YIELD_WEIGHT = 0.25  # weight of the newest verify step in a key's running mean of yield / expectation
+
+
+class Yields:
+    """Per verify key: what its verify steps actually emitted per row against what the
+    policy expected when it decided to draft them (the rows' `expected_tokens`), as a
+    running mean of the ratio. The policy scales its expectation by it where it is below 1:
+    a step is priced by what steps like it yielded, not by the estimates alone (a row's
+    estimate does not see what the batch loses: a row cut by max_tokens, a filler row)."""
+
+    def __init__(self):
+        self.ratio: dict = {}  # verify key -> running mean of emitted / expected tokens per row
+        self._expected: tuple | None = None  # (verify key, expected tokens per row) of the step drafted last
+
+    def expect(self, key, per_row: float) -> None:
+        """A verify step over `key` was decided on, expected to emit `per_row` tokens a row."""
+        self._expected = (key, per_row) if per_row > 0 else None
+
+    def got(self, tokens: int, rows: int) -> None:
+        """The verify step decided last emitted `tokens` over `rows` rows."""
+        if self._expected is None or rows <= 0:
+            return
+        (key, per_row), self._expected = self._expected, None
+        r, old = tokens / rows / per_row, self.ratio.get(key)
+        self.ratio[key] = r if old is None else old + YIELD_WEIGHT * (r - old)
+
+    def factor(self, key) -> float:
+        """What the estimates are scaled by for `key`: its running ratio, at most 1."""
+        return min(self.ratio.get(key, 1.0), 1.0)

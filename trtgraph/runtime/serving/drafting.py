@@ -6,12 +6,26 @@ these methods (`Drafting`), as it does `LaunchAhead`'s:
 - `_propose`: the probed rows' proposals, scored and decided on (the probe's cost spaces the
   next one when the step does not draft);
 - `_deferred_probe`: a probe that fell due at a step launched ahead, made in `postprocess`
-  after that launch.
+  after that launch;
+- `_paced`: whether prefill steps come between the batch's decode steps whatever it drafts
+  (then drafting cannot cut a step, and the policy does not draft).
+
+Why `_paced` (issue 14, measured on the H200 with spec_bench's copy set at batch 64): while
+requests wait with room in the batch for them, or rows are still in their prompts, the
+scheduler alternates a prefill step with a decode step over the ready rows; the number of
+those decode steps is set by the prefills, not by the tokens each yields. Drafting there
+costs a verify step in place of a plain one (and the overlap of the prefill after it) and
+only makes rows finish sooner, so fewer run at once: 64 requests admitted two a step ran
+174 verify steps over 19.3 rows on average, plain decoding 64-row steps, and speculation
+was 0.90x plain though its drafts yielded 4.8 tokens a row. The run's end (the last rows'
+tokens) is what drafting shortens: a ready row is worth drafting for while prefills go on
+only if it has more tokens to go than any row still waiting or in its prompt may take.
 """
 
 from __future__ import annotations
 
 import time
+from itertools import chain, islice
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -43,10 +57,13 @@ class Drafting:
         and decided on; they, or None when the step does not draft."""
         pol = self.speculation
         start = time.perf_counter()
-        window, probed = pol.probe_window, pol.probe_rows(rows)
+        paced = pol.adaptive and self._paced(rows)
+        window, probed = pol.probe_window, pol.probe_rows(rows, paced)
+        if window is None and pol.measure and any(s.ngram.skipped for s in probed):
+            pol.untimed = True  # these proposals index what the probes skipped: one-time work, not the step's price
         out = dict(zip(map(id, probed), self.drafter.propose_many([s.all_ids for s in probed],
                                                                    [s.ngram for s in probed], window)))
-        if pol.decide(rows, out, probed):
+        if pol.decide(rows, out, probed, paced):
             return out
         pol.spaced(time.perf_counter() - start, rows, probed)
         return None
@@ -59,3 +76,25 @@ class Drafting:
         if rows and all(len(s.all_ids) + 1 + self.drafter.k <= self.max_seq_len for s in rows):
             if self._propose(rows) is not None:  # drafting from the step after the one in flight,
                 self.speculation.emitted(len(rows))  # whose plain tokens count in the episode
+
+    def _paced(self, rows: list[Sequence]) -> bool:
+        """Whether a decode step over `rows` is one of those the prefills set the number of
+        (module doc): requests wait with room for them in the batch, or running rows are still
+        in their prompts, and no row of the step has more tokens to go (by max_tokens) than
+        the longest of those may take. Not where requests wait for a full batch: there a row
+        that finishes sooner lets one in sooner (drafting is priced as usual)."""
+        if not self.waiting and len(rows) >= len(self.running):  # (every running row decodes: a drafting batch's case)
+            return False
+        room = self.plan.max_batch_size - len(self.running)
+        if self.waiting and room <= 0:
+            return False
+        coming = list(chain(islice(self.waiting, max(room, 0)), (s for s in self.running if s.num_pending > 1)))
+        if not coming:
+            return False
+        longest = max(map(_to_go, coming))
+        return all(_to_go(s) <= longest for s in rows)
+
+
+def _to_go(s: Sequence) -> int:
+    """Tokens a sequence may still draw, by its max_tokens."""
+    return s.facts.max_tokens - len(s.all_ids) + len(s.prompt_ids)

@@ -56,7 +56,7 @@ class Outcomes:
         token). Returns (sequence, tokens appended) for each that drew."""
         now = time.perf_counter() if now is None else now
         q = step.key.q_len
-        drew, emitted = [], 0
+        drew, emitted, verified = [], 0, 0
         if step.settled:  # accounted when launched: no row draws
             return drew
         for i, (seq, n) in enumerate(zip(step.seqs, step.num_new)):
@@ -65,6 +65,7 @@ class Outcomes:
             if step.drafts is not None:
                 a = accepted[i]
                 emitted += a + 1
+                verified += 1
                 seq.num_computed += a + 1  # the fed token and the accepted drafts are now valid KV
                 new = tokens[i * q:i * q + a + 1]
             else:
@@ -78,7 +79,7 @@ class Outcomes:
             seq.last_token_time = now
             drew.append((seq, len(new)))
         if emitted:
-            self.speculation.emitted(emitted)
+            self.speculation.emitted(emitted, verified)
         return drew
 
     def postprocess(self, step: ScheduledStep, tokens: list[int], accepted: list[int] | None = None,

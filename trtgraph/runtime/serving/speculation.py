@@ -41,12 +41,14 @@ a batch that does not draft runs the plain engine's path: the same steps launche
 decode step after a prefill included), no proposal before a launch, and per step only a clock
 read and a count (consecutive steps of one key are timed as one run).
 
-Each drafting episode (from the decision to draft to the one not to) is judged by what it
-emitted per ms of wall time against a plain step's tokens per ms: the price of a verify step
-misses costs that only the episode shows (its first proposals' indexing, the return to the
-fast path). A lost episode doubles the margin its verify key needs to start drafting again
-(8x after MAX_LOSSES in a row: never, in practice); a won one clears it, and so does the end
-of the sequences that lost (what lost was drafting for them, not for the ones after).
+Each drafting episode is judged against plain steps (episodes.py): a lost one stops drafting
+(at its end, or at a verify step once it has run JUDGE_STEPS of them) and raises the margin its
+verify key needs. What verify steps really emitted per row, against what the rows' estimates
+promised, scales those estimates (`acceptance.Yields`, at most 1): a step is priced by what
+steps like it yielded. A decode step that prefill steps pace (requests wait with room in the
+batch, or rows are in their prompts: the number of those decode steps is set by the prefills)
+never drafts (`Drafting._paced`: drafting there would cut no step); its probes are samples
+(a full probe that hope calls is made at the first unpaced step).
 
 Without replay times (a scheduler built without them) every step proposes, and every step
 with a match drafts. Which steps draft depends on measured times; what every row emits does
@@ -61,14 +63,14 @@ from dataclasses import dataclass
 
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from ...errors import BucketMissError
+from .acceptance import Yields
+from .episodes import JUDGE_STEPS, MAX_LOSSES, Episodes  # noqa: F401 (re-exported: the policy's constants)
 
 ENTER_MARGIN = 1.05  # a batch that does not draft starts when drafting pays 5% over break-even
 MAX_INTERVAL = 64  # generation steps between probes of a batch that does not draft, at most
 WALL_WEIGHT = 0.25  # weight of the newest wall time in a key's running mean
 PROBE_WINDOW = 16  # a probe indexes at most this many of a row's not yet indexed tokens
 PROBE_ROWS = 8  # a probe of a larger batch that does not draft samples about this many rows
-MAX_LOSSES = 3  # drafting episodes in a row that emitted fewer tokens per ms than plain steps: a verify key
-#                then needs 2**losses times break-even to start again (8x: more than K + 1 tokens a row, never)
 PROBE_SHARE = 0.01  # a batch that does not draft spends at most about this share of its steps' time on probes
 PROBE_WEIGHT = 0.25  # weight of the newest probe's cost per row in its running mean
 MAX_FLOOR = 4 * MAX_INTERVAL  # generation steps between probes that their cost may call for, at most
@@ -85,18 +87,7 @@ class _Run:
     last: float  # the latest hand-out
 
 
-@dataclass(slots=True)
-class _Episode:
-    """A drafting episode, from the decision to draft (`end_episode` judges it)."""
-    key: GraphKey  # its verify key
-    plain_ms_per_token: float  # a plain step's measured ms per row when it began
-    start: float
-    tokens: int  # emitted by its verify steps
-    last: float  # when its last verify step's tokens came
-    rows: tuple = ()  # its sequences: a loss it leaves is forgotten once they have all finished
-
-
-class SpeculationPolicy:
+class SpeculationPolicy(Episodes):
     """Decides, per generation step, whether it makes proposals and whether it drafts, from
     the rows' estimates and the costs of the plain and verify keys they would select."""
 
@@ -117,11 +108,16 @@ class SpeculationPolicy:
         self.hoped = 0  # probes in a row since the last draft or prefill that hope alone kept at interval 1
         self.losses: dict[GraphKey, int] = {}  # verify key -> its last drafting episodes that lost, in a row
         self.episodes = [0, 0]  # drafting episodes judged: (won, lost)
-        self._episode: _Episode | None = None  # the drafting episode under way
+        self._episode = None  # the drafting episode under way (episodes.py)
         self._lost_rows: dict[GraphKey, tuple] = {}  # verify key -> the rows of its last lost episode
         self._host_ms: dict[tuple, float] = {}  # (sampling, batch size) -> a measured verify step's ms beyond its replay
         self._run: _Run | None = None  # the current run of one generation key's steps
         self._keys: dict = {}  # (rows, sampling) -> (plain key, verify key), or None (no such keys)
+        self.yields = Yields()  # per verify key: tokens its steps emitted against the estimates' expectation
+        self.paced_steps = 0  # decisions at steps the prefills pace (Drafting._paced): never drafted
+        self.untimed = False  # the interval ending at the next hand-out holds one-time work: not a step's price
+        self._seen: set = set()  # verify keys handed out so far (the first replay of a graph uploads it)
+        self._raw = 0.0  # the last `pays`'s expected tokens per row, before the yield factor
 
     @property
     def adaptive(self) -> bool:
@@ -136,7 +132,13 @@ class SpeculationPolicy:
         call a probe at every decode step between them). With
         `measure`, the time from one generation step's hand-out to the next one's is that step's
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
-        count per step; the key's mean is updated when the run ends or a decision needs it)."""
+        count per step; the key's mean is updated when the run ends or a decision needs it). An
+        interval marked `untimed` is left out of the means (and of the drafting episode's time
+        when it is judged before its end): one-time work, not what a step of that key costs
+        while the batch drafts on — a verify key's first step (its graph's first replay) and a
+        step whose proposals index what the probes skipped (the first drafting steps of an
+        episode: at 64 rows on the H200 those measured 4-6 ms a step, and a mean started there
+        kept the batch from drafting again)."""
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
             # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
             self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
@@ -146,6 +148,17 @@ class SpeculationPolicy:
             return
         now = time.perf_counter()
         run = self._run
+        if key is not None and key.draft_len and key not in self._seen:
+            self._seen.add(key)
+            untimed, self.untimed = self.untimed, True  # (its own step: the interval ending at the next hand-out)
+        else:
+            untimed, self.untimed = self.untimed, False
+        if untimed and run is not None:  # the interval ending now held one-time work
+            self._flush()
+            if self._episode is not None:
+                self._episode.sunk += now - run.last
+            self._run = _Run(key, now, 1, now) if key is not None else None
+            return
         if run is not None and key is not None:
             run.steps += 1  # a step of the run is handed out, or (another key) the run's last step ends now
             run.last = now
@@ -239,6 +252,7 @@ class SpeculationPolicy:
         expected to emit more tokens per millisecond than a plain step over them (a batch
         not drafting now: by ENTER_MARGIN more). hope: were the pending proposals accepted.
         n: the rows are a sample of a batch of n rows like them."""
+        self._raw = 0.0
         if not any(matched):
             return False
         n = len(rows) if n is None else n
@@ -247,8 +261,10 @@ class SpeculationPolicy:
             return True  # no replay times: draft whenever a row matches
         t_plain, t_verify = costs
         tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
-        margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self._losses(self.keys(rows, n)[1])
-        return tokens * n / len(rows) * t_plain > n * t_verify * margin
+        self._raw = tokens / len(rows)
+        verify = self.keys(rows, n)[1]
+        margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self._losses(verify)
+        return tokens * self.yields.factor(verify) * n / len(rows) * t_plain > n * t_verify * margin
 
     def proposes(self) -> bool:
         """Count a generation step formed afresh; whether it makes proposals: always without
@@ -263,29 +279,39 @@ class SpeculationPolicy:
         self.since += 1
         return self.since >= self.interval
 
-    def probe_rows(self, rows: list) -> list:
+    def probe_rows(self, rows: list, paced: bool = False) -> list:
         """The rows that make proposals at this step: all of them while drafting, at a full
-        probe, or in a batch of at most PROBE_ROWS; else a sample (every stride-th row, from
-        an offset that turns with each probe)."""
-        if not self.adaptive or self.drafting or self.full_probe or len(rows) <= PROBE_ROWS:
+        probe, or in a batch of at most PROBE_ROWS; else a sample (every stride-th row, from an
+        offset that turns with each probe). paced: the step does not draft (`decide`), so a
+        sample (a full probe called waits for the first unpaced step)."""
+        if not self.adaptive or len(rows) <= PROBE_ROWS or not paced and (self.drafting or self.full_probe):
             return rows
         stride = -(-len(rows) // PROBE_ROWS)
         return rows[self.probes % stride::stride]
 
-    def decide(self, rows: list, proposals: dict, probed: list | None = None) -> bool:
+    def decide(self, rows: list, proposals: dict, probed: list | None = None, paced: bool = False) -> bool:
         """Score each probed row's earlier proposal, offer its new one (probed: the rows that
         proposed, `probe_rows`; default all); whether this step drafts. A sample never drafts:
-        it calls a full probe at the next step when the batch it stands for would pay."""
+        it calls a full probe at the next step when the batch it stands for would pay. A paced
+        step (prefill steps come between the batch's decode steps whatever it drafts, so
+        drafting cuts none: `Drafting._paced`) never drafts; hope goes on as at any probe, its
+        full probe made at the first unpaced step (`probe_rows`), and there only a proposal
+        scored short of full acceptance uses up HOPE_LIMIT (paced decode steps come one in two:
+        a proposal's K tokens take twice the probes to decide)."""
         probed = rows if probed is None else probed
-        matched, confirmed = [], False
+        matched, confirmed, scored = [], False, 0
         for s in probed:
-            confirmed |= s.accept.observe(s.all_ids)
+            a = s.accept
+            scored -= a.proposals
+            confirmed |= a.observe(s.all_ids)
+            scored += a.proposals
             d = proposals.get(id(s))
             s.accept.offer(len(s.all_ids), d)
             matched.append(d is not None)
         full = len(probed) == len(rows)
-        draft = full and self.pays(rows, matched)
+        draft = full and not paced and self.pays(rows, matched)
         if draft:
+            self.yields.expect(self.keys(rows)[1], self._raw)
             self.drafted_steps += 1
         elif any(matched):
             self.plain_steps += 1
@@ -297,9 +323,10 @@ class SpeculationPolicy:
         # gathers until the estimate pays, or shows it does not); else back off.
         if confirmed:
             self.hoped = 0
+        self.paced_steps += paced
         hopeful = draft or ((self.hoped < HOPE_LIMIT or self._verify_is_cheap(rows)) and self.pays(
             probed, [s.accept.pending is not None for s in probed], hope=True, n=len(rows)))
-        self.hoped = 0 if draft else self.hoped + hopeful
+        self.hoped = 0 if draft else self.hoped + (hopeful and (not paced or scored > confirmed))
         self.interval = 1 if hopeful else min(2 * self.interval, MAX_INTERVAL)
         self.full_probe = hopeful and not draft
         if draft != self.drafting and self.measure:
@@ -322,45 +349,6 @@ class SpeculationPolicy:
         self.floor = min(math.ceil(self.row_ms * nxt / (PROBE_SHARE * costs[0])), MAX_FLOOR)
         if not self.full_probe:  # (a hopeful probe calls the next at the next step: HOPE_LIMIT bounds those)
             self.interval = max(self.interval, self.floor)
-
-    # ---- drafting episodes: did they pay? ---------------------------------------------------
-    def _start_episode(self, rows: list) -> None:
-        costs = self.costs(rows)
-        now = time.perf_counter()
-        self._episode = _Episode(self.keys(rows)[1], costs[0] / len(rows), now, 0, now, tuple(rows)) if costs else None
-
-    def emitted(self, tokens: int) -> None:
-        """A verify step emitted `tokens` (accepted drafts and one more per row)."""
-        if self._episode is not None:
-            self._episode.tokens += tokens
-            self._episode.last = time.perf_counter()
-
-    def end_episode(self, rows_changed: bool = False) -> None:
-        """The batch stops drafting (or new rows come): judge the episode by what it emitted per
-        ms of wall time, from the decision to draft to now (rows_changed: to its last verify
-        step's tokens; what came after was not its doing: its rows finished, new ones came), its
-        proposals, packing, lost overlap and first-step indexing included, against a plain
-        step's tokens per ms. A loss doubles the margin that verify key needs to start again
-        (up to 2**MAX_LOSSES: then only full acceptance in every row would start it); a win
-        clears it."""
-        ep, self._episode = self._episode, None
-        if ep is None or ep.tokens == 0:
-            return
-        lost = ep.tokens * ep.plain_ms_per_token < 1e3 * ((ep.last if rows_changed else time.perf_counter()) - ep.start)
-        self.episodes[lost] += 1
-        self.losses[ep.key] = min(self.losses.get(ep.key, 0) + 1, MAX_LOSSES) if lost else 0
-        if lost:
-            self._lost_rows[ep.key] = ep.rows
-
-    def _losses(self, verify: GraphKey) -> int:
-        """The verify key's lost episodes in a row, forgotten once the rows of the last one have
-        all finished: what lost was drafting for those sequences (their acceptance, the price of
-        their proposals), not for the ones that came after (a workload that copies, after one
-        that did not)."""
-        n, rows = self.losses.get(verify, 0), self._lost_rows.get(verify)
-        if n and rows and all(s.finished for s in rows):
-            self.losses[verify] = n = 0
-        return n
 
     def _verify_is_cheap(self, rows: list) -> bool:
         """A verify step over `rows` costs no more than a plain one (then probing at every step
