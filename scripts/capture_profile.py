@@ -10,12 +10,18 @@ events' synchronize), the KV block copies of each verification, and the rest; an
 capture began, with the host ms of its recording and launches and how far it grew the pool.
 Also (h/u8): the graph launches by stage, Python's garbage collections by generation and
 stage, and each timed call split by whether the caching allocator took new device memory
-during it ("+reserve"). Works on trees before and after the staging ring (what a tree lacks
-is not patched)."""
+during it ("+reserve"). h/u9: how many keys were captured when each key's verification and
+timing were launched (the pacer holds them back while the device is behind), and the imports
+run without the collector as the program's do. Works on trees before and after the staging
+ring (what a tree lacks is not patched)."""
 
 from __future__ import annotations
 
-import gc
+from trtgraph import startup  # noqa: E402  (first: the program's imports run without the collector, h/u9)
+
+getattr(startup, "defer_gc", lambda: None)()  # as `trtgraph capture` does (trees before h/u9: nothing)
+
+import gc  # noqa: E402
 import json
 import sys
 import time
@@ -24,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from trtgraph import startup
 from trtgraph.compiler import pipeline, verify
 from trtgraph.config import Config
 from trtgraph.runtime.step import buffers, graph_runner
@@ -65,7 +70,9 @@ def timed(owner, name: str, label, set_stage: str | None = None) -> None:
     setattr(owner, name, wrapper)
 
 
-per_key: list = []  # capture order: [key, queued behind, recording ms, launch verify ms, launch timing ms, pool MB]
+per_key: list = []  # capture order: [key, queued behind, recording ms, launch verify ms, launch timing ms, pool MB,
+#                      keys captured when its verification / its timing was launched (h/u9: the pacer may hold them back)]
+row_of: dict = {}  # key -> its row in per_key
 gc_pause: list = [0.0]  # when the running collection began
 launched: list = []  # every PendingParity launched, for how many the device has not finished
 
@@ -79,21 +86,24 @@ def per_key_stages() -> None:
         behind = sum(1 for p in launched if p._done is not None and not p._done.query())
         t0 = time.perf_counter()
         out = capture(ex, key)
+        row_of[key] = len(per_key)
         per_key.append([str(key), behind, round((time.perf_counter() - t0) * 1e3, 3), 0.0, 0.0,
-                        round(out.pool_bytes / 2**20, 1)])
+                        round(out.pool_bytes / 2**20, 1), None, None])
         return out
 
-    def verified(*args, **kwargs):
+    def verified(ex, key, *args, **kwargs):
         t0 = time.perf_counter()
-        p = launch_verify(*args, **kwargs)
+        p = launch_verify(ex, key, *args, **kwargs)
         launched.append(p)
-        per_key[-1][3] = round((time.perf_counter() - t0) * 1e3, 3)
+        row = per_key[row_of[key]]
+        row[3], row[6] = round((time.perf_counter() - t0) * 1e3, 3), len(per_key)
         return p
 
-    def timed_replay(*args, **kwargs):
+    def timed_replay(ex, key, *args, **kwargs):
         t0 = time.perf_counter()
-        out = launch_timing(*args, **kwargs)
-        per_key[-1][4] = round((time.perf_counter() - t0) * 1e3, 3)
+        out = launch_timing(ex, key, *args, **kwargs)
+        row = per_key[row_of[key]]
+        row[4], row[7] = round((time.perf_counter() - t0) * 1e3, 3), len(per_key)
         return out
 
     Executor.capture, pipeline.launch_verify, pipeline.launch_timing = captured, verified, timed_replay
@@ -136,8 +146,8 @@ def main(config_path: str, out_dir: str, result: str | None) -> None:
             "capture_seconds": t["capture_seconds"], "replay_timing": t["replay_timing"],
             "phases": startup.CLOCK.to_json()["phases_seconds"],
             "host_seconds": {k: round(v, 4) for k, v in sorted(seconds.items())}, "calls": dict(counts),
-            "per_key": ["key, verifications queued behind, recording ms, launch verify ms, launch timing ms, pool MB",
-                        *per_key]}
+            "per_key": ["key, verifications queued behind, recording ms, launch verify ms, launch timing ms, pool MB, "
+                        "keys captured at its verification's launch, at its timing's launch", *per_key]}
     print(json.dumps(body, indent=1))
     if result:
         Path(result).write_text(json.dumps(body, indent=1))

@@ -1,45 +1,61 @@
-# Capture's wall against its own work on the device (issue 14), before / after alternating.
+# Capture's wall against its own work on the device (issue 14), trees alternating.
 # From the tree under test, PYTHONPATH=$PWD: OUT=DIR BEFORE=<the base tree> TCACHE=<Triton cache tgz>
 # ROUNDS=N PROFILE=1 IMPORTS=1 RUNS=N bash scripts/capture_wall.sh
-# A first capture of this tree (untimed) compiles what the carried Triton cache lacks and writes the
-# bytecode caches; PROFILE runs scripts/capture_profile.py on both trees (each tree's first start);
-# then ROUNDS x (before, after) captures, each timed by the shell around the process; IMPORTS: one
-# capture under `python -X importtime`; PROBE: scripts/graph_launch_probe.py (what waits for a busy
-# device); RUNS: `trtgraph run --verbose` of one prompt; the Triton
-# cache comes back as $OUT/tcache.tgz, everything else in $OUT/results.tgz (the device returns 8 files).
-# END (seconds, default 600): a step that would not end by then is skipped, said so ("SKIPPED").
-O=/tmp/capture_wall; rm -rf $O; mkdir -p $O; A=$PWD; S=$SECONDS; CFG=examples/llama-3.2-1b-synthetic.yaml; ART=/tmp/b/artifacts
+# A first capture of this tree (untimed) compiles what the carried Triton cache lacks (both trees'
+# bytecode is compiled before it); then the steps of SCHEDULE, in order, each skipped (said so:
+# "SKIPPED") where it would not end by END seconds (default 600):
+#   before:R / after:R / nogc:R  one `trtgraph capture --json` of the BEFORE tree / this tree / this
+#                  tree with the imports' collector left on (startup.defer_gc a no-op), timed by the
+#                  shell around the process (R names the round);
+#   runs           RUNS x `trtgraph run --verbose` of one prompt (this tree, on the last capture);
+#   run_before     one of the BEFORE tree;
+#   profile / profile_before  scripts/capture_profile.py on this tree / the BEFORE tree (in process);
+#   imports        one capture under `python -X importtime`;  probe  scripts/graph_launch_probe.py.
+# Without SCHEDULE: PROFILE (both trees' profiles), ROUNDS x VARIANTS (default "before after"),
+# IMPORTS, PROBE, RUNS, RUN_BEFORE, in that order. The Triton cache comes back as $OUT/tcache.tgz,
+# everything else in $OUT/results.tgz (the device returns 8 files); the captures' table is printed last.
+O=/tmp/capture_wall; rm -rf $O; mkdir -p $O; A=$PWD; S=$SECONDS; CFG=${CFG:-examples/llama-3.2-1b-synthetic.yaml}; ART=/tmp/b/artifacts
+case $CFG in /*) CA=$CFG;; *) CA=$A/$CFG;; esac
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 left() { [ $((SECONDS - S + $1)) -lt ${END:-600} ] || { echo "SKIPPED (time): $2"; return 1; }; }
+if [ -z "$SCHEDULE" ]; then
+  [ -n "$PROFILE" ] && SCHEDULE="profile_before profile"
+  for r in $(seq 1 ${ROUNDS:-0}); do for t in ${VARIANTS:-before after}; do SCHEDULE="$SCHEDULE $t:$r"; done; done
+  [ -n "$IMPORTS" ] && SCHEDULE="$SCHEDULE imports"; [ -n "$PROBE" ] && SCHEDULE="$SCHEDULE probe"
+  SCHEDULE="$SCHEDULE runs"; [ -n "$RUN_BEFORE" ] && SCHEDULE="$SCHEDULE run_before"
+fi
+echo "schedule:$SCHEDULE"
 mkdir -p $ART && { [ -z "$TCACHE" ] || tar xzf $TCACHE -C $ART; } && echo "tcache ok t=$((SECONDS-S))"
+for D in $A $BEFORE; do [ -n "$D" ] && python3 -m compileall -q $D/trtgraph > /dev/null; done; echo "bytecode ok t=$((SECONDS-S))"
 t0=$(ms); python3 -m trtgraph capture --config $CFG --out $ART --json > $O/warm.json 2> $O/warm.err
 echo "warm rc=$? wall_ms=$(( $(ms) - t0 )) t=$((SECONDS-S))"; tail -2 $O/warm.err
-if [ -n "$PROFILE" ]; then
-  left 20 profile && { (cd $BEFORE && PYTHONPATH=$BEFORE python3 $A/scripts/capture_profile.py $A/$CFG $ART $O/prof_before.json > /dev/null 2> $O/prof_before.err); echo "prof before rc=$? t=$((SECONDS-S))"
-  python3 scripts/capture_profile.py $CFG $ART $O/prof_after.json > /dev/null 2> $O/prof_after.err; echo "prof after rc=$? t=$((SECONDS-S))"; }
-fi
+python3 scripts/make_prompts.py --n 1 --in ${PIN:-128} --out ${POUT:-128} > /tmp/one.jsonl
 summary() { python3 -c "
 import json,sys; b=json.load(open(sys.argv[1])); own=b['warmup_seconds']+b['capture_seconds']; p=b['phases']
-print(sys.argv[2], 'wall', sys.argv[3], 'own', round(own,3), 'ratio', round(int(sys.argv[3])/1000/own,3), 'phases', round(p['total_seconds'],3), {k: round(v,3) for k,v in p['phases_seconds'].items()}, 'verify_s', b['replay_timing']['verify_seconds'])" "$@"; }
-for r in $(seq 1 ${ROUNDS:-0}); do
-  for t in before after; do
-    if [ $t = before ]; then D=$BEFORE; else D=$A; fi
-    left 8 "cap $t $r" || continue
-    t0=$(ms); (cd $D && PYTHONPATH=$D python3 -m trtgraph capture --config $CFG --out $ART --json > $O/cap_${t}_$r.json 2> $O/cap_${t}_$r.err)
-    rc=$?; w=$(( $(ms) - t0 )); echo "cap $t $r rc=$rc t=$((SECONDS-S))"; summary $O/cap_${t}_$r.json "$t$r" $w
-  done
+print(sys.argv[2], 'wall', sys.argv[3], 'own', round(own,3), 'ratio', round(int(sys.argv[3])/1000/own,3), 'phases', round(p['total_seconds'],3), {k: round(v,3) for k,v in p['phases_seconds'].items()}, 'verify_s', b['replay_timing']['verify_seconds'], 'held_back', b['replay_timing'].get('keys_held_back'))" "$@" | tee -a $O/table.txt || tail -3 ${1%.json}.err; }
+NOGC="import sys, trtgraph.startup as s; s.defer_gc = lambda: None; from trtgraph.cli import entry; sys.argv[0] = 'trtgraph'; entry()"
+run_one() {  # $1 tree dir, $2 name
+  t0=$(ms); (cd $1 && PYTHONPATH=$1 python3 -m trtgraph run --prompts /tmp/one.jsonl --manifest $ART --output /tmp/one.out --verbose > $O/$2.txt 2>&1)
+  echo "$2 rc=$? wall_ms=$(( $(ms) - t0 )) t=$((SECONDS-S))"; grep -A14 "phases (" $O/$2.txt | grep -v "note:"
+}
+for step in $SCHEDULE; do
+  case $step in
+    before:*|after:*|nogc:*)
+      t=${step%%:*}; r=${step#*:}
+      if [ $t = before ]; then D=$BEFORE; else D=$A; fi
+      if [ $t = nogc ]; then P=(-c "$NOGC"); else P=(-m trtgraph); fi
+      left 8 "cap $t $r" || continue
+      t0=$(ms); (cd $D && PYTHONPATH=$D python3 "${P[@]}" capture --config $CA --out $ART --json > $O/cap_${t}_$r.json 2> $O/cap_${t}_$r.err)
+      rc=$?; w=$(( $(ms) - t0 )); echo "cap $t $r rc=$rc t=$((SECONDS-S))"; summary $O/cap_${t}_$r.json "$t$r" $w ;;
+    runs) for i in $(seq 1 ${RUNS:-0}); do left 6 "run$i" && run_one $A one$i; done ;;
+    run_before) left 6 run_before && run_one $BEFORE one_before ;;
+    profile) left 12 profile && { python3 scripts/capture_profile.py $CA $ART $O/prof_after.json > /dev/null 2> $O/prof_after.err; echo "prof after rc=$? t=$((SECONDS-S))"; } ;;
+    profile_before) left 12 profile_before && { (cd $BEFORE && PYTHONPATH=$BEFORE python3 $A/scripts/capture_profile.py $CA $ART $O/prof_before.json > /dev/null 2> $O/prof_before.err); echo "prof before rc=$? t=$((SECONDS-S))"; } ;;
+    imports) left 10 imports && { python3 -X importtime -m trtgraph capture --config $CFG --out $ART --json > $O/imp_cap.json 2> $O/imp.txt; echo "importtime rc=$? t=$((SECONDS-S))"
+      sort -t'|' -k2 -n -r $O/imp.txt | awk -F'|' '$3 ~ /^ {1,3}[a-zA-Z_]/' | head -25; } ;;
+    probe) left 25 probe && { python3 scripts/graph_launch_probe.py > $O/probe.txt 2>&1; echo "probe rc=$? t=$((SECONDS-S))"; grep "behind a 50 ms" $O/probe.txt; } ;;
+    *) echo "unknown step $step" ;;
+  esac
 done
-if [ -n "$IMPORTS" ]; then
-  python3 -X importtime -m trtgraph capture --config $CFG --out $ART --json > $O/imp_cap.json 2> $O/imp.txt; echo "importtime rc=$? t=$((SECONDS-S))"
-  sort -t'|' -k2 -n -r $O/imp.txt | awk -F'|' '$3 ~ /^ {1,3}[a-zA-Z_]/' | head -25
-fi
-if [ -n "$PROBE" ] && left 25 probe; then
-  python3 scripts/graph_launch_probe.py > $O/probe.txt 2>&1; echo "probe rc=$? t=$((SECONDS-S))"; grep "behind a 50 ms" $O/probe.txt
-fi
-python3 scripts/make_prompts.py --n 1 --in 128 --out 128 > /tmp/one.jsonl
-for i in $(seq 1 ${RUNS:-0}); do
-  left 6 "run$i" || continue
-  t0=$(ms); python3 -m trtgraph run --prompts /tmp/one.jsonl --manifest $ART --output /tmp/one.out --verbose > $O/one$i.txt 2>&1
-  echo "run$i rc=$? wall_ms=$(( $(ms) - t0 )) t=$((SECONDS-S))"; grep -A14 "phases (" $O/one$i.txt
-done
-(cd $ART && tar czf $OUT/tcache.tgz triton-cache); (cd $O && tar czf $OUT/results.tgz .); echo "done t=$((SECONDS-S))"
+(cd $ART && tar czf $OUT/tcache.tgz triton-cache); (cd $O && tar czf $OUT/results.tgz .)
+echo "captures (wall ms, own s, ratio):"; [ -f $O/table.txt ] && awk '{print $1, $3, $5, $7}' $O/table.txt; echo "done t=$((SECONDS-S))"

@@ -165,13 +165,18 @@ def test_verify_key_is_ok_for_every_key_and_seed(captured_executor, key):
             assert ex.runner.replays[key] == before + 1, "verify_key must compare a replay, not two eager runs"
 
 
+@pytest.mark.parametrize("paced", [False, True], ids=["at_once", "held_to_the_end"])
 @pytest.mark.parametrize("inject", ["logit", "context"])
-def test_a_replay_that_differs_from_its_warm_up_reference_fails_the_capture(inject, tmp_path, monkeypatch):
+def test_a_replay_that_differs_from_its_warm_up_reference_fails_the_capture(inject, paced, tmp_path, monkeypatch):
     """The warm-up's eager run of a key is its verification's reference. A difference injected
     there (one logit; or the rows' context blocks swapped for others, so the replay reads a
     context the eager run did not: the KV cache is random-filled, so it differs) stops the
-    capture: exit 2, the key named, no traceback, no manifest."""
-    from trtgraph.compiler import pipeline
+    capture: exit 2, the key named, no traceback, no manifest. Also where the pacer holds every
+    key's verification back until all keys are captured (what CUDA's pacing may do)."""
+    from trtgraph.compiler import pacing, pipeline
+
+    if paced:
+        monkeypatch.setattr(pipeline, "Pacer", lambda ahead_ms: pacing.Pacer(0.0))
 
     real, target = pipeline.eager_reference, max((k for k in DEFAULT_KEYS if not k.is_prefill), key=lambda k: k.batch_size)
 

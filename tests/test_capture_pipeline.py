@@ -135,7 +135,7 @@ def test_a_keys_verification_and_timing_queue_few_ops(monkeypatch):
     from trtgraph.runtime.step.graph_runner import GraphRunner
 
     counter, per_key = _CountOps(), []
-    real_replay, real_launch = GraphRunner.replay, pipeline._launch_verify_and_time
+    real_replay = GraphRunner.replay
 
     def replay(self, *args, **kwargs):
         counter.ops.append("replay")
@@ -145,15 +145,18 @@ def test_a_keys_verification_and_timing_queue_few_ops(monkeypatch):
         finally:
             counter.replaying = False
 
-    def launch(ex, key, index, ref, repeats, least):
-        counter.ops = []
-        with counter:
-            out = real_launch(ex, key, index, ref, repeats, least)
-        per_key.append((str(key), list(counter.ops)))
-        return out
+    def counted(real):  # a key's verification and its timing launches, counted together
+        def launch(ex, key, *args, **kwargs):
+            if not per_key or per_key[-1][0] != str(key):
+                per_key.append((str(key), []))
+            counter.ops = per_key[-1][1]
+            with counter:
+                return real(ex, key, *args, **kwargs)
+        return launch
 
     monkeypatch.setattr(GraphRunner, "replay", replay)
-    monkeypatch.setattr(pipeline, "_launch_verify_and_time", launch)
+    monkeypatch.setattr(pipeline, "launch_verify", counted(pipeline.launch_verify))
+    monkeypatch.setattr(pipeline, "launch_timing", counted(pipeline.launch_timing))
     from trtgraph.config import Config
 
     synthetic = {**Config.default().to_dict()["model"]["synthetic"], "num_hidden_layers": 4}
@@ -164,3 +167,119 @@ def test_a_keys_verification_and_timing_queue_few_ops(monkeypatch):
         assert ops.count("replay") == 3, (key, ops)  # the verification's and 2 timing runs
         assert len(ops) - 3 <= 16, (key, len(ops), ops)
         assert ops.count("index_select") == 1 and ops.count("index_copy_") == 1, (key, ops)
+
+
+# ---- the pacer (compiler/pacing.py): when each key's verification and timing are launched ----
+
+class _Work:
+    """A fake device: each launch is an item with `ready()`, done when the test says so."""
+
+    def __init__(self):
+        self.launched, self.done = [], set()
+
+    def item(self, name):
+        outer = self
+
+        class Item:
+            def ready(self):
+                return name in outer.done
+
+        self.launched.append(name)
+        return Item()
+
+    def key(self, k, verify_ms=30.0, time_ms=30.0):
+        from trtgraph.compiler.pacing import KeyWork
+
+        return KeyWork(k, ord(k), verify=lambda: self.item("V" + k), time=lambda parity: self.item("T" + k),
+                       verify_ms=verify_ms, time_ms=time_ms)
+
+
+def test_unpaced_a_keys_timing_is_launched_right_after_its_verification():
+    """The CPU and tensor parallelism: everything at once, in capture order (every rank the same)."""
+    from trtgraph.compiler.pacing import Pacer
+
+    dev, pacer = _Work(), Pacer(None)
+    assert [t[0] for t in pacer.add(dev.key("a"))] == ["a"]
+    assert [t[0] for t in pacer.add(dev.key("b"))] == ["b"]
+    assert dev.launched == ["Va", "Ta", "Vb", "Tb"] and pacer.pending == 0 and pacer.pump(final=True) == []
+
+
+def test_paced_launches_keep_about_ahead_ms_queued_and_a_timing_waits_for_its_verification():
+    """CUDA: launched while less than ahead_ms of estimated work is not done; a key's timing
+    only once its verification is done, never before an earlier key's; the rest at the end,
+    verifications first."""
+    from trtgraph.compiler.pacing import Pacer
+
+    dev, pacer = _Work(), Pacer(40.0)
+    assert pacer.add(dev.key("a")) == [] and dev.launched == ["Va"]  # its verification not done: no timing
+    assert pacer.add(dev.key("b")) == [] and dev.launched == ["Va", "Vb"]  # 30 ms queued < 40
+    assert pacer.add(dev.key("c")) == [] and dev.launched == ["Va", "Vb"]  # 60 ms queued: c waits
+    dev.done.add("Va")
+    assert [t[0] for t in pacer.pump()] == ["a"] and dev.launched == ["Va", "Vb", "Ta"]  # 30 + 30 queued
+    dev.done |= {"Vb", "Ta"}
+    assert [t[0] for t in pacer.pump()] == ["b"] and dev.launched[3:] == ["Tb", "Vc"]  # Tb: 30 queued, Vc: 60
+    assert pacer.pending == 1 and pacer.held_back == 1
+    assert [t[0] for t in pacer.pump(final=True)] == ["c"] and dev.launched[5:] == ["Tc"]
+    dev2, pacer2 = _Work(), Pacer(0.0)  # nothing has room: everything at the end, verifications first
+    for k in "abc":
+        assert pacer2.add(dev2.key(k)) == []
+    assert [t[0] for t in pacer2.pump(final=True)] == ["a", "b", "c"]
+    assert dev2.launched == ["Va", "Vb", "Vc", "Ta", "Tb", "Tc"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_paced_launches_keep_their_order_and_budget_whatever_the_device_does(seed):
+    """Random device progress (in launch order, as on one stream) and estimates: every key's
+    verification comes before its timing, the timings in capture order, a timing (before the
+    end) only after its verification is done, each launch (before the end) made with less
+    than ahead_ms queued, and every key launched once by the end."""
+    from trtgraph.compiler.pacing import Pacer
+
+    rng = np.random.default_rng(seed)
+    dev, pacer, ahead = _Work(), Pacer(40.0), 40.0
+    est, queued_at_launch = {}, []
+    real_item = dev.item
+
+    def item(name):
+        live = [n for n in dev.launched if n not in dev.done]
+        queued_at_launch.append((name, sum(est[n] for n in live)))
+        return real_item(name)
+
+    dev.item = item
+    keys = [chr(ord("a") + i) for i in range(12)]
+    timed = []
+    for k in keys:
+        v, t = float(rng.uniform(0, 50)), float(rng.uniform(0, 50))
+        est["V" + k], est["T" + k] = v, t
+        timed += [x[0] for x in pacer.add(dev.key(k, v, t))]
+        for _ in range(int(rng.integers(0, 4))):  # the device finishes the oldest launches
+            live = [n for n in dev.launched if n not in dev.done]
+            if live:
+                dev.done.add(live[0])
+        timed += [x[0] for x in pacer.pump()]
+    before_end = len(dev.launched)
+    timed += [x[0] for x in pacer.pump(final=True)]
+    assert timed == keys and sorted(dev.launched) == sorted(["V" + k for k in keys] + ["T" + k for k in keys])
+    for k in keys:
+        assert dev.launched.index("V" + k) < dev.launched.index("T" + k)
+    for name, queued in queued_at_launch[:before_end]:
+        assert queued < ahead, (name, queued)
+
+
+def test_a_capture_whose_launches_are_all_held_to_the_end_verifies_every_key(monkeypatch, tmp_path):
+    """The pacer may hold a key's verification and timing back past many later recordings
+    (CUDA: while the device is behind): with every launch held until all keys are captured,
+    each key is still verified against its own warm-up reference (exact on the static
+    backend) and timed, and the manifest is written."""
+    from trtgraph.compiler import pacing
+    from trtgraph.runtime.step.executor import Executor
+
+    calls, real_capture, real_verify = [], Executor.capture, pipeline.launch_verify
+    monkeypatch.setattr(pipeline, "Pacer", lambda ahead_ms: pacing.Pacer(0.0))
+    monkeypatch.setattr(Executor, "capture", lambda self, key: (calls.append("capture"), real_capture(self, key))[1])
+    monkeypatch.setattr(pipeline, "launch_verify", lambda *a, **k: (calls.append("verify"), real_verify(*a, **k))[1])
+    result = pipeline.capture(tiny_config(), tmp_path / "art")
+    n = len(result.manifest.keys)
+    assert calls == ["capture"] * n + ["verify"] * n
+    assert all(r.tokens_equal and r.max_abs_logit_diff == 0.0 and r.replay_ms > 0 for r in result.manifest.keys)
+    assert result.manifest.totals["replay_timing"]["keys_held_back"] == n

@@ -155,3 +155,49 @@ def test_freeze_heap_on_cuda_only_and_unfrozen_at_exit(monkeypatch):
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+def test_the_programs_imports_run_without_the_collector_and_begin_freezes_them(monkeypatch):
+    """`trtgraph` (cli.entry) imports with the cyclic collector off (it walked torch's objects
+    about 400 times during the import); the first `begin()` freezes what the imports made and
+    turns it back on, with the one exit hook that unfreezes; without `defer_gc` nothing changes
+    (a library's caller keeps its collector)."""
+    import gc
+
+    hooks = []
+    monkeypatch.setattr(startup.atexit, "register", hooks.append)
+    monkeypatch.setattr(startup, "_UNFREEZE_AT_EXIT", [])
+    monkeypatch.setattr(startup, "_GC_DEFERRED", [])
+    monkeypatch.setattr(startup, "CLOCK", startup.StartupClock())
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    startup.resume_gc()
+    startup.begin()
+    assert gc.isenabled() and gc.get_freeze_count() == 0 and hooks == []  # never deferred: left alone
+    try:
+        startup.defer_gc()
+        assert not gc.isenabled()
+        made = [[i] for i in range(1000)]  # what an import makes, kept
+        startup.begin()
+        assert gc.isenabled() and gc.get_freeze_count() > len(made) and hooks == [gc.unfreeze]
+        startup.begin()  # a later engine: nothing more to do
+        startup.freeze_heap(type("D", (), {"type": "cuda"})())
+        assert hooks == [gc.unfreeze]  # one hook for both freezes
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_program_defers_the_collector_until_its_capture_begins(tmp_path):
+    """`python -m trtgraph capture`: the collector is off while it imports and on (the imports'
+    objects frozen) once the capture begins."""
+    code = ("import gc, sys; import trtgraph.startup as s; seen = []; real = s.resume_gc\n"
+            "def resume():\n"
+            "    seen.append((gc.isenabled(), 'torch' in sys.modules)); real(); seen.append((gc.isenabled(), gc.get_freeze_count() > 0))\n"
+            "    print(seen, file=sys.stderr, flush=True)\n"
+            "s.resume_gc = resume\n"
+            "from trtgraph.cli import entry; sys.argv = ['trtgraph', 'capture', '--device', 'cpu', '--out', sys.argv[1]]; entry()")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "art")], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "[(False, True), (True, True)]" in out.stderr

@@ -30,9 +30,11 @@ _PROGRAM = False  # set by entry(): this process is the `trtgraph` program, not 
 def entry():
     """The `trtgraph` program (console script, `python -m trtgraph`). A `run` or `capture` of
     one process that succeeds ends at once after its last output (startup.exit_now): the
-    interpreter's and CUDA's teardown would be seconds no phase measures."""
+    interpreter's and CUDA's teardown would be seconds no phase measures. Its imports run
+    without the cyclic collector (startup.defer_gc; resumed when a capture or engine begins)."""
     global _PROGRAM
     _PROGRAM = True
+    startup.defer_gc()
     main()
 
 

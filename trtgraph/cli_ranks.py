@@ -18,6 +18,7 @@ def on_ranks(world: int, device: str, fn, *args):
     (rank 0's result)."""
     if world == 1:
         return fn(None, *args)
+    startup.resume_gc()  # this process only launches and waits: no capture or engine begins here
     import torch
 
     from .runtime.distributed import launch

@@ -10,8 +10,9 @@
    it, so the replay later reads the same context.
 3. Capture: keys in the order of their warm-up's peak memory, largest first, all into one
    shared pool.
-4. Verify: right after its capture, each key is replayed on its reference's rows and
-   compared with it (on CUDA the device runs this while the host records the next key).
+4. Verify: after its capture (on CUDA once the pacer launches it, 5.), each key is
+   replayed on its reference's rows and compared with it (on CUDA the device runs this
+   while the host records later keys).
 5. Measure: median replay time on padding-only inputs (events in bulk; 2 runs, more where
    they differ by over 3%), queued after the verification; the eager time is the
    reference's run. A key's verification and timing are read once the device has done
@@ -21,7 +22,11 @@
    waits only for work LAG_KEYS keys old (the step inputs' host staging is a ring of
    slots for it: `StepBuffers.stage_slots`). A key's verification queues few small ops
    (its KV blocks of every layer copied out and back in one op each, one upload, a short
-   comparison), so the queue stays below what a stream holds before a launch blocks.
+   comparison), so the queue stays below what a stream holds before a launch blocks. On
+   CUDA (one process) the launches are paced (compiler/pacing.py): about AHEAD_MS of
+   device work queued, the rest held back and launched as the device gets through it, so
+   the long prefill keys' work (first in the order) runs beside later keys' recordings
+   instead of making the host's launches wait.
 6. Manifest: written atomically, only once everything above passed.
 """
 
@@ -51,6 +56,7 @@ from ..runtime.step.kv_cache import kv_bytes_per_block
 from ..runtime.warmup import loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
+from .pacing import AHEAD_MS, KeyWork, Pacer
 from .verify import (LONG_STEP_MS, StepTiming, clear_kv_cache, eager_reference, fill_kv_cache, launch_timing, launch_verify,
                      timing_runs)
 
@@ -129,23 +135,26 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
     with torch.inference_mode():
         t0 = time.perf_counter()
         fill_kv_cache(ex, seed=0)  # the verifications' rows read a random context, not zeros
-        order, warm_keys, refs, runs = _warm_up(ex, plan, progress, tp)
+        order, warm_keys, refs, runs, eager_ms = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
         startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
         stats, records, timings, t1 = {}, [], [], time.perf_counter()
         ex.buffers.stage_slots(4 * LAG_KEYS)
         pending = deque()  # keys launched and not yet read, oldest first
+        pacer = Pacer(AHEAD_MS if ex.device.type == "cuda" and tp.world == 1 else None)
         for i, key in enumerate(order):
             agree(tp, f"graph key {i} and the buffer layout", f"{key}|{layout}")
             stats[key] = _guard(key, "capture", lambda: ex.capture(key))
             progress("capture", key, i + 1, len(order))
             startup.lap("capture")
             # under tensor parallelism no rank may add runs the others do not (their graphs all-reduce)
-            pending.append((_launch_verify_and_time(ex, key, i, refs.pop(key), repeats if tp.world == 1 else runs[key],
-                                                    runs[key]), False))
+            work = _key_work(ex, key, i, refs.pop(key), repeats if tp.world == 1 else runs[key], runs[key],
+                             eager_ms[key])
+            pending.extend((launched, False) for launched in pacer.add(work))
             _read_due(pending, LAG_KEYS, stats, records, timings)
             startup.lap("verify_and_time")
+        pending.extend((launched, False) for launched in pacer.pump(final=True))
         _read_due(pending, 0, stats, records, timings)
         ex.buffers.stage_slots(1)
         clear_kv_cache(ex)
@@ -158,7 +167,8 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                         "kv_cache_bytes": sum(t.numel() * t.element_size() for t in ex.kv_caches)})
     manifest = _manifest(config, ex, records, warmup_seconds)
     manifest.totals["warmup_keys"] = [str(k) for k in warm_keys]
-    manifest.totals["replay_timing"] = {**_timing_summary(timings), "verify_seconds": round(verify_seconds, 3)}
+    manifest.totals["replay_timing"] = {**_timing_summary(timings), "verify_seconds": round(verify_seconds, 3),
+                                        "keys_held_back": pacer.held_back}
     if notes:
         manifest.totals["notes"] = notes
     manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
@@ -198,7 +208,7 @@ def _local_model_config(config: Config, tp: TPGroup):
 
 
 def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
-             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict, dict]:
+             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict, dict, dict]:
     """Run every key eagerly once, on random valid rows (seeded by its place in the warm
     order): the verification's eager reference (`verify.eager_reference`). Returns the
     capture order: largest first (by the memory its eager step peaked at), so later keys
@@ -207,7 +217,9 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
     Triton kernel or kept device memory that no earlier key had (on any rank). Each key's
     reference: its outputs while they fit in REFERENCE_BYTES in all, else only its seed (the
     verification then runs the key eagerly again first). And each key's timing runs to
-    start with (`verify.timing_runs`), from the eager times of every rank, so all replay alike."""
+    start with (`verify.timing_runs`), from the eager times of every rank, so all replay alike;
+    and each key's eager milliseconds (the least of the ranks'; None on the CPU): the pacer's
+    estimate of its replays."""
     warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
     seen, refs, clocks, held = [], {}, [], 0  # seen, per key: (peak bytes, whether a start must warm it)
     for i, key in enumerate(warm):
@@ -224,19 +236,23 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
     ranks = gather(tp, [(*s, c.ms() if cuda else None) for s, c in zip(seen, clocks)])
     peak = {k: max(r[i][0] for r in ranks) for i, k in enumerate(warm)}
     starts = [k for i, k in enumerate(warm) if any(r[i][1] for r in ranks)]
-    runs = {k: timing_runs(k, None if not cuda else min(r[i][2] for r in ranks), k in starts)
-            for i, k in enumerate(warm)}
-    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs, runs
+    eager_ms = {k: min(r[i][2] for r in ranks) if cuda else None for i, k in enumerate(warm)}
+    runs = {k: timing_runs(k, eager_ms[k], k in starts) for k in warm}
+    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs, runs, eager_ms
 
 
-def _launch_verify_and_time(ex: Executor, key: GraphKey, index: int, ref, repeats: int, least: int):
-    """Queue the key's replay against its eager reference (a Reference, or the seed of one to
-    run now), then its replay timing (`least` runs to start with); read by
-    `_read_verify_and_time` (after the next key is captured and launched, on CUDA)."""
+def _key_work(ex: Executor, key: GraphKey, index: int, ref, repeats: int, least: int,
+              eager_ms: float | None) -> KeyWork:
+    """The key's verification (its replay against its eager reference: a Reference, or the
+    seed of one, run eagerly first) and its replay timing (`least` runs to start with), for
+    the pacer to launch; read by `_read_verify_and_time`. Estimated device time: the eager
+    run's (twice for a verification that runs it again), a timing's `least` times it."""
     seed, reference = (ref, None) if isinstance(ref, int) else (ref.seed, ref)
-    parity = _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference))
-    replay = _guard(key, "timing", lambda: launch_timing(ex, key, repeats, least))
-    return key, index, parity, replay
+    ms = eager_ms or 0.0
+    return KeyWork(key, index,
+                   verify=lambda: _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference)),
+                   time=lambda parity: _guard(key, "timing", lambda: launch_timing(ex, key, repeats, least)),
+                   verify_ms=ms if reference is not None else 2 * ms, time_ms=least * ms)
 
 
 def _read_due(pending: deque, lag: int, stats: dict, records: list, timings: list) -> None:
