@@ -22,6 +22,7 @@ from ...models.chat import load_chat_template
 from ...models.parallel import TPGroup
 from ..distributed import StepBroadcast
 from ..step.executor import Executor
+from . import collection
 from .admission import Admission
 from .drafter import NgramDrafter
 from .engine_start import check_built, open_manifest, record
@@ -177,6 +178,18 @@ class Engine:
         request's news: outputs handed back by other consumers first, then refusals, then
         this step's."""
         self._apply_aborts()
+        collection.hold(self)  # the collector runs at this step's safe point below (collection.py)
+        try:
+            outputs = self._step()
+        except BaseException:
+            collection.release(self)
+            raise
+        if not self.has_unfinished():
+            collection.release(self)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
+        """step()'s launches and read (the collector held)."""
         with torch.inference_mode():
             if not self._flight:
                 self._launch_next()
@@ -206,6 +219,7 @@ class Engine:
                         if ahead is not None:
                             self._flight.append(self.launcher.launch(ahead, self.stats))
             self._admit_slice()  # while the device runs what was just launched
+            collection.collect_due(self, safe=len(self._flight) >= 2)  # a step queued behind the one read next
             outputs, self._undelivered = self._undelivered, []
             drew = self._drawn(self._flight.popleft()) if self._flight else []
             while self._flight and all(s.finished for s in self._flight[0].step.seqs):
@@ -269,6 +283,7 @@ class Engine:
         for req in reqs:
             self._queue(req, stream)
         if idle:
+            collection.hold(self)
             # Admit what the first step can take, launch it, and admit the rest in slices while
             # the device runs (every step is the one it would be with all admitted now: _top_up).
             with torch.inference_mode():
@@ -322,6 +337,7 @@ class Engine:
 
     def close(self) -> None:
         """Rank 0: tell the other ranks to stop following."""
+        collection.release(self)
         if self.broadcast is not None:
             self.broadcast.stop()
 

@@ -27,6 +27,7 @@ from .stats import RunStats
 
 EVENT_RING = 6  # CUDA events in turn: up to three steps in flight, and the one before them for the gap
 RESULT_RING = 3  # pinned host result buffers in turn: one per step in flight
+ROW_FIELDS_KEPT = 4096  # distinct requests' sampling fields kept as StepRow keywords (then afresh)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class StepLauncher:
                                for _ in range(EVENT_RING)] if cuda else None
         self._launches = 0
         self._masked = sorted(set(ex.loaded.config.eos_token_ids))  # what min_tokens masks, with the stop ids
+        self._row_fields_of: dict[int, tuple] = {}  # id(RowFacts) -> (it, StepRow keywords): `_row_fields`
 
     def launch(self, step: ScheduledStep, stats: RunStats) -> InFlight:
         """Prepare and enqueue a step, and the non-blocking copies of its results to the host."""
@@ -151,8 +153,7 @@ class StepLauncher:
         """What min_tokens masks: the model's EOS ids and the request's stop ids."""
         return sorted(set(self._masked) | set(seq.request.stop_token_ids))
 
-    @staticmethod
-    def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
+    def _row(self, seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
         """The sequence's row of this step. Its sampling fields do not change while it runs, so
         the row is built once per sequence (and again when its slot changes) and then only its
         tokens, position, block table and `counted` are set: the host packs rows of a full
@@ -167,16 +168,30 @@ class StepLauncher:
         else:
             fed = seq.all_ids[start:end]
         row = seq.step_row
-        if row is None or row.slot != (seq.slot if seq.facts.processors else None):
-            r, s = seq.request, seq.request.sampling
+        facts = seq.facts
+        if row is None or row.slot != (seq.slot if facts.processors else None):
             prompt_len = len(seq.prompt_ids)
             row = seq.step_row = StepRow(
-                token_ids=fed, start_pos=0, block_table=[], temperature=r.temperature, top_k=r.top_k,
-                top_p=r.top_p, seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
-                slot=seq.slot if s.uses_processors else None, prompt_len=prompt_len,
-                eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
-                repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-                frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
+                token_ids=fed, start_pos=0, block_table=[], seed=seq.seed,
+                slot=seq.slot if facts.processors else None, prompt_len=prompt_len,
+                eos_until=prompt_len + facts.min_tokens if facts.min_tokens else 0, **self._row_fields(seq, facts))
         row.token_ids, row.start_pos, row.block_table = fed, seq.num_computed, seq.block_table
         row.counted = seq.num_computed + len(fed) >= len(seq.all_ids)
         return row
+
+    def _row_fields(self, seq: Sequence, facts) -> dict:
+        """A row's sampling fields (StepRow's keywords), read from the request once for every
+        sequence that shares its RowFacts (admission hands the same one to requests whose
+        sampling fields are equal but for the seed)."""
+        kept = self._row_fields_of.get(id(facts))
+        if kept is not None and kept[0] is facts:
+            return kept[1]
+        r, s = seq.request, seq.request.sampling
+        fields = dict(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=s.min_p,
+                      processors=facts.processors, repetition_penalty=s.repetition_penalty,
+                      presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                      logprobs=facts.logprobs)
+        if len(self._row_fields_of) >= ROW_FIELDS_KEPT:
+            self._row_fields_of.clear()
+        self._row_fields_of[id(facts)] = (facts, fields)
+        return fields

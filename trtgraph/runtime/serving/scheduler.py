@@ -294,8 +294,12 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         self.waiting.insert(pos, seq)
 
     def _insert_running(self, seq: Sequence) -> None:
-        pos = next((i for i, r in enumerate(self.running) if r.arrival > seq.arrival), len(self.running))
-        self.running.insert(pos, seq)
+        running = self.running
+        if not running or running[-1].arrival < seq.arrival:  # the newest (admission in order): at the end
+            running.append(seq)
+            return
+        pos = next((i for i, r in enumerate(running) if r.arrival > seq.arrival), len(running))
+        running.insert(pos, seq)
 
     def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
         """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the
