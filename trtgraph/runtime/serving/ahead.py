@@ -221,9 +221,9 @@ class LaunchAhead:
                 return False
         if all(seq.finished or seq.retired for seq in step.seqs):
             return False  # nothing left to retire (called twice)
-        for seq in step.seqs:
-            if not seq.finished and not seq.retired:
-                self._release(seq)
-                seq.retired = True
-                self._retired.add(seq)
+        rows = [seq for seq in step.seqs if not seq.finished and not seq.retired]
+        self._release_all(rows)
+        for seq in rows:
+            seq.retired = True
+            self._retired.add(seq)
         return True

@@ -333,10 +333,20 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         self._release(seq)
 
     def _release(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.allocator.free(seq.block_table)
-        self.free_slots.append(seq.slot)
-        seq.block_table, seq.slot = [], None
+        self._release_all([seq])
+
+    def _release_all(self, seqs: list[Sequence]) -> None:
+        """Free the blocks and slots of running `seqs` (a wave's rows at once: one pass over the
+        running list, one call to the allocator)."""
+        gone = {id(s) for s in seqs}
+        left = [s for s in self.running if id(s) not in gone]
+        if len(self.running) - len(left) != len(seqs):
+            raise ValueError("releasing a sequence that is not running")
+        self.running[:] = left
+        self.allocator.free([b for s in seqs for b in s.block_table])
+        for seq in seqs:
+            self.free_slots.append(seq.slot)
+            seq.block_table, seq.slot = [], None
 
     def abort(self, request: Request) -> None:
         """Stop every unfinished sequence of `request` (with n > 1, each completion): running
