@@ -37,12 +37,13 @@ def _requests(engine: Engine, n: int) -> list[dict]:
 
 
 def test_the_collector_runs_at_the_engines_safe_point_only_while_it_serves(engine):
-    seen = []  # (automatic collection on, steps in flight) at each collection's start
+    seen = []  # (automatic collection on, steps in flight, a prefill among them, generation) at each start
     launches = []  # automatic collection on at each launch
 
     def watch(when, info):
         if when == "start":
-            seen.append((gc.isenabled(), len(engine._flight)))
+            seen.append((gc.isenabled(), len(engine._flight), any(f.step.is_prefill for f in engine._flight),
+                         info["generation"]))
 
     launch = StepLauncher.launch
 
@@ -65,7 +66,8 @@ def test_the_collector_runs_at_the_engines_safe_point_only_while_it_serves(engin
     assert launches and not any(launches), "the automatic collector was on while the engine served"
     during = [s for s in seen if not s[0]]
     assert during, seen  # collections were made during the run ...
-    assert all(flight >= 2 for _, flight in during), during  # ... each with a step queued behind the next read
+    # ... each with a step queued behind the one read next; an older generation with two, or a prefill
+    assert all(flight >= 2 and (gen == 0 or flight >= 3 or prefill) for _, flight, prefill, gen in during), during
     assert gc.isenabled() and not collection.held(engine)  # idle: back on
 
 
@@ -126,3 +128,41 @@ def test_refusals_by_sampling_fields_hold_for_every_request_that_has_them(greedy
     results = {r.id: r for r in eng.generate(reqs)}
     assert all(results[f"r{i}"].finish_reason == "error" and "greedy" in results[f"r{i}"].error for i in range(3))
     assert results["ok"].finish_reason == "length" and len(results["ok"].token_ids) == 3
+
+
+def test_a_waves_last_step_and_the_next_waves_first_go_three_ahead(engine):
+    """Rows that all reach max_tokens together while requests wait: the wave's last step and
+    the next wave's first step are launched before the host reads the step two before the last
+    (the first step's forming hides behind two steps of device time), with the tokens of the
+    eager oracle's schedule (every request's max_tokens, the oracle's greedy tokens)."""
+    rows = engine.scheduler.plan.max_batch_size
+    log: list[tuple[str, int, object]] = []
+    launch, wait = StepLauncher.launch, StepLauncher.wait
+
+    def launched(launcher, step, stats):
+        log.append(("launch", len(log), step))
+        return launch(launcher, step, stats)
+
+    def waited(launcher, f, stats):
+        log.append(("wait", len(log), f.step))
+        return wait(launcher, f, stats)
+
+    reqs = [{"id": f"w{i}", "prompt_token_ids": [(5 * i + j) % 300 + 3 for j in range(12)], "max_tokens": 7,
+             "ignore_eos": True} for i in range(3 * rows)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StepLauncher, "launch", launched)
+        mp.setattr(StepLauncher, "wait", waited)
+        results = {r.id: r for r in engine.generate(reqs)}
+    assert all(len(results[r["id"]].token_ids) == 7 for r in reqs)
+    launches = [s for what, _, s in log if what == "launch"]
+    at = {(what, id(s)): i for what, i, s in log}
+    firsts = [i for i, s in enumerate(launches) if s.is_prefill and i and not launches[i - 1].is_prefill]
+    assert len(firsts) == 2, [(s.key, len(s.seqs)) for s in launches]
+    for i in firsts:
+        assert launches[i - 1].repeats and launches[i - 2].repeats
+        assert at[("launch", id(launches[i]))] < at[("wait", id(launches[i - 3]))], i
+    import oracle
+
+    ex = engine.executor
+    for r in reqs[::rows // 2]:
+        assert results[r["id"]].token_ids == oracle.generate(ex.loaded, r["prompt_token_ids"], 7), r["id"]

@@ -8,7 +8,8 @@ formed while the device runs the last ones; a collection there (hundreds of µs 
 generation, milliseconds for the middle one) delays that launch and the device idles. While an
 engine has unfinished work the automatic collector is off and the engine collects at its safe
 point instead (`collect_due`: after the next step was launched, while at least one more step
-is queued behind the one it waits for), the generation CPython's thresholds call for. The oldest
+is queued behind the one it waits for; two, or a prefill, for the older generations), the
+generation CPython's thresholds call for. The oldest
 generation is left to the automatic collector once no engine is serving (its own heuristic
 skips most of them), or collected here only when its count runs far past its threshold, so a
 server that never idles still frees old cycles.
@@ -62,18 +63,24 @@ def held(owner: object) -> bool:
     return id(owner) in _holders
 
 
-def collect_due(owner: object, safe: bool) -> int | None:
-    """At the engine's step: make the collection CPython's thresholds call for, when `safe` (the
-    device has a step queued behind the one the host waits for next), or without it once the
-    young count ran FORCED times past its threshold. The generation collected, or None."""
+def collect_due(owner: object, queued: int, long: bool = False) -> int | None:
+    """At the engine's step, before it waits for the oldest of the `queued` steps in flight:
+    make the collection CPython's thresholds call for where the device has work to hide it
+    behind — the young generation with a step queued behind the one waited for (queued >= 2),
+    an older one (milliseconds) with two queued or a prefill step in flight (`long`) — or
+    without that once the young count ran FORCED times past its threshold. The generation
+    collected, or None (the counts keep growing until a safe point)."""
     if id(owner) not in _holders:
         return None
     c0, c1, c2 = gc.get_count()
     t0, t1, t2 = gc.get_threshold()
-    if t0 <= 0 or c0 <= t0 or not (safe or c0 > FORCED * t0):
+    if t0 <= 0 or c0 <= t0:
         return None
+    forced = c0 > FORCED * t0
     gen = 0
     if c1 > t1:  # (a collection of a generation counts one for the next: gc.collect does too)
         gen = 2 if c2 > OLDEST_SLACK * t2 else 1
+    if not forced and (queued < 2 or (gen and queued < 3 and not long)):
+        return None
     gc.collect(gen)
     return gen

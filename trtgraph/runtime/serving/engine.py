@@ -211,6 +211,14 @@ class Engine:
                             # Every row ends with that step: the next wave's first step goes now
                             # too, so the device runs it right after, whatever the host does then.
                             self._launch_next()
+                        elif (self._pending or self.scheduler.waiting) and self.scheduler.wave_ends_next(ahead):
+                            # Every row ends with the step after: it goes now, and the next wave's
+                            # first step behind it (three ahead: its forming hides behind two steps).
+                            last = self.scheduler.extend_decode(ahead, unread=2)
+                            if last is not None:
+                                self._flight.append(self.launcher.launch(last, self.stats))
+                                if self.scheduler.retire_ahead(last, ahead=2):
+                                    self._launch_next()
                     elif self.pipeline_changes:
                         # The rows change (some finish, requests are admitted, prompts go on in
                         # chunks): the step the scheduler would form after this one is read,
@@ -219,7 +227,7 @@ class Engine:
                         if ahead is not None:
                             self._flight.append(self.launcher.launch(ahead, self.stats))
             self._admit_slice()  # while the device runs what was just launched
-            collection.collect_due(self, safe=len(self._flight) >= 2)  # a step queued behind the one read next
+            collection.collect_due(self, len(self._flight), any(f.step.is_prefill for f in self._flight))
             outputs, self._undelivered = self._undelivered, []
             drew = self._drawn(self._flight.popleft()) if self._flight else []
             while self._flight and all(s.finished for s in self._flight[0].step.seqs):
@@ -279,11 +287,11 @@ class Engine:
             first[r.id] = i
         idle = not self.has_unfinished()
         if idle:
+            collection.hold(self)  # (before the run's clock: queueing allocates too)
             self.start_run(gpu_timing)
         for req in reqs:
             self._queue(req, stream)
         if idle:
-            collection.hold(self)
             # Admit what the first step can take, launch it, and admit the rest in slices while
             # the device runs (every step is the one it would be with all admitted now: _top_up).
             with torch.inference_mode():

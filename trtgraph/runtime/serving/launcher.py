@@ -17,6 +17,7 @@ device: one CUDA event per step, from a ring made once (no event is created per 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -25,8 +26,8 @@ from ..step.executor import Executor, StepRow
 from .scheduler import ScheduledStep, Sequence
 from .stats import RunStats
 
-EVENT_RING = 6  # CUDA events in turn: up to three steps in flight, and the one before them for the gap
-RESULT_RING = 3  # pinned host result buffers in turn: one per step in flight
+EVENT_RING = 6  # CUDA events in turn: up to four steps in flight, and the one before them for the gap
+RESULT_RING = 4  # pinned host result buffers in turn: one per step in flight (up to four: a wave's end)
 ROW_FIELDS_KEPT = 4096  # distinct requests' sampling fields kept as StepRow keywords (then afresh)
 
 
@@ -138,8 +139,14 @@ class StepLauncher:
         for seq in step.seqs if step.is_prefill else ():  # entering its slot: its tables replace the last occupant's
             if seq.num_computed == 0 and seq.facts.processors:
                 ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq))
-        drafts = step.drafts or [None] * len(step.seqs)
-        rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
+        if step.is_prefill:  # every row's chunk read in one pass: one array, a view per row
+            ends = np.cumsum(step.num_new).tolist()
+            flat = np.fromiter(chain.from_iterable(s.all_ids[s.num_computed:s.num_computed + n]
+                                                   for s, n in zip(step.seqs, step.num_new)), np.int64, ends[-1])
+            rows = [self._row(seq, n, fed=flat[e - n:e]) for seq, n, e in zip(step.seqs, step.num_new, ends)]
+        else:
+            drafts = step.drafts or [None] * len(step.seqs)
+            rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
         for r, _ in step.gather:  # its token is the prefill's, not appended yet: gathered on the device
             row, seq = rows[r], step.seqs[r]
             row.token_ids, row.start_pos, row.counted = [0], len(seq.all_ids), True
@@ -153,20 +160,18 @@ class StepLauncher:
         """What min_tokens masks: the model's EOS ids and the request's stop ids."""
         return sorted(set(self._masked) | set(seq.request.stop_token_ids))
 
-    def _row(self, seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
+    def _row(self, seq: Sequence, n: int, drafts: list[int] | None = None, fed=None) -> StepRow:
         """The sequence's row of this step. Its sampling fields do not change while it runs, so
         the row is built once per sequence (and again when its slot changes) and then only its
         tokens, position, block table and `counted` are set: the host packs rows of a full
-        step without re-reading every request's sampling parameters."""
-        start, end = seq.num_computed, seq.num_computed + n
-        if drafts is not None:
+        step without re-reading every request's sampling parameters. fed: the n tokens it feeds,
+        where the caller has them (a prefill step's chunks, read at once)."""
+        if fed is not None:
+            pass
+        elif drafts is not None:
             fed = [seq.all_ids[-1]] + drafts
-        elif n > 1 and end <= len(seq.prompt_ids):  # a prompt chunk: a slice of the prompt's array, no copy
-            if seq.prompt_array is None:
-                seq.prompt_array = np.asarray(seq.prompt_ids, dtype=np.int64)
-            fed = seq.prompt_array[start:end]
         else:
-            fed = seq.all_ids[start:end]
+            fed = seq.all_ids[seq.num_computed:seq.num_computed + n]
         row = seq.step_row
         facts = seq.facts
         if row is None or row.slot != (seq.slot if facts.processors else None):

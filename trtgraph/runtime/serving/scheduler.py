@@ -57,7 +57,6 @@ class Sequence:
     slot: int | None = None  # the device state slot while running (runtime/step/buffers.py)
     logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
     step_row: object = field(default=None, repr=False)  # its StepRow, reused step to step (launcher.py)
-    prompt_array: object = field(default=None, repr=False)  # prompt_ids as int64 numpy, for prefill chunks (launcher.py)
     retired: bool = False  # its blocks and slot were freed before its last token was read (retire_ahead)
     _facts: RowFacts | None = field(default=None, repr=False)
 
@@ -337,14 +336,14 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
 
     def _release_all(self, seqs: list[Sequence]) -> None:
         """Free the blocks and slots of running `seqs` (a wave's rows at once: one pass over the
-        running list, one call to the allocator)."""
+        running list; the blocks freed sequence by sequence, in order, as one at a time would)."""
         gone = {id(s) for s in seqs}
         left = [s for s in self.running if id(s) not in gone]
         if len(self.running) - len(left) != len(seqs):
             raise ValueError("releasing a sequence that is not running")
         self.running[:] = left
-        self.allocator.free([b for s in seqs for b in s.block_table])
         for seq in seqs:
+            self.allocator.free(seq.block_table)
             self.free_slots.append(seq.slot)
             seq.block_table, seq.slot = [], None
 
