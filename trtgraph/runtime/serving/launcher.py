@@ -62,7 +62,7 @@ class StepLauncher:
                                     for k in ("logprob_values", "logprob_ids")) for _ in range(RESULT_RING)]
         self._turn = 0
         # CUDA events made once and used in turn: `done` per step, (begin, end) with timing. A
-        # step's events are re-recorded EVENT_RING launches later; at most three steps are in
+        # step's events are re-recorded EVENT_RING launches later; at most four steps are in
         # flight and the gap before a step is read from the step before it (scripts/host_step.py).
         cuda = ex.device.type == "cuda"
         self._done_events = [torch.cuda.Event() for _ in range(EVENT_RING)] if cuda else None
