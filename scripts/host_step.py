@@ -34,6 +34,7 @@ them (Engine.pipeline_changes False: the A/B of Scheduler.form_ahead).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import tempfile
 import time
@@ -125,23 +126,84 @@ def cpu(rows: int, prompt: int, out: int, repeats: int) -> None:
     report(best, "the tiny model on the CPU; not host work")
 
 
+TRACED = ((Engine, "_admit", "admit"), (Scheduler, "schedule", "schedule"), (Scheduler, "form_ahead", "form ahead"),
+          (Scheduler, "extend_decode", "extend"), (Scheduler, "retire_ahead", "retire"),
+          (StepLauncher, "_prepare", "prepare"), (StepLauncher, "wait", "wait"), (Scheduler, "postprocess", "postprocess"),
+          (Engine, "_news", "news"))
+
+
+def host_trace(log: list, mp):
+    """Stamp (phase, perf_counter_ns at its start, at its end) into `log` for the host phases
+    between launches (TRACED; outermost calls only) and for every collection of Python's
+    garbage collector ("gc N": its generation). Returns the collector's callback (for the
+    caller to remove from gc.callbacks)."""
+    depth = [0]
+
+    def wrap(fn, phase):
+        def traced(*args, **kwargs):
+            depth[0] += 1
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    log.append((phase, t0, time.perf_counter_ns()))
+        return traced
+
+    for cls, name, phase in TRACED:
+        if hasattr(cls, name):
+            mp.setattr(cls, name, wrap(getattr(cls, name), phase))
+    began = []
+
+    def collected(when, info):
+        if when == "start":
+            began[:] = [time.perf_counter_ns()]
+        elif began:
+            log.append((f"gc {info['generation']}", began[0], time.perf_counter_ns()))
+
+    gc.callbacks.append(collected)
+    return collected
+
+
+def host_between(log: list, a: int, b: int) -> str:
+    """The host's time from a to b (perf_counter_ns) by traced phase: 'phase calls x ms'."""
+    per: dict[str, list] = defaultdict(lambda: [0, 0])
+    for phase, t0, t1 in log:
+        if a <= t0 and t1 <= b:
+            per[phase][0] += 1
+            per[phase][1] += t1 - t0
+    traced = sum(v[1] for v in per.values())
+    return ", ".join(f"{k} {n} x {ns / 1e6:.3f} ms" for k, (n, ns) in sorted(per.items(), key=lambda kv: -kv[1][1])) \
+        + f", untraced {(b - a - traced) / 1e6:.3f} ms"
+
+
 def gaps(engine: Engine, prompts: list[dict], transitions: bool = False) -> None:
     """The GPU's idle time between consecutive steps (end event of one, begin event of the
     next), by the kind of the step that waited (transitions: by the kind of the step before it
     and its own): the timeline of where the device waits. Read when each step is waited for (the
     launcher's events are a ring reused a few launches later)."""
+    import pytest
+
     per: dict[str, list[float]] = defaultdict(list)
     wait, launch, start_run = StepLauncher.wait, StepLauncher.launch, Engine.start_run
     last_end = []  # the end event of the step waited for before
     host = {}  # perf_counter: the run's start, the first launch's return, the last wait's return
+    log: list = []  # host_trace's stamps
+    returns: dict[int, int] = {}  # id(step) -> perf_counter_ns when its launch returned
+    order: list = []  # the launched steps, in launch order
+    waits: dict[int, float] = {}  # id(step) -> the device's idle before it (µs)
 
     def started(eng, *args, **kwargs):
         host.clear()
         start_run(eng, *args, **kwargs)
         host["start"] = eng._run_start
+        host["start_ns"] = time.perf_counter_ns()
 
     def launched(self, step, stats):
         f = launch(self, step, stats)
+        returns[id(step)] = time.perf_counter_ns()
+        order.append(step)
         host.setdefault("first", time.perf_counter())
         return f
 
@@ -151,26 +213,44 @@ def gaps(engine: Engine, prompts: list[dict], transitions: bool = False) -> None
         kind = "fast" if f.step.repeats else ("prefill" if f.step.is_prefill else "full decode")
         kind += " (gathered)" if getattr(f.step, "gather", None) else ""
         kind += " (verify)" if f.step.drafts is not None else ""
-        if last_end:
+        if last_end and f.events:
             per[f"{last_end[1]} -> {kind}" if transitions else kind].append(
                 1e3 * last_end[0].elapsed_time(f.events[0]))
-        last_end[:] = [f.events[1], kind]
+            waits[id(f.step)] = per[f"{last_end[1]} -> {kind}" if transitions else kind][-1]
+        last_end[:] = [f.events[1] if f.events else None, kind]
         return out
 
-    StepLauncher.wait, StepLauncher.launch, Engine.start_run = recorded, launched, started
-    try:
-        list(engine.generate(prompts, gpu_timing=True))
-    finally:
-        StepLauncher.wait, StepLauncher.launch, Engine.start_run = wait, launch, start_run
+    with pytest.MonkeyPatch.context() as mp:
+        collected = host_trace(log, mp)  # (first, so that the launch and wait stamps below are outside it)
+        mp.setattr(StepLauncher, "wait", recorded)
+        mp.setattr(StepLauncher, "launch", launched)
+        mp.setattr(Engine, "start_run", started)
+        try:
+            list(engine.generate(prompts, gpu_timing=True))
+        finally:
+            gc.callbacks.remove(collected)
     st = engine.stats
     inside = sum(sum(v) for v in per.values()) / 1e6
-    print(f"GPU idle before each step, by kind (µs): "
-          + "; ".join(f"{k}: {len(v)} steps, mean {sum(v) / len(v):.1f}, max {max(v):.1f}, total {sum(v) / 1e3:.2f} ms"
-                      for k, v in sorted(per.items()))
-          + f"; before the first and after the last step (admission, the last results): "
-            f"{1e3 * (st.seconds - st.gpu_busy_seconds - inside):.2f} ms of {1e3 * st.seconds:.1f} ms "
-          f"(host clock: run start to the first launch's return {1e3 * (host['first'] - host['start']):.2f} ms, "
-          f"the last wait's return to the run's end {1e3 * (host['start'] + st.seconds - host['last']):.2f} ms)")
+    if st.gpu_busy_seconds is not None:  # (CUDA: events around each step)
+        print(f"GPU idle before each step, by kind (µs): "
+              + "; ".join(f"{k}: {len(v)} steps, mean {sum(v) / len(v):.1f}, max {max(v):.1f}, total {sum(v) / 1e3:.2f} ms"
+                          for k, v in sorted(per.items()))
+              + f"; before the first and after the last step (admission, the last results): "
+                f"{1e3 * (st.seconds - st.gpu_busy_seconds - inside):.2f} ms of {1e3 * st.seconds:.1f} ms "
+              f"(host clock: run start to the first launch's return {1e3 * (host['first'] - host['start']):.2f} ms, "
+              f"the last wait's return to the run's end {1e3 * (host['start'] + st.seconds - host['last']):.2f} ms)")
+    if transitions or not order:
+        return
+    # The host timeline where the device waits: from the run's start to the first launch's
+    # return, and for each prefill step, from the return of the launch before it to its own.
+    print(f"host timeline, run start -> first launch return: {host_between(log, host['start_ns'], returns[id(order[0])])}")
+    for i, step in enumerate(order[1:], start=1):
+        if step.is_prefill:
+            a, b = returns[id(order[i - 1])], returns[id(step)]
+            print(f"host timeline, prefill step {i} (device idle before it {waits.get(id(step), float('nan')):.1f} µs;"
+                  f" {(b - a) / 1e3:.0f} µs after the launch of step {i - 1}): {host_between(log, a, b)}")
+    gcs = [(p, (t1 - t0) / 1e3) for p, t0, t1 in log if p.startswith("gc")]
+    print(f"collections during the run: {len(gcs)}, " + ", ".join(f"{p}: {us:.0f} µs" for p, us in gcs))
 
 
 CLOCK = time.thread_time_ns  # the host's clock for --timeline: this thread's CPU time (robust to a shared CPU)

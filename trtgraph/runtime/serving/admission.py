@@ -6,13 +6,27 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from ...errors import PromptError
 from ...limits import MAX_STOP_IDS
+from .outcomes import RowFacts
 from .requests import Request, Result, resolve_sampling_defaults
+from .sampling_params import SAMPLING_FIELDS, SamplingParams
 from .scheduler import Sequence
 
 RESOLVED_CACHE = 4096  # distinct sampling fields kept resolved (then the cache starts afresh)
+_BUT_SEED = attrgetter(*(f for f in SAMPLING_FIELDS if f != "seed"))  # a request's sampling fields but its seed
+
+
+@dataclass
+class _Resolved:
+    """What admission derives from a request's sampling fields alone (its seed aside), kept for
+    the requests that share them: resolving costs tens of µs, and requests mostly differ only
+    in their prompts and seeds."""
+    sampling: SamplingParams  # resolved with the model's defaults (the seed of the first request seen)
+    facts: RowFacts  # what every step reads of a request with these fields (Sequence.facts)
+    refusals: dict = field(default_factory=dict)  # speculative -> why these fields cannot be served, or None
 
 
 @dataclass
@@ -25,34 +39,46 @@ class Admission:
     max_seq_len: int
     has_sampled: bool  # the manifest holds sampled keys
     tensor_parallel: bool
-    # SamplingParams as sent -> resolved with the model's defaults: requests mostly share their
-    # sampling fields, and resolving (a validated copy) costs more than the rest of admission
+    # a request's sampling fields but its seed -> _Resolved: requests mostly share them, and
+    # resolving (a validated copy) costs more than the rest of admission
     _resolved: dict = field(default_factory=dict, repr=False)
 
     def admit(self, req: Request, arrival: float, speculative: bool) -> Sequence | Result:
         """A Sequence, or an error Result when no recorded key can serve the request. Sampling
         fields the request left out take the model's generation_config.json defaults.
         speculative: whether a drafter proposes tokens now."""
-        req = self._resolve(req)
+        req, known = self._resolve(req)
         ids, fail = self._prompt_ids(req)
         if fail is None:
-            fail = self._refusal(req, ids, speculative)
+            fail = self._refusal(req, ids, speculative, known)
         if fail:
             return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
-        return Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
+        seq = Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
+        if known is not None:
+            seq._facts = known.facts  # (shared: RowFacts is frozen)
+        return seq
 
-    def _resolve(self, req: Request) -> Request:
-        """resolve_sampling_defaults(req, generation), its resolved sampling fields kept by value."""
+    def _resolve(self, req: Request) -> tuple[Request, _Resolved | None]:
+        """resolve_sampling_defaults(req, generation), with what its sampling fields imply (None
+        where they do not hash), kept by their values but the seed: the request's own seed is
+        put into the kept resolved fields (a copy; nothing to validate again)."""
         try:
-            sampling = self._resolved.get(req.sampling)
+            key = _BUT_SEED(req.sampling)
+            known = self._resolved.get(key)
         except TypeError:  # a field that does not hash (never from parse_request): resolve it each time
-            return resolve_sampling_defaults(req, self.generation)
-        if sampling is None:
+            return resolve_sampling_defaults(req, self.generation), None
+        if known is None:
             if len(self._resolved) >= RESOLVED_CACHE:
                 self._resolved.clear()
-            sampling = self._resolved[req.sampling] = resolve_sampling_defaults(req, self.generation).sampling
-        return req.with_sampling(sampling)
+            resolved = resolve_sampling_defaults(req, self.generation)
+            known = self._resolved[key] = _Resolved(resolved.sampling, RowFacts.of(resolved))
+            return resolved, known
+        sampling = known.sampling
+        if sampling.seed != req.sampling.seed:
+            sampling = object.__new__(SamplingParams)  # the kept fields with this request's seed
+            sampling.__dict__.update(known.sampling.__dict__, seed=req.sampling.seed)
+        return req.with_sampling(sampling), known
 
     def _sampling_refusal(self, req: Request, speculative: bool) -> str | None:
         """Why this engine cannot serve the request's sampling fields exactly, or None."""
@@ -70,16 +96,27 @@ class Admission:
             return f"logit_bias token id {bad[0]} is outside the vocabulary (size {cfg.vocab_size})"
         return None
 
-    def _refusal(self, req: Request, ids: list[int], speculative: bool) -> str | None:
-        """Why no recorded key can serve this prompt, or None."""
+    def _refusal(self, req: Request, ids: list[int], speculative: bool, known: _Resolved | None = None) -> str | None:
+        """Why no recorded key can serve this prompt, or None. known: what its sampling fields
+        imply (their refusal is looked up once per distinct fields)."""
         cfg = self.model_config
         if not ids:
             return "the prompt encodes to no tokens"
-        if max(ids) >= cfg.vocab_size:
-            return f"prompt token id {max(ids)} is outside the vocabulary (size {cfg.vocab_size})"
-        if len(ids) + req.max_tokens > self.max_seq_len:
-            return (f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) = {len(ids) + req.max_tokens} "
+        top = max(ids)
+        if top >= cfg.vocab_size:
+            return f"prompt token id {top} is outside the vocabulary (size {cfg.vocab_size})"
+        max_tokens = req.max_tokens if known is None else known.facts.max_tokens
+        if len(ids) + max_tokens > self.max_seq_len:
+            return (f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
                     f"exceeds the manifest's limits.max_seq_len ({self.max_seq_len})")
+        if known is None:
+            return self._fields_refusal(req, speculative)
+        if speculative not in known.refusals:
+            known.refusals[speculative] = self._fields_refusal(req, speculative)
+        return known.refusals[speculative]
+
+    def _fields_refusal(self, req: Request, speculative: bool) -> str | None:
+        """Why no recorded key can serve the request's sampling fields, or None."""
         if not req.is_greedy and not self.has_sampled:
             return ("temperature > 0, a logits processor or logprobs need sampled graphs, but this manifest "
                     "holds only greedy keys; recapture with buckets.sampling: [greedy, sampled], or send "

@@ -34,19 +34,21 @@ class LaunchAhead:
     """The scheduler's launched-ahead steps (mixed into `Scheduler`: its queues, allocator,
     fast-path state and step forming)."""
 
-    def extend_decode(self, step: ScheduledStep) -> ScheduledStep | None:
+    def extend_decode(self, step: ScheduledStep, unread: int = 1) -> ScheduledStep | None:
         """The same generation step again, to launch before `step`'s tokens are read back, when
         it can be (the rows are every running sequence, nothing waits, no preemption is needed):
         each row's block for that next token is reserved, and the step repeats `step` (the fast
         path). A row that finishes in `step` wastes its slot in the next one; its blocks are
-        freed when it finishes. None when it cannot be."""
+        freed when it finishes. None when it cannot be. unread: the steps launched and not read
+        whose tokens the rows draw before the new one (2: `step` was itself launched ahead of
+        the step before it; `wave_ends_next`)."""
         admissible = self.waiting and len(self.running) < self.plan.max_batch_size
         if step.is_prefill and self.fast_path and not admissible:
             return self._decode_after_prefill(step)
         if not self.fast_path or step.is_prefill or step.drafts is not None or admissible \
                 or step.seqs != self.running:
             return None
-        need = [blocks_for_tokens(s.num_computed + 2, self.block_size) - len(s.block_table) for s in step.seqs]
+        need = [blocks_for_tokens(s.num_computed + 1 + unread, self.block_size) - len(s.block_table) for s in step.seqs]
         if sum(n for n in need if n > 0) > self.allocator.num_free:
             return None
         if self.drafter is not None and not self._plain_next(step.seqs):
@@ -56,9 +58,32 @@ class LaunchAhead:
                 seq.block_table += self.allocator.allocate(n)
         from .scheduler import ScheduledStep  # (scheduler.py imports this module)
 
-        ahead = self._handed_out(ScheduledStep(step.key, list(step.seqs), list(step.num_new)), ahead=1)
+        ahead = self._handed_out(ScheduledStep(step.key, list(step.seqs), list(step.num_new)), ahead=unread)
         assert ahead.repeats, "a step launched ahead repeats the one before it"
         return ahead
+
+    def wave_ends_next(self, step: ScheduledStep) -> bool:
+        """`step` was launched ahead of the step before it (neither read) and every row of it
+        ends with the step after it (its max_tokens-th token): where requests wait, the engine
+        launches that last step and the next wave's first step now, three steps ahead of the
+        read, so that forming the wave's first step (admission, blocks, packing the prompt
+        chunks) has two steps of device time to hide behind. Not with a drafter (speculation
+        plans its steps from the tokens read)."""
+        return self.drafter is None and self.fast_path and self._all_end(step, 2)
+
+    def _all_end(self, step: ScheduledStep, ahead: int) -> bool:
+        """Whether every row of `step` not finished or retired draws its max_tokens-th token
+        there, `ahead` tokens drawn before it not appended yet (and some row is left)."""
+        left = False
+        for seq, n in zip(step.seqs, step.num_new):
+            if seq.finished or seq.retired:
+                continue
+            left = True
+            draws = seq.num_computed + n >= len(seq.all_ids)
+            if (not draws or seq.request.n > 1  # (n > 1: the first token forks from the parent's blocks)
+                    or len(seq.all_ids) - len(seq.prompt_ids) + ahead + 1 < seq.request.max_tokens):
+                return False
+        return left
 
     def _plain_next(self, rows: list[Sequence]) -> bool:
         """Whether the step after one over `rows` is a plain step, to launch ahead: the batch
@@ -212,18 +237,11 @@ class LaunchAhead:
         launched ahead of the step before it, whose tokens are not read either)."""
         if step.drafts is not None or not self.fast_path:  # (tensor parallelism: no step launched ahead)
             return False
-        for seq, n in zip(step.seqs, step.num_new):
-            if seq.finished or seq.retired:
-                continue
-            draws = seq.num_computed + n >= len(seq.all_ids)
-            if (not draws or seq.request.n > 1  # (n > 1: the first token forks from the parent's blocks)
-                    or len(seq.all_ids) - len(seq.prompt_ids) + ahead + 1 < seq.request.max_tokens):
-                return False
-        if all(seq.finished or seq.retired for seq in step.seqs):
-            return False  # nothing left to retire (called twice)
-        for seq in step.seqs:
-            if not seq.finished and not seq.retired:
-                self._release(seq)
-                seq.retired = True
-                self._retired.add(seq)
+        if not self._all_end(step, ahead):  # (none left: nothing to retire, called twice)
+            return False
+        rows = [seq for seq in step.seqs if not seq.finished and not seq.retired]
+        self._release_all(rows)
+        for seq in rows:
+            seq.retired = True
+            self._retired.add(seq)
         return True

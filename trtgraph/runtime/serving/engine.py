@@ -22,6 +22,7 @@ from ...models.chat import load_chat_template
 from ...models.parallel import TPGroup
 from ..distributed import StepBroadcast
 from ..step.executor import Executor
+from . import collection
 from .admission import Admission
 from .drafter import NgramDrafter
 from .engine_start import check_built, open_manifest, record
@@ -177,6 +178,18 @@ class Engine:
         request's news: outputs handed back by other consumers first, then refusals, then
         this step's."""
         self._apply_aborts()
+        collection.hold(self)  # the collector runs at this step's safe point below (collection.py)
+        try:
+            outputs = self._step()
+        except BaseException:
+            collection.release(self)
+            raise
+        if not self.has_unfinished():
+            collection.release(self)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
+        """step()'s launches and read (the collector held)."""
         with torch.inference_mode():
             if not self._flight:
                 self._launch_next()
@@ -198,6 +211,14 @@ class Engine:
                             # Every row ends with that step: the next wave's first step goes now
                             # too, so the device runs it right after, whatever the host does then.
                             self._launch_next()
+                        elif (self._pending or self.scheduler.waiting) and self.scheduler.wave_ends_next(ahead):
+                            # Every row ends with the step after: it goes now, and the next wave's
+                            # first step behind it (three ahead: its forming hides behind two steps).
+                            last = self.scheduler.extend_decode(ahead, unread=2)
+                            if last is not None:
+                                self._flight.append(self.launcher.launch(last, self.stats))
+                                if self.scheduler.retire_ahead(last, ahead=2):
+                                    self._launch_next()
                     elif self.pipeline_changes:
                         # The rows change (some finish, requests are admitted, prompts go on in
                         # chunks): the step the scheduler would form after this one is read,
@@ -206,6 +227,7 @@ class Engine:
                         if ahead is not None:
                             self._flight.append(self.launcher.launch(ahead, self.stats))
             self._admit_slice()  # while the device runs what was just launched
+            collection.collect_due(self, len(self._flight), any(f.step.is_prefill for f in self._flight))
             outputs, self._undelivered = self._undelivered, []
             drew = self._drawn(self._flight.popleft()) if self._flight else []
             while self._flight and all(s.finished for s in self._flight[0].step.seqs):
@@ -265,6 +287,7 @@ class Engine:
             first[r.id] = i
         idle = not self.has_unfinished()
         if idle:
+            collection.hold(self)  # (before the run's clock: queueing allocates too)
             self.start_run(gpu_timing)
         for req in reqs:
             self._queue(req, stream)
@@ -322,6 +345,7 @@ class Engine:
 
     def close(self) -> None:
         """Rank 0: tell the other ranks to stop following."""
+        collection.release(self)
         if self.broadcast is not None:
             self.broadcast.stop()
 

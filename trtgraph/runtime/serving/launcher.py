@@ -17,6 +17,7 @@ device: one CUDA event per step, from a ring made once (no event is created per 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -25,8 +26,9 @@ from ..step.executor import Executor, StepRow
 from .scheduler import ScheduledStep, Sequence
 from .stats import RunStats
 
-EVENT_RING = 6  # CUDA events in turn: up to three steps in flight, and the one before them for the gap
-RESULT_RING = 3  # pinned host result buffers in turn: one per step in flight
+EVENT_RING = 6  # CUDA events in turn: up to four steps in flight, and the one before them for the gap
+RESULT_RING = 4  # pinned host result buffers in turn: one per step in flight (up to four: a wave's end)
+ROW_FIELDS_KEPT = 4096  # distinct requests' sampling fields kept as StepRow keywords (then afresh)
 
 
 @dataclass
@@ -60,7 +62,7 @@ class StepLauncher:
                                     for k in ("logprob_values", "logprob_ids")) for _ in range(RESULT_RING)]
         self._turn = 0
         # CUDA events made once and used in turn: `done` per step, (begin, end) with timing. A
-        # step's events are re-recorded EVENT_RING launches later; at most three steps are in
+        # step's events are re-recorded EVENT_RING launches later; at most four steps are in
         # flight and the gap before a step is read from the step before it (scripts/host_step.py).
         cuda = ex.device.type == "cuda"
         self._done_events = [torch.cuda.Event() for _ in range(EVENT_RING)] if cuda else None
@@ -68,6 +70,7 @@ class StepLauncher:
                                for _ in range(EVENT_RING)] if cuda else None
         self._launches = 0
         self._masked = sorted(set(ex.loaded.config.eos_token_ids))  # what min_tokens masks, with the stop ids
+        self._row_fields_of: dict[int, tuple] = {}  # id(RowFacts) -> (it, StepRow keywords): `_row_fields`
 
     def launch(self, step: ScheduledStep, stats: RunStats) -> InFlight:
         """Prepare and enqueue a step, and the non-blocking copies of its results to the host."""
@@ -136,8 +139,14 @@ class StepLauncher:
         for seq in step.seqs if step.is_prefill else ():  # entering its slot: its tables replace the last occupant's
             if seq.num_computed == 0 and seq.facts.processors:
                 ex.buffers.write_slot(seq.slot, seq.request.logit_bias, self._masked_ids(seq))
-        drafts = step.drafts or [None] * len(step.seqs)
-        rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
+        if step.is_prefill:  # every row's chunk read in one pass: one array, a view per row
+            ends = np.cumsum(step.num_new).tolist()
+            flat = np.fromiter(chain.from_iterable(s.all_ids[s.num_computed:s.num_computed + n]
+                                                   for s, n in zip(step.seqs, step.num_new)), np.int64, ends[-1])
+            rows = [self._row(seq, n, fed=flat[e - n:e]) for seq, n, e in zip(step.seqs, step.num_new, ends)]
+        else:
+            drafts = step.drafts or [None] * len(step.seqs)
+            rows = [self._row(seq, n, d) for seq, n, d in zip(step.seqs, step.num_new, drafts)]
         for r, _ in step.gather:  # its token is the prefill's, not appended yet: gathered on the device
             row, seq = rows[r], step.seqs[r]
             row.token_ids, row.start_pos, row.counted = [0], len(seq.all_ids), True
@@ -151,32 +160,43 @@ class StepLauncher:
         """What min_tokens masks: the model's EOS ids and the request's stop ids."""
         return sorted(set(self._masked) | set(seq.request.stop_token_ids))
 
-    @staticmethod
-    def _row(seq: Sequence, n: int, drafts: list[int] | None = None) -> StepRow:
+    def _row(self, seq: Sequence, n: int, drafts: list[int] | None = None, fed=None) -> StepRow:
         """The sequence's row of this step. Its sampling fields do not change while it runs, so
         the row is built once per sequence (and again when its slot changes) and then only its
         tokens, position, block table and `counted` are set: the host packs rows of a full
-        step without re-reading every request's sampling parameters."""
-        start, end = seq.num_computed, seq.num_computed + n
-        if drafts is not None:
+        step without re-reading every request's sampling parameters. fed: the n tokens it feeds,
+        where the caller has them (a prefill step's chunks, read at once)."""
+        if fed is not None:
+            pass
+        elif drafts is not None:
             fed = [seq.all_ids[-1]] + drafts
-        elif n > 1 and end <= len(seq.prompt_ids):  # a prompt chunk: a slice of the prompt's array, no copy
-            if seq.prompt_array is None:
-                seq.prompt_array = np.asarray(seq.prompt_ids, dtype=np.int64)
-            fed = seq.prompt_array[start:end]
         else:
-            fed = seq.all_ids[start:end]
+            fed = seq.all_ids[seq.num_computed:seq.num_computed + n]
         row = seq.step_row
-        if row is None or row.slot != (seq.slot if seq.facts.processors else None):
-            r, s = seq.request, seq.request.sampling
+        facts = seq.facts
+        if row is None or row.slot != (seq.slot if facts.processors else None):
             prompt_len = len(seq.prompt_ids)
             row = seq.step_row = StepRow(
-                token_ids=fed, start_pos=0, block_table=[], temperature=r.temperature, top_k=r.top_k,
-                top_p=r.top_p, seed=seq.seed, min_p=s.min_p, processors=s.uses_processors,
-                slot=seq.slot if s.uses_processors else None, prompt_len=prompt_len,
-                eos_until=prompt_len + s.min_tokens if s.min_tokens else 0,
-                repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-                frequency_penalty=s.frequency_penalty, logprobs=s.logprobs is not None)
+                token_ids=fed, start_pos=0, block_table=[], seed=seq.seed,
+                slot=seq.slot if facts.processors else None, prompt_len=prompt_len,
+                eos_until=prompt_len + facts.min_tokens if facts.min_tokens else 0, **self._row_fields(seq, facts))
         row.token_ids, row.start_pos, row.block_table = fed, seq.num_computed, seq.block_table
         row.counted = seq.num_computed + len(fed) >= len(seq.all_ids)
         return row
+
+    def _row_fields(self, seq: Sequence, facts) -> dict:
+        """A row's sampling fields (StepRow's keywords), read from the request once for every
+        sequence that shares its RowFacts (admission hands the same one to requests whose
+        sampling fields are equal but for the seed)."""
+        kept = self._row_fields_of.get(id(facts))
+        if kept is not None and kept[0] is facts:
+            return kept[1]
+        r, s = seq.request, seq.request.sampling
+        fields = dict(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=s.min_p,
+                      processors=facts.processors, repetition_penalty=s.repetition_penalty,
+                      presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                      logprobs=facts.logprobs)
+        if len(self._row_fields_of) >= ROW_FIELDS_KEPT:
+            self._row_fields_of.clear()
+        self._row_fields_of[id(facts)] = (facts, fields)
+        return fields

@@ -57,7 +57,6 @@ class Sequence:
     slot: int | None = None  # the device state slot while running (runtime/step/buffers.py)
     logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
     step_row: object = field(default=None, repr=False)  # its StepRow, reused step to step (launcher.py)
-    prompt_array: object = field(default=None, repr=False)  # prompt_ids as int64 numpy, for prefill chunks (launcher.py)
     retired: bool = False  # its blocks and slot were freed before its last token was read (retire_ahead)
     _facts: RowFacts | None = field(default=None, repr=False)
 
@@ -294,8 +293,12 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         self.waiting.insert(pos, seq)
 
     def _insert_running(self, seq: Sequence) -> None:
-        pos = next((i for i, r in enumerate(self.running) if r.arrival > seq.arrival), len(self.running))
-        self.running.insert(pos, seq)
+        running = self.running
+        if not running or running[-1].arrival < seq.arrival:  # the newest (admission in order): at the end
+            running.append(seq)
+            return
+        pos = next((i for i, r in enumerate(running) if r.arrival > seq.arrival), len(running))
+        running.insert(pos, seq)
 
     def fork(self, parent: Sequence, seeds: list[int]) -> list[Sequence]:
         """Completions 1..n-1 of `parent`, which has just drawn its first token: each shares the
@@ -329,10 +332,20 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         self._release(seq)
 
     def _release(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.allocator.free(seq.block_table)
-        self.free_slots.append(seq.slot)
-        seq.block_table, seq.slot = [], None
+        self._release_all([seq])
+
+    def _release_all(self, seqs: list[Sequence]) -> None:
+        """Free the blocks and slots of running `seqs` (a wave's rows at once: one pass over the
+        running list; the blocks freed sequence by sequence, in order, as one at a time would)."""
+        gone = {id(s) for s in seqs}
+        left = [s for s in self.running if id(s) not in gone]
+        if len(self.running) - len(left) != len(seqs):
+            raise ValueError("releasing a sequence that is not running")
+        self.running[:] = left
+        for seq in seqs:
+            self.allocator.free(seq.block_table)
+            self.free_slots.append(seq.slot)
+            seq.block_table, seq.slot = [], None
 
     def abort(self, request: Request) -> None:
         """Stop every unfinished sequence of `request` (with n > 1, each completion): running

@@ -86,10 +86,13 @@ class BlockAllocator:
 
     def free(self, blocks: list[int]) -> None:
         """Drop one hold on each block; a block nobody holds any more is free again."""
-        for b, times in Counter(blocks).items():
-            self._check(b)
-            if self._refs[b] < times:
-                raise ValueError(f"block {b} was freed twice")
+        refs = self._refs
+        if blocks and (min(blocks) <= NULL_BLOCK or max(blocks) >= self.num_blocks or len(set(blocks)) < len(blocks)
+                       or 0 in map(refs.__getitem__, blocks)):  # (the checks below, for the common case in C)
+            for b, times in Counter(blocks).items():
+                self._check(b)
+                if refs[b] < times:
+                    raise ValueError(f"block {b} was freed twice")
         released = []
         for b in blocks:
             self._refs[b] -= 1
