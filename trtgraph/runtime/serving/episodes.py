@@ -5,12 +5,13 @@ Each drafting episode (from the decision to draft to the one not to) is judged b
 emitted per ms of wall time against a plain step's tokens per ms: the price of a verify step
 misses costs that only the episode shows (its first proposals' indexing, the return to the
 fast path). It is judged at its end and, from its JUDGE_STEPS-th verify step on, at each
-verify step: an episode that loses clearly (under JUDGE_SHARE of plain's tokens per ms) stops there (the batch's rows' estimates may keep
-promising what its verify steps do not yield); judged before its end, its one-time work
-(indexing what the probes skipped: `sunk`) is left out, since stopping would not undo it. A lost episode doubles the margin its verify
-key needs to start drafting again (8x after MAX_LOSSES in a row: never, in practice); a won
-one clears it, and so does the end of the sequences that lost (what lost was drafting for
-them, not for the ones after).
+verify step: an episode that loses clearly (under JUDGE_SHARE of plain's tokens per ms) stops
+there (the batch's rows' estimates may keep promising what its verify steps do not yield);
+judged before its end, its one-time work (indexing what the probes skipped: `sunk`) is left
+out, since stopping would not undo it. A lost episode doubles the margin its verify key needs
+to start drafting again (8x after MAX_LOSSES in a row: never, in practice); a won one clears
+it, and so does the end of the sequences that lost (what lost was drafting for them, not for
+the ones after).
 """
 
 from __future__ import annotations
