@@ -17,38 +17,15 @@ import argparse
 
 import torch
 import triton
-import triton.language as tl
 
 from trtgraph.kernels import triton_ops
-
-
-@triton.jit
-def _sum_add_norm_kernel(p_ptr, r_ptr, w_ptr, out_ptr, M, N, eps, S: tl.constexpr, NORM: tl.constexpr,
-                         BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    acc = tl.load(r_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
-    part = tl.zeros([BLOCK], tl.float32)
-    for s in tl.static_range(S):
-        part += tl.load(p_ptr + (s * M + row) * N + cols, mask=mask, other=0.0)
-    h = (acc + part).to(r_ptr.dtype.element_ty)
-    tl.store(r_ptr + row * N + cols, h, mask=mask)
-    if NORM:
-        xf = h.to(tl.float32)
-        inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
-        normed = (xf * inv).to(r_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * N + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+from trtgraph.kernels.split_residual import _sum_add_norm_kernel, partials
 
 
 def split_linear_residual_norm(x, weight, residual, norm_w, eps, splits, norm=True):
-    M, K = x.shape
-    N = weight.shape[0]
-    kc = K // splits
-    a = x.view(M, splits, kc).transpose(0, 1)  # [S, M, kc]
-    b = weight.view(N, splits, kc).permute(1, 2, 0)  # [S, kc, N]
-    parts = torch.bmm(a, b, out_dtype=torch.float32)  # [S, M, N]
+    """split_residual's two kernels (norm=False: the sum and the residual only)."""
+    M, N = residual.shape
+    parts = partials(x, weight, splits)
     out = torch.empty_like(residual) if norm else residual
     _sum_add_norm_kernel[(M,)](parts, residual, norm_w, out, M, N, eps, S=splits, NORM=norm,
                                BLOCK=triton.next_power_of_2(N), num_warps=4)

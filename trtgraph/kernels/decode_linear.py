@@ -130,12 +130,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     bt = 1 if light else row_tile(T)
     grid = (triton.cdiv(T, bt), triton.cdiv(n_cols, cfg.block_n), split)
     nacc = 2 if mode >= _SILU else 1
-    if split > 1:
-        tiles = grid[0] * grid[1]
-        ws = torch.empty(tiles * split * (nacc * cfg.block_n + 1) * bt, dtype=torch.float32, device=x.device)
-        cnt = arrival_counters(tiles, x.device)
-    else:
-        ws = cnt = out
+    ws, cnt = _split_scratch(grid, nacc * cfg.block_n + 1, bt, out)
     rs = out
     if cfg.prenorm and norm_weight is not None and not light:  # x normed once here, rstd applied in the epilogue
         x, rs = _prenorm(x, norm_weight, eps)
@@ -148,35 +143,35 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
     wide_pdl = not light and T > FUSED_MAX_ROWS and _WIDE_PDL and pdl_capable(x.device)
     pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else (_uses_pdl(mode, x.device) or wide_pdl)
-    extra = {"launch_pdl": True} if pdl else {}
-    trigger = mode in _TRIGGER_MODES and pdl_capable(x.device)
-    if light:
-        _light_kernel[grid](
-            x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight,
+    args = (x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight,
             out, residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
             T, n_cols, K, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
             residual.stride(0) if residual is not None else 0, float(eps), pair_offset,
             kv.stride(0) if rope is not None else 0, kv.stride(2) if rope is not None else 0,
-            kv.stride(3) if rope is not None else 0, hq, hkv,
-            MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt, EVEN=even, PDL=pdl,
-            PRENORM=rs is not out, TRIGGER=trigger, num_warps=cfg.num_warps, num_stages=1, **extra)
+            kv.stride(3) if rope is not None else 0, hq, hkv)
+    meta = dict(MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt, EVEN=even, PDL=pdl,
+                PRENORM=rs is not out, TRIGGER=mode in _TRIGGER_MODES and pdl_capable(x.device),
+                num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl else {}))
+    if light:
+        _light_kernel[grid](*args, num_stages=1, **meta)
         return out
     _decode_kernel[grid](
-        x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight, out,
-        residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
-        T, n_cols, K, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
-        residual.stride(0) if residual is not None else 0, float(eps), pair_offset,
-        kv.stride(0) if rope is not None else 0, kv.stride(2) if rope is not None else 0,
-        kv.stride(3) if rope is not None else 0, hq, hkv,
-        MODE=mode, HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HALF=half,
-        PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, NACC=nacc, BLOCK_T=bt,
-        EVEN=even, STACK=cfg.stack and mode >= _SILU, PDL=pdl, PRENORM=rs is not out, TRIGGER=trigger,
+        *args, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32", STACK=cfg.stack and mode >= _SILU,
         PREFETCH=min(k_per_split * weight.element_size(), _PREFETCH_BYTES) if pdl and even else 0,
-        num_warps=cfg.num_warps, num_stages=occ.fit_stages(cfg, nacc, weight.element_size(), x.device, bt,
-                                                        grid[0] * grid[1] * grid[2], two=wide_pdl), **extra)
+        num_stages=occ.fit_stages(cfg, nacc, weight.element_size(), x.device, bt, grid[0] * grid[1] * grid[2],
+                                  two=wide_pdl), **meta)
     return out
+
+
+def _split_scratch(grid: tuple[int, int, int], slot: int, bt: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K's workspace (fp32 partials: `slot` columns x bt rows per tile and split) and the
+    tiles' arrival counters; without split-K, placeholders (out)."""
+    if grid[2] == 1:
+        return out, out
+    tiles = grid[0] * grid[1]
+    ws = torch.empty(tiles * grid[2] * slot * bt, dtype=torch.float32, device=out.device)
+    return ws, arrival_counters(tiles, out.device)
 
 
 def _prenorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,11 +15,18 @@ import triton.language as tl
 _ARRIVALS: dict = {}
 
 
-def arrival_counters(name: str, n: int, device: torch.device) -> torch.Tensor:
-    held = _ARRIVALS.setdefault((name, device), [])
+def kept_buffer(store: dict, key, device: torch.device, n: int, least: int, fill: int,
+                dtype: torch.dtype) -> torch.Tensor:
+    """The newest of `key`'s persistent buffers in `store` (never freed: recorded graphs keep their
+    addresses), a larger one added when n needs it (made at a warm-up, before any capture)."""
+    held = store.setdefault(key, [])
     if not held or held[-1].numel() < n:
-        held.append(torch.zeros(max(n, 1 << 10), dtype=torch.int32, device=device))
+        held.append(torch.full((max(n, least),), fill, dtype=dtype, device=device))
     return held[-1]
+
+
+def arrival_counters(name: str, n: int, device: torch.device) -> torch.Tensor:
+    return kept_buffer(_ARRIVALS, (name, device), device, n, 1 << 10, 0, torch.int32)
 
 
 @triton.jit

@@ -35,7 +35,9 @@ _SPLITS: dict[tuple[int, int], int] = {}  # (N, K) -> K slices, installed by cho
 
 
 @triton.jit
-def _sum_add_norm_kernel(p_ptr, r_ptr, w_ptr, out_ptr, M, N, eps, S: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_add_norm_kernel(p_ptr, r_ptr, w_ptr, out_ptr, M, N, eps, S: tl.constexpr, BLOCK: tl.constexpr,
+                         NORM: tl.constexpr = True):
+    """One row: residual += the S partials' sum (slice order), and (NORM) its RMSNorm into out."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -44,11 +46,12 @@ def _sum_add_norm_kernel(p_ptr, r_ptr, w_ptr, out_ptr, M, N, eps, S: tl.constexp
         part += tl.load(p_ptr + (s * M + row) * N + cols, mask=mask, other=0.0)
     h = (tl.load(r_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32) + part).to(r_ptr.dtype.element_ty)
     tl.store(r_ptr + row * N + cols, h, mask=mask)
-    xf = h.to(tl.float32)  # triton_ops._rms_norm_kernel's arithmetic
-    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    normed = (xf * inv).to(r_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    if NORM:  # (off: scripts/splitk_probe.py's o projection, which no norm follows)
+        xf = h.to(tl.float32)  # triton_ops._rms_norm_kernel's arithmetic
+        inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+        normed = (xf * inv).to(r_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * N + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling_common import _mix32_i64
+from .sampling_common import _mix32_i64, kept_buffer
 
 # ---------------------------------------------------------------------------------------
 # RMSNorm; the embedding lookup with the first layer's RMSNorm
@@ -173,23 +173,17 @@ def _capability(index: int | None) -> tuple[int, int]:
 _ARRIVALS: dict = {}
 
 
+_BEST: dict = {}  # the fused argmax's running maxima, per device (the same lifetime)
+
+
 def arrival_counters(n: int, device: torch.device) -> torch.Tensor:
-    held = _ARRIVALS.setdefault(device, [])
-    if not held or held[-1].numel() < n:
-        held.append(torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device))
-    return held[-1]
-
-
-_BEST: dict = {}
+    return kept_buffer(_ARRIVALS, device, device, n, 1 << 14, 0, torch.int32)
 
 
 def argmax_best(n: int, device: torch.device) -> torch.Tensor:
     """Persistent int64 running maxima of the fused greedy argmax (decode_kernel._argmax_epilogue),
     at least n of them, all -1 between launches (the kernel puts them back)."""
-    held = _BEST.setdefault(device, [])
-    if not held or held[-1].numel() < n:
-        held.append(torch.full((max(n, 1 << 10),), -1, dtype=torch.int64, device=device))
-    return held[-1]
+    return kept_buffer(_BEST, device, device, n, 1 << 10, -1, torch.int64)
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -28,13 +27,14 @@ from .drafter import NgramDrafter
 from .engine_start import check_built, open_manifest, record
 from .launcher import InFlight, StepLauncher
 from .requests import Request, Result, parse_request
-from .scheduler import Scheduler, Sequence
+from .scheduler import Scheduler
 from .stats import RunStats
-from .streaming import RequestOutput, TextStream, final_result
+from .deliveries import Deliveries, Live
+from .streaming import RequestOutput, TextStream
 
 ADMIT_SLICE = 8  # submitted requests admitted per step() while the device runs (Engine._admit_slice)
 
-class Engine:
+class Engine(Deliveries):
     def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
                  tp: TPGroup = TPGroup(), model: str | Path | None = None):
         """speculative=False ignores the manifest's speculative section (plain decode steps),
@@ -76,7 +76,7 @@ class Engine:
         self.stats = RunStats(record_seconds=self.record_seconds, speculative=self.drafter is not None)
         self._preemptions_before = 0  # the scheduler's count when `stats` began
         self._run_start: float | None = None  # when `stats` began counting seconds
-        self._live: dict[str, _Live] = {}  # requests being served, by id
+        self._live: dict[str, Live] = {}  # requests being served, by id
         self._undelivered: list[RequestOutput] = []  # refusals, and outputs handed back
         self._aborts: set[str] = set()  # applied at the next step
         self._arrivals = 0  # requests added so far: each sequence's arrival order
@@ -129,7 +129,7 @@ class Engine:
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
             return
         self.stats.prompt_tokens += len(item.prompt_ids)
-        self._live[req.id] = _Live(item, arrived, TextStream(self.tokenizer, req.stop_strings), stream)
+        self._live[req.id] = Live(item, arrived, TextStream(self.tokenizer, req.stop_strings), stream)
         self.scheduler.add(item)
 
     def _admit_pending(self, most: int) -> None:
@@ -348,68 +348,3 @@ class Engine:
         collection.release(self)
         if self.broadcast is not None:
             self.broadcast.stop()
-
-    # ---- after a step: tokens to text and outputs ------------------------------------------
-    def _drawn(self, f: InFlight) -> list[tuple[Sequence, str | None, str | None]]:
-        """Wait for a step's tokens and let the scheduler apply them; stop strings are checked
-        here too (a hit ends the sequence before the next step is formed). (sequence, finish
-        reason, its text when a stop-string check decoded it) for each whose news someone
-        reads: every one that finished, and the others of streamed requests (a request
-        submitted with stream=False has its text decoded once, at the end)."""
-        tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
-        drew, live = [], self._live
-        for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
-            req, text, f = seq.request, None, seq.facts
-            if f.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= f.min_tokens:
-                text, hit = live[req.id].text.stop_text(seq.output_ids)
-                if hit:
-                    reason = "stop"
-                    if not seq.finished:
-                        self.scheduler.finish(seq)
-            if reason is not None or live[req.id].stream:
-                drew.append((seq, reason, text))
-        return drew
-
-    def _news(self, seq: Sequence, reason: str | None, text: str | None = None) -> list[RequestOutput]:
-        """One sequence's new tokens as its request's output: the text so far, or, when a stop
-        (token-level, from the scheduler, or a stop string, found by `_drawn`) ended it, its
-        Result. text: the output's text when `_drawn` decoded it (cut at a stop string)."""
-        req, live = seq.request, self._live[seq.request.id]
-        out = seq.output_ids
-        if reason is None:
-            if req.n > 1 or not live.stream:  # one output, once it (all n completions) has finished
-                return []
-            delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out))
-            live.num_sent = len(out)
-            return [delta]
-        result = final_result(seq, reason, self.tokenizer.decode(out) if text is None else text,
-                              live.arrival_seconds, self.tokenizer.decode)
-        self.stats.completion_tokens += len(result.token_ids)
-        if req.n > 1:
-            return self._finish_choice(seq, result)
-        del self._live[req.id]
-        return [RequestOutput(result.id, result.token_ids[live.num_sent:], live.text.finish(result.text),
-                              True, result.finish_reason, result)]
-
-    def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:
-        """n > 1: hold each finished completion until all n have; then the request's one
-        output, a Result carrying them as `choices`."""
-        slots = self._choices.setdefault(seq.request.id, [None] * seq.request.n)
-        slots[seq.index] = result
-        if any(r is None for r in slots):
-            return []
-        del self._choices[seq.request.id]
-        del self._live[seq.request.id]
-        result = Result(id=result.id, prompt_tokens=result.prompt_tokens, choices=slots,
-                        finish_reason=slots[0].finish_reason, ttft_ms=min(r.ttft_ms for r in slots))
-        return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
-
-
-@dataclass
-class _Live:
-    """A request being served: its sequence, when it arrived, and what was handed out."""
-    seq: Sequence
-    arrival_seconds: float  # time.perf_counter() at add_request
-    text: TextStream
-    stream: bool = True  # whether each step's new tokens and text are handed out (else only the end)
-    num_sent: int = 0  # output tokens already handed out

@@ -166,12 +166,8 @@ class StepLauncher:
         tokens, position, block table and `counted` are set: the host packs rows of a full
         step without re-reading every request's sampling parameters. fed: the n tokens it feeds,
         where the caller has them (a prefill step's chunks, read at once)."""
-        if fed is not None:
-            pass
-        elif drafts is not None:
-            fed = [seq.all_ids[-1]] + drafts
-        else:
-            fed = seq.all_ids[seq.num_computed:seq.num_computed + n]
+        if fed is None:
+            fed = [seq.all_ids[-1]] + drafts if drafts is not None else seq.all_ids[seq.num_computed:seq.num_computed + n]
         row = seq.step_row
         facts = seq.facts
         if row is None or row.slot != (seq.slot if facts.processors else None):

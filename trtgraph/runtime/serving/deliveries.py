@@ -1,0 +1,79 @@
+"""After a step: its tokens to text and outputs (`Deliveries`, mixed into the Engine: its
+launcher, scheduler, tokenizer, stats and the requests being served, `Live`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .launcher import InFlight
+from .requests import Result
+from .scheduler import Sequence
+from .streaming import RequestOutput, TextStream, final_result
+
+
+@dataclass
+class Live:
+    """A request being served: its sequence, when it arrived, and what was handed out."""
+    seq: Sequence
+    arrival_seconds: float  # time.perf_counter() at add_request
+    text: TextStream
+    stream: bool = True  # whether each step's new tokens and text are handed out (else only the end)
+    num_sent: int = 0  # output tokens already handed out
+
+
+class Deliveries:
+    """The engine's read side: tokens applied (stop strings checked), outputs and Results."""
+
+    def _drawn(self, f: InFlight) -> list[tuple[Sequence, str | None, str | None]]:
+        """Wait for a step's tokens and let the scheduler apply them; stop strings are checked
+        here too (a hit ends the sequence before the next step is formed). (sequence, finish
+        reason, its text when a stop-string check decoded it) for each whose news someone
+        reads: every one that finished, and the others of streamed requests (a request
+        submitted with stream=False has its text decoded once, at the end)."""
+        tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
+        drew, live = [], self._live
+        for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
+            req, text, f = seq.request, None, seq.facts
+            if f.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= f.min_tokens:
+                text, hit = live[req.id].text.stop_text(seq.output_ids)
+                if hit:
+                    reason = "stop"
+                    if not seq.finished:
+                        self.scheduler.finish(seq)
+            if reason is not None or live[req.id].stream:
+                drew.append((seq, reason, text))
+        return drew
+
+    def _news(self, seq: Sequence, reason: str | None, text: str | None = None) -> list[RequestOutput]:
+        """One sequence's new tokens as its request's output: the text so far, or, when a stop
+        (token-level, from the scheduler, or a stop string, found by `_drawn`) ended it, its
+        Result. text: the output's text when `_drawn` decoded it (cut at a stop string)."""
+        req, live = seq.request, self._live[seq.request.id]
+        out = seq.output_ids
+        if reason is None:
+            if req.n > 1 or not live.stream:  # one output, once it (all n completions) has finished
+                return []
+            delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out))
+            live.num_sent = len(out)
+            return [delta]
+        result = final_result(seq, reason, self.tokenizer.decode(out) if text is None else text,
+                              live.arrival_seconds, self.tokenizer.decode)
+        self.stats.completion_tokens += len(result.token_ids)
+        if req.n > 1:
+            return self._finish_choice(seq, result)
+        del self._live[req.id]
+        return [RequestOutput(result.id, result.token_ids[live.num_sent:], live.text.finish(result.text),
+                              True, result.finish_reason, result)]
+
+    def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:
+        """n > 1: hold each finished completion until all n have; then the request's one
+        output, a Result carrying them as `choices`."""
+        slots = self._choices.setdefault(seq.request.id, [None] * seq.request.n)
+        slots[seq.index] = result
+        if any(r is None for r in slots):
+            return []
+        del self._choices[seq.request.id]
+        del self._live[seq.request.id]
+        result = Result(id=result.id, prompt_tokens=result.prompt_tokens, choices=slots,
+                        finish_reason=slots[0].finish_reason, ttft_ms=min(r.ttft_ms for r in slots))
+        return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
