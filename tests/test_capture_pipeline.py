@@ -130,8 +130,10 @@ def test_a_keys_verification_and_timing_queue_few_ops(monkeypatch):
     launches. A verification copies the key's KV blocks of every layer out and back in one op
     each (the caches are views of one allocation), uploads each step's inputs in one copy and
     compares the replay with its reference in one short chain; the timing adds its upload and
-    its replays. Counted on the static backend (each op is one kernel or copy on CUDA), on 4
-    layers: at most 16 ops and 3 replays per key (before: 21 + 3 here, 45 + 3 on 16 layers)."""
+    its replays (decode keys only: a prefill key's time is its verification replay's). Counted
+    on the static backend (each op is one kernel or copy on CUDA), on 4 layers: at most 16 ops
+    per key (before: 21 here, 45 on 16 layers), and 3 replays per decode key, 1 per prefill key
+    (before: 3 for every key)."""
     from trtgraph.runtime.step.graph_runner import GraphRunner
 
     counter, per_key = _CountOps(), []
@@ -162,11 +164,50 @@ def test_a_keys_verification_and_timing_queue_few_ops(monkeypatch):
     synthetic = {**Config.default().to_dict()["model"]["synthetic"], "num_hidden_layers": 4}
     config = tiny_config(model={"synthetic": synthetic})
     pipeline.capture(config, None, timing_repeats=2)
-    assert per_key
+    assert per_key and any("prefill" in k for k, _ in per_key) and any("decode" in k for k, _ in per_key)
     for key, ops in per_key:
-        assert ops.count("replay") == 3, (key, ops)  # the verification's and 2 timing runs
-        assert len(ops) - 3 <= 16, (key, len(ops), ops)
+        replays = 1 if "prefill" in key else 3  # the verification's, and a decode key's 2 timing runs
+        assert ops.count("replay") == replays, (key, ops)
+        assert len(ops) - replays <= 16, (key, len(ops), ops)
         assert ops.count("index_select") == 1 and ops.count("index_copy_") == 1, (key, ops)
+
+
+def _verification_clocks(monkeypatch) -> tuple[dict, list]:
+    """Spies on a capture: each key's verification replay clock (None where it keeps none), and
+    the keys timed by runs of their own (`launch_timing`)."""
+    from trtgraph.compiler.verify import PendingParity
+
+    clocks, timed = {}, []
+    real_init, real_timing = PendingParity.__init__, pipeline.launch_timing
+
+    def init(self, ex, key, *args, **kwargs):
+        real_init(self, ex, key, *args, **kwargs)
+        clocks[key] = self.replay_clock
+
+    monkeypatch.setattr(PendingParity, "__init__", init)
+    monkeypatch.setattr(pipeline, "launch_timing", lambda ex, key, *a, **k: (timed.append(key), real_timing(ex, key, *a, **k))[1])
+    return clocks, timed
+
+
+def test_a_prefill_keys_replay_time_is_its_verification_replays_and_a_decode_keys_its_own_runs(monkeypatch, tmp_path):
+    """Issue 14 (capture's wall): a prefill key gets no timing runs; its manifest replay_ms is
+    the time of its verification replay (one run, the verification's random valid rows); every
+    decode key is timed by runs of its own on padding-only inputs (at least 2), as the
+    speculation policy reads them; the totals say how many keys were timed which way."""
+    clocks, timed = _verification_clocks(monkeypatch)
+    result = pipeline.capture(tiny_config(), tmp_path / "art", timing_repeats=3)
+    records = {r.key: r for r in result.manifest.keys}
+    prefill = [k for k in records if k.is_prefill]
+    assert prefill and len(prefill) < len(records)
+    assert sorted(timed) == sorted(k for k in records if not k.is_prefill)  # each once, decode keys only
+    for key, record in records.items():
+        clock = clocks[key]
+        if key.is_prefill:
+            assert record.replay_ms == pytest.approx(clock.ms(), abs=1e-4) and record.replay_ms > 0
+        else:
+            assert clock is None and record.replay_ms > 0
+    t = result.manifest.totals["replay_timing"]
+    assert t["verification_timed_keys"] == len(prefill) and t["repeats_min"] >= 2 and t["repeats_max"] <= 3
 
 
 # ---- the pacer (compiler/pacing.py): when each key's verification and timing are launched ----
@@ -283,3 +324,20 @@ def test_a_capture_whose_launches_are_all_held_to_the_end_verifies_every_key(mon
     assert calls == ["capture"] * n + ["verify"] * n
     assert all(r.tokens_equal and r.max_abs_logit_diff == 0.0 and r.replay_ms > 0 for r in result.manifest.keys)
     assert result.manifest.totals["replay_timing"]["keys_held_back"] == n
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_prefill_keys_time_is_its_replay_alone(monkeypatch, tmp_path):
+    """CUDA: the verification replay that times a prefill key starts its clock after the
+    device's spin (SPIN_CYCLES, about 1 ms), so neither the spin nor the host's launch is in
+    the time: the tiny model's prefill replays take well under the spin (their median under
+    half of it), and each equals the clock of its verification."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    clocks, timed = _verification_clocks(monkeypatch)
+    result = pipeline.capture(tiny_config(device="cuda", dtype="bfloat16"), tmp_path / "art")
+    prefill = sorted(r.replay_ms for r in result.manifest.keys if r.key.is_prefill)
+    assert prefill and all(r.replay_ms == pytest.approx(clocks[r.key].ms(), abs=1e-4)
+                           for r in result.manifest.keys if r.key.is_prefill)
+    assert 0 < prefill[len(prefill) // 2] < 0.5, prefill
+    assert timed and not any(k.is_prefill for k in timed)

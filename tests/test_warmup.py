@@ -194,18 +194,48 @@ def test_cuda_step_timing_stops_at_two_steady_runs_and_adds_runs_to_noisy_ones(d
     assert t.min_ms == pytest.approx(min(durations[:runs])) and t.max_ms == pytest.approx(max(durations[:runs]))
 
 
-@pytest.mark.parametrize("key, eager_ms, loaded_new, runs", [
-    (GraphKey(4, 0, 256, "greedy"), 9.0, False, 1),    # a long prefill step, its eager time its own: one run
-    (GraphKey(4, 0, 256, "greedy"), 9.0, True, 2),     # it loaded a kernel: that time is not the step's
-    (GraphKey(4, 0, 256, "greedy"), 7.9, False, 2),    # shorter than LONG_STEP_MS
-    (GraphKey(4, 0, 256, "greedy"), None, False, 2),   # no eager time (its reference was not kept)
-    (GraphKey(64, 0, 0, "greedy"), 30.0, False, 2),    # decode keys' times steer speculation: never one run
+@pytest.mark.parametrize("key, by_verification", [
+    (GraphKey(4, 0, 256, "greedy"), True),    # a prefill key: its time steers nothing
+    (GraphKey(1, 0, 64, "sampled"), True),
+    (GraphKey(64, 0, 0, "greedy"), False),    # decode keys' times steer speculation: runs of their own
+    (GraphKey(8, 3, 0, "sampled"), False),    # verify keys' too
 ])
-def test_timing_starts_with_one_run_only_for_long_prefill_steps(key, eager_ms, loaded_new, runs):
-    from trtgraph.compiler.verify import LONG_STEP_MS, timing_runs
+def test_only_prefill_keys_are_timed_by_their_verification_replay(key, by_verification):
+    from trtgraph.compiler.verify import timed_by_verification
 
-    assert LONG_STEP_MS == 8.0
-    assert timing_runs(key, eager_ms, loaded_new) == runs
+    assert timed_by_verification(key) is by_verification
+
+
+def test_a_verification_timing_is_its_replay_clock_read_once_the_verification_is_done(monkeypatch):
+    """A prefill key's timing (`VerificationTiming`): ready when its verification is, never
+    more runs, one run: the verification replay's clock (CUDA: after its end event passed)."""
+    from trtgraph.compiler import verify
+
+    fake = _FakeClock([])
+
+    class Clock:
+        cuda, end = True, fake.Event()
+        waited = []
+
+        def __init__(self):
+            self.end.synchronize = lambda: self.waited.append(True)
+
+        def ms(self):
+            return 3.5
+
+    class Parity:
+        replay_clock, done = Clock(), False
+
+        def ready(self):
+            return self.done
+
+    parity = Parity()
+    t = verify.VerificationTiming(parity)
+    assert not t.ready() and t.queue_more() is False
+    parity.done = True
+    assert t.ready()
+    got = t.timing()
+    assert (got.median_ms, got.min_ms, got.max_ms, got.repeats) == (3.5, 3.5, 3.5, 1) and Clock.waited == [True]
 
 
 def test_capture_reads_each_key_lag_keys_after_launching_it(monkeypatch, tmp_path):

@@ -1,8 +1,8 @@
 """When the capture launches each key's verification and timing (CUDA, one process).
 
 The capture records keys largest first, and the device's work for the first ones (a long
-prefill key's verification replay and timing run: 20-50 ms against the host's 10 ms to record
-it) outlasts their recordings: launched at once, that work piles up behind the host, and the
+prefill key's verification replay: up to 20-50 ms against the host's 10 ms to record it, with
+its timing run before the tenth session) outlasts their recordings: launched at once, that work piles up behind the host, and the
 host's launches then wait on the device (h/u8's profile, docs/performance.md: 10-50 ms per
 timing launch over the first 22 keys, the device 3-9 keys behind), while later, over the decode
 keys, the device idles as the host records. The pacer keeps about AHEAD_MS of estimated device

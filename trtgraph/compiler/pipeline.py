@@ -13,9 +13,11 @@
 4. Verify: after its capture (on CUDA once the pacer launches it, 5.), each key is
    replayed on its reference's rows and compared with it (on CUDA the device runs this
    while the host records later keys).
-5. Measure: median replay time on padding-only inputs (events in bulk; 2 runs, more where
-   they differ by over 3%), queued after the verification; the eager time is the
-   reference's run. A key's verification and timing are read once the device has done
+5. Measure: a decode key's median replay time on padding-only inputs (events in bulk; 2
+   runs, more where they differ by over 3%), queued after the verification; a prefill key's
+   is its verification replay's (events around it: one run, on the verification's random
+   valid rows; its times steer nothing, so it gets no timing runs of its own); the eager
+   time is the reference's run. A key's verification and timing are read once the device has done
    them (CUDA events, asked without waiting), at the latest once LAG_KEYS later keys are
    captured and launched (further timing runs, where needed, are queued then and read as
    late again): the device works through that queue while the host records, and the host
@@ -57,8 +59,8 @@ from ..runtime.warmup import loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
 from .pacing import AHEAD_MS, KeyWork, Pacer
-from .verify import (LONG_STEP_MS, StepTiming, clear_kv_cache, eager_reference, fill_kv_cache, launch_timing, launch_verify,
-                     timing_runs)
+from .verify import (MIN_REPEATS, StepTiming, VerificationTiming, clear_kv_cache, eager_reference, fill_kv_cache,
+                     launch_timing, launch_verify, timed_by_verification)
 
 # The warm-up keeps each key's eager outputs as its verification's reference while they fit in
 # this many bytes in all (the 92 keys of examples/llama-3.2-1b-synthetic.yaml: 0.4 GB); a key
@@ -135,7 +137,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
     with torch.inference_mode():
         t0 = time.perf_counter()
         fill_kv_cache(ex, seed=0)  # the verifications' rows read a random context, not zeros
-        order, warm_keys, refs, runs, eager_ms = _warm_up(ex, plan, progress, tp)
+        order, warm_keys, refs, eager_ms = _warm_up(ex, plan, progress, tp)
         warmup_seconds = time.perf_counter() - t0
         startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
@@ -149,8 +151,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
             progress("capture", key, i + 1, len(order))
             startup.lap("capture")
             # under tensor parallelism no rank may add runs the others do not (their graphs all-reduce)
-            work = _key_work(ex, key, i, refs.pop(key), repeats if tp.world == 1 else runs[key], runs[key],
-                             eager_ms[key])
+            work = _key_work(ex, key, i, refs.pop(key), repeats if tp.world == 1 else MIN_REPEATS, eager_ms[key])
             pending.extend((launched, False) for launched in pacer.add(work))
             _read_due(pending, LAG_KEYS, stats, records, timings)
             startup.lap("verify_and_time")
@@ -167,7 +168,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                         "kv_cache_bytes": sum(t.numel() * t.element_size() for t in ex.kv_caches)})
     manifest = _manifest(config, ex, records, warmup_seconds)
     manifest.totals["warmup_keys"] = [str(k) for k in warm_keys]
-    manifest.totals["replay_timing"] = {**_timing_summary(timings), "verify_seconds": round(verify_seconds, 3),
+    manifest.totals["replay_timing"] = {**_timing_summary(records, timings), "verify_seconds": round(verify_seconds, 3),
                                         "keys_held_back": pacer.held_back}
     if notes:
         manifest.totals["notes"] = notes
@@ -208,7 +209,7 @@ def _local_model_config(config: Config, tp: TPGroup):
 
 
 def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
-             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict, dict, dict]:
+             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict, dict]:
     """Run every key eagerly once, on random valid rows (seeded by its place in the warm
     order): the verification's eager reference (`verify.eager_reference`). Returns the
     capture order: largest first (by the memory its eager step peaked at), so later keys
@@ -216,10 +217,8 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
     order. The keys a start warms, in warm order: the first, and each whose run loaded a
     Triton kernel or kept device memory that no earlier key had (on any rank). Each key's
     reference: its outputs while they fit in REFERENCE_BYTES in all, else only its seed (the
-    verification then runs the key eagerly again first). And each key's timing runs to
-    start with (`verify.timing_runs`), from the eager times of every rank, so all replay alike;
-    and each key's eager milliseconds (the least of the ranks'; None on the CPU): the pacer's
-    estimate of its replays."""
+    verification then runs the key eagerly again first). And each key's eager milliseconds (the
+    least of the ranks'; None on the CPU): the pacer's estimate of its replays."""
     warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
     seen, refs, clocks, held = [], {}, [], 0  # seen, per key: (peak bytes, whether a start must warm it)
     for i, key in enumerate(warm):
@@ -237,22 +236,26 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
     peak = {k: max(r[i][0] for r in ranks) for i, k in enumerate(warm)}
     starts = [k for i, k in enumerate(warm) if any(r[i][1] for r in ranks)]
     eager_ms = {k: min(r[i][2] for r in ranks) if cuda else None for i, k in enumerate(warm)}
-    runs = {k: timing_runs(k, eager_ms[k], k in starts) for k in warm}
-    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs, runs, eager_ms
+    return sorted(plan.keys, key=lambda k: (-peak[k], -k.num_tokens, k)), starts, refs, eager_ms
 
 
-def _key_work(ex: Executor, key: GraphKey, index: int, ref, repeats: int, least: int,
-              eager_ms: float | None) -> KeyWork:
+def _key_work(ex: Executor, key: GraphKey, index: int, ref, repeats: int, eager_ms: float | None) -> KeyWork:
     """The key's verification (its replay against its eager reference: a Reference, or the
-    seed of one, run eagerly first) and its replay timing (`least` runs to start with), for
-    the pacer to launch; read by `_read_verify_and_time`. Estimated device time: the eager
-    run's (twice for a verification that runs it again), a timing's `least` times it."""
+    seed of one, run eagerly first) and its replay timing, for the pacer to launch; read by
+    `_read_verify_and_time`. The timing: a decode key's MIN_REPEATS runs to start with (up to
+    `repeats`), a prefill key's verification replay (`VerificationTiming`, no device work of
+    its own). Estimated device time: the eager run's (twice for a verification that runs it
+    again), a decode key's timing MIN_REPEATS times it."""
     seed, reference = (ref, None) if isinstance(ref, int) else (ref.seed, ref)
     ms = eager_ms or 0.0
+    if timed_by_verification(key):
+        time, time_ms = (lambda parity: VerificationTiming(parity)), 0.0
+    else:
+        time = lambda parity: _guard(key, "timing", lambda: launch_timing(ex, key, repeats, MIN_REPEATS))  # noqa: E731
+        time_ms = MIN_REPEATS * ms
     return KeyWork(key, index,
                    verify=lambda: _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference)),
-                   time=lambda parity: _guard(key, "timing", lambda: launch_timing(ex, key, repeats, least)),
-                   verify_ms=ms if reference is not None else 2 * ms, time_ms=least * ms)
+                   time=time, verify_ms=ms if reference is not None else 2 * ms, time_ms=time_ms)
 
 
 def _read_due(pending: deque, lag: int, stats: dict, records: list, timings: list) -> None:
@@ -295,16 +298,18 @@ def _read_verify_and_time(launched, stats) -> tuple[KeyRecord, StepTiming]:
                      max_abs_logit_diff=parity.max_abs_logit_diff, tokens_equal=parity.tokens_equal), replay
 
 
-def _timing_summary(timings: list[StepTiming]) -> dict:
-    """How many runs each key's replay time is the median of, and their spread ((slowest -
-    fastest) / median): the median and the largest over the keys timed more than once; how
-    many long prefill keys one run timed (`verify.timing_runs`). (With verify_seconds: the
-    capture loop's wall time less its recordings: the verification and timing of every key,
-    with the host's waits for the device.)"""
-    spreads = sorted(t.spread for t in timings if t.repeats > 1) or [0.0]
-    return {"repeats_min": min(t.repeats for t in timings), "repeats_max": max(t.repeats for t in timings),
+def _timing_summary(records: list[KeyRecord], timings: list[StepTiming]) -> dict:
+    """Over the keys timed by runs of their own (decode and verify keys): how many runs each
+    replay time is the median of, and their spread ((slowest - fastest) / median): the median
+    and the largest over the keys timed more than once; how many keys' times are their
+    verification replay's (`verification_timed_keys`: the prefill keys, one run each). (With
+    verify_seconds: the capture loop's wall time less its recordings: the verification and
+    timing of every key, with the host's waits for the device.)"""
+    own = [t for r, t in zip(records, timings) if not timed_by_verification(r.key)] or [StepTiming(0.0, 0.0, 0.0, 1)]
+    spreads = sorted(t.spread for t in own if t.repeats > 1) or [0.0]
+    return {"repeats_min": min(t.repeats for t in own), "repeats_max": max(t.repeats for t in own),
             "spread_median": round(spreads[len(spreads) // 2], 4), "spread_max": round(spreads[-1], 4),
-            "single_run_keys": sum(t.repeats == 1 for t in timings), "single_run_from_eager_ms": LONG_STEP_MS}
+            "verification_timed_keys": len(records) - sum(not timed_by_verification(r.key) for r in records)}
 
 
 def _guard(key: GraphKey, stage: str, fn):

@@ -1,7 +1,11 @@
 """Per-key verification and timing: replay against the eager path on fresh random valid
-inputs, and the median replay time. Both can be launched and read later (`launch_verify`,
+inputs, and the replay time. Both can be launched and read later (`launch_verify`,
 `launch_timing`): the capture reads a key's results after it has launched the next key's
-work, so the host's launches overlap the device's runs and nothing waits on the whole queue."""
+work, so the host's launches overlap the device's runs and nothing waits on the whole queue.
+A decode key's replay time is the median of timing runs on padding-only inputs (the
+speculation policy reads these); a prefill key's is its verification replay's
+(`VerificationTiming`: one run, on the verification's random valid rows), timed by no runs
+of its own."""
 
 from __future__ import annotations
 
@@ -19,15 +23,16 @@ from ..runtime.warmup import allocated_bytes
 
 # Replay and eager run the same kernels on the same inputs; any gap beyond this is a bug.
 LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
-# Step timing (CUDA): MIN_REPEATS runs of a key; where they differ by more than SPREAD_OK of
-# their median, more while they fit in TIMING_BUDGET_MS.
+# Step timing (CUDA): MIN_REPEATS runs of a decode key; where they differ by more than SPREAD_OK
+# of their median, more while they fit in TIMING_BUDGET_MS.
 MIN_REPEATS = 2
 SPREAD_OK = 0.03
 TIMING_BUDGET_MS = 25.0
-# A key whose eager reference ran this long, and which loaded nothing new at its warm-up (so
-# that time is its own), is a step the device is busy for throughout (a long prefill chunk):
-# one replay run times it. Only decode keys' times steer anything (the speculation policy).
-LONG_STEP_MS = 8.0
+# Before a verification replay that times a prefill key (CUDA), the device spins this many
+# clock cycles (about 1 ms on the H200) while the host makes the replay's checks and its
+# graph's first launch (0.2-0.4 ms, h/u9's profile), so that the replay's start event
+# passes when the graph can start, not earlier: the host's launch is then not in the time.
+SPIN_CYCLES = 2_000_000
 
 
 @dataclass
@@ -197,7 +202,9 @@ class PendingParity:
     the key, or (none given) an eager run made here first on the same rows. On CUDA nothing
     here waits for the device: the comparison goes to pinned memory behind an event, so the
     capture can go on to the next key before this one is read (one wait per key, on this
-    key's work only). The KV cache is left as found (KeptBlocks)."""
+    key's work only). The KV cache is left as found (KeptBlocks). A prefill key's replay is
+    timed here too (`replay_clock`, read by `VerificationTiming`): on CUDA behind a short spin
+    of the device (SPIN_CYCLES), between two events."""
 
     def __init__(self, ex: Executor, key: GraphKey, seed: int, reference: Reference | None = None):
         ref = reference if reference is not None else eager_reference(ex, key, seed)
@@ -205,7 +212,14 @@ class PendingParity:
         self.clock = ref.clock
         kept = KeptBlocks(ex, rows)
         ex.prepare(key, rows)
-        logits, tokens, accepted = _real_outputs(key, ex.execute(key), len(rows))
+        timed = timed_by_verification(key)
+        if timed and ex.device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(SPIN_CYCLES)  # the device busy while the host launches the replay
+        self.replay_clock = _StepClock(ex.device) if timed else None
+        out = ex.execute(key)
+        if self.replay_clock is not None:
+            self.replay_clock.stop()
+        logits, tokens, accepted = _real_outputs(key, out, len(rows))
         pair = _compare(logits, tokens, accepted, ref)
         kept.restore()
         self.tolerance = LOGIT_TOLERANCE[ex.config.dtype]
@@ -246,6 +260,36 @@ def _compare(logits, tokens, accepted, ref: Reference) -> torch.Tensor:
 
 def launch_verify(ex: Executor, key: GraphKey, seed: int, reference: Reference | None = None) -> PendingParity:
     return PendingParity(ex, key, seed, reference)
+
+
+def timed_by_verification(key: GraphKey) -> bool:
+    """Whether `key`'s replay time is its verification replay's (prefill keys: nothing reads
+    their times to decide anything) rather than timing runs of its own on padding-only inputs
+    (decode and verify keys: the speculation policy reads theirs)."""
+    return key.is_prefill
+
+
+class VerificationTiming:
+    """A prefill key's replay time: its verification replay (`PendingParity.replay_clock`: the
+    graph's first launch, on the verification's random valid rows, one run), read once the
+    verification is done. Shaped like a `PendingTiming` for the capture loop: `ready()`,
+    `queue_more()` (never more runs) and `timing()`."""
+
+    def __init__(self, parity: PendingParity):
+        self.parity = parity
+
+    def ready(self) -> bool:
+        return self.parity.ready()
+
+    def queue_more(self) -> bool:
+        return False
+
+    def timing(self) -> StepTiming:
+        clock = self.parity.replay_clock
+        if clock.cuda:
+            clock.end.synchronize()
+        ms = clock.ms()
+        return StepTiming(ms, ms, ms, 1)
 
 
 class _StepClock:
@@ -359,14 +403,6 @@ def launch_timing(ex: Executor, key: GraphKey, repeats: int, least: int = MIN_RE
     if ex.device.type == "cuda":
         return PendingTiming(ex, key, eager=False, repeats=repeats, least=least)
     return time_step(ex, key, eager=False, repeats=repeats)
-
-
-def timing_runs(key: GraphKey, eager_ms: float | None, loaded_new: bool) -> int:
-    """How many replay runs a key's timing starts with: one for a long prefill step whose
-    eager run (`eager_ms`, None where unknown) took LONG_STEP_MS or more without loading
-    anything, else MIN_REPEATS (then more where they differ)."""
-    long = key.is_prefill and eager_ms is not None and eager_ms >= LONG_STEP_MS and not loaded_new
-    return 1 if long else MIN_REPEATS
 
 
 def _read(events: list) -> list[float]:
