@@ -1,4 +1,5 @@
-"""Where a capture's wall goes: `python scripts/capture_profile.py CONFIG OUT_DIR [RESULT.json]`.
+"""Where a capture's wall goes: `python scripts/capture_profile.py CONFIG OUT_DIR [RESULT.json] [--calls]
+[--timing-check]`.
 
 Runs `trtgraph capture` in this process (its phases as `capture --json` reports them) with
 the host's time split by what it did in the capture loop: recording (the graph runner's
@@ -13,7 +14,16 @@ stage, and each timed call split by whether the caching allocator took new devic
 during it ("+reserve"). h/u9: how many keys were captured when each key's verification and
 timing were launched (the pacer holds them back while the device is behind), and the imports
 run without the collector as the program's do. Works on trees before and after the staging
-ring (what a tree lacks is not patched)."""
+ring (what a tree lacks is not patched).
+
+h/u10 (issue 14's recordings that stall at fixed keys): each recording split into its input
+upload (`prepare`), `capture_begin`, the step's ops and `capture_end` (the graph's
+instantiation), with whether the device's stream was idle before and after it (`recordings`);
+`--calls`: every Python or C call over 2 ms inside a recording over 15 ms (sys.setprofile,
+recordings only: it slows them; use apart from the timed figures); `--timing-check`: after the
+capture, each prefill key's manifest replay_ms (tenth session: its verification replay, the
+graph's first launch) against 3 later replays on the same rows (the verification's, from its
+seed) and against the median of 2 on padding-only inputs (what replay_ms was before)."""
 
 from __future__ import annotations
 
@@ -122,8 +132,112 @@ def gc_pauses() -> None:
     gc.callbacks.append(callback)
 
 
-def main(config_path: str, out_dir: str, result: str | None) -> None:
+recordings: list = []  # per recording: key, ms of prepare / capture_begin / step / capture_end / all, stream idle before / after
+long_calls: dict = {}  # key -> [(depth, name, ms)] of the calls over 2 ms in a recording over 15 ms (--calls)
+
+
+def recording_parts(calls: bool) -> None:
+    """Each recording split by its parts (Executor.capture: prepare, then the runner's
+    capture_begin, the step, capture_end), the stream's idleness around it, and (calls) the
+    long calls inside it."""
+    capture, prepare = Executor.capture, Executor.prepare
+    begin, end = torch.cuda.CUDAGraph.capture_begin, torch.cuda.CUDAGraph.capture_end
+    now: list = [None]  # the recording under way: its parts' ms, and when its step began
+
+    def part(name, t0):
+        if now[0] is not None:
+            now[0][name] = now[0].get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+
+    def prepared(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return prepare(self, *args, **kwargs)
+        finally:
+            part("prepare", t0)
+
+    def began(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return begin(self, *args, **kwargs)
+        finally:
+            part("capture_begin", t0)
+            if now[0] is not None:
+                now[0]["_step0"] = time.perf_counter()
+
+    def ended(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        if now[0] is not None and "_step0" in now[0]:
+            now[0]["step"] = (t0 - now[0].pop("_step0")) * 1e3
+        try:
+            return end(self, *args, **kwargs)
+        finally:
+            part("capture_end", t0)
+
+    def captured(self, key):
+        idle_before = torch.cuda.current_stream().query() if torch.cuda.is_available() else None
+        now[0], found, depth = {}, [], [0]
+        stack: list = []
+
+        def hook(frame, event, arg):
+            if event in ("call", "c_call"):
+                stack.append(time.perf_counter())
+            elif event in ("return", "c_return", "c_exception") and stack:
+                ms = (time.perf_counter() - stack.pop()) * 1e3
+                if ms > 2.0:
+                    name = (getattr(arg, "__qualname__", None) or repr(arg)) if event != "return" else \
+                        f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_code.co_firstlineno})"
+                    found.append((len(stack), name, round(ms, 3)))
+
+        t0 = time.perf_counter()
+        if calls:
+            sys.setprofile(hook)
+        try:
+            return capture(self, key)
+        finally:
+            if calls:
+                sys.setprofile(None)
+            total = (time.perf_counter() - t0) * 1e3
+            parts = {k: round(v, 3) for k, v in now[0].items() if not k.startswith("_")}
+            now[0] = None
+            idle_after = torch.cuda.current_stream().query() if torch.cuda.is_available() else None
+            recordings.append([str(key), parts, round(total, 3), idle_before, idle_after])
+            if calls and total > 15.0:
+                long_calls[str(key)] = found[-40:]
+
+    Executor.capture, Executor.prepare = captured, prepared
+    torch.cuda.CUDAGraph.capture_begin, torch.cuda.CUDAGraph.capture_end = began, ended
+
+
+def timing_check(res) -> list:
+    """Each prefill key: [key, manifest replay_ms, median of 3 later replays on its verification's
+    rows (from its seed; each behind the same spin as the capture's), median of 2 on padding]."""
+    ex = res.executor
+    warm = sorted(ex.plan.keys, key=lambda k: (-k.num_tokens, k))
+    recorded = {r.key: r.replay_ms for r in res.manifest.keys}
+    spin = getattr(verify, "SPIN_CYCLES", 2_000_000)
+    out = []
+    with torch.inference_mode():
+        for i, key in enumerate(warm):
+            if not key.is_prefill:
+                continue
+            ex.prepare(key, verify.random_rows(ex, key, torch.Generator().manual_seed(i)))
+            times = []
+            for _ in range(3):
+                torch.cuda._sleep(spin)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                ex.execute(key)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            padding = verify.time_step(ex, key, eager=False, repeats=2)
+            out.append([str(key), recorded[key], round(sorted(times)[1], 4), round(padding.median_ms, 4)])
+    return out
+
+
+def main(config_path: str, out_dir: str, result: str | None, calls: bool = False, check: bool = False) -> None:
     per_key_stages()
+    recording_parts(calls)
     gc_pauses()
     timed(graph_runner.GraphRunner, "replay", lambda s: f"graph_launch[{s}]")
     timed(buffers.StepBuffers, "staging_ready", lambda s: f"staging_wait[{s}]")
@@ -147,11 +261,20 @@ def main(config_path: str, out_dir: str, result: str | None) -> None:
             "phases": startup.CLOCK.to_json()["phases_seconds"],
             "host_seconds": {k: round(v, 4) for k, v in sorted(seconds.items())}, "calls": dict(counts),
             "per_key": ["key, verifications queued behind, recording ms, launch verify ms, launch timing ms, pool MB, "
-                        "keys captured at its verification's launch, at its timing's launch", *per_key]}
+                        "keys captured at its verification's launch, at its timing's launch", *per_key],
+            "recordings": ["key, parts ms (prepare, capture_begin, step, capture_end), all ms, stream idle before, "
+                           "after", *recordings]}
+    if calls:
+        body["long_calls"] = long_calls
+    if check and torch.cuda.is_available():
+        body["timing_check"] = ["key, manifest replay_ms, verification rows (3 later replays, median), padding (2, median)",
+                                *timing_check(res)]
     print(json.dumps(body, indent=1))
     if result:
         Path(result).write_text(json.dumps(body, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    flags = {a for a in sys.argv[1:] if a.startswith("--")}
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(args[0], args[1], args[2] if len(args) > 2 else None, "--calls" in flags, "--timing-check" in flags)

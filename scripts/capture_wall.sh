@@ -9,7 +9,10 @@
 #                  shell around the process (R names the round);
 #   runs           RUNS x `trtgraph run --verbose` of one prompt (this tree, on the last capture);
 #   run_before     one of the BEFORE tree;
-#   profile / profile_before  scripts/capture_profile.py on this tree / the BEFORE tree (in process);
+#   profile / profile_before  scripts/capture_profile.py on this tree / the BEFORE tree (in process;
+#                  PROFILE_ARGS: its flags, e.g. --timing-check);  profile_calls  this tree's with --calls
+#                  (the long calls inside slow recordings; slows the recordings);
+#   inspect        `trtgraph inspect` of the last capture's manifest (this tree);
 #   imports        one capture under `python -X importtime`;  probe  scripts/graph_launch_probe.py.
 # Without SCHEDULE: PROFILE (both trees' profiles), ROUNDS x VARIANTS (default "before after"),
 # IMPORTS, PROBE, RUNS, RUN_BEFORE, in that order. The Triton cache comes back as $OUT/tcache.tgz,
@@ -49,7 +52,9 @@ for step in $SCHEDULE; do
       rc=$?; w=$(( $(ms) - t0 )); echo "cap $t $r rc=$rc t=$((SECONDS-S))"; summary $O/cap_${t}_$r.json "$t$r" $w ;;
     runs) for i in $(seq 1 ${RUNS:-0}); do left 6 "run$i" && run_one $A one$i; done ;;
     run_before) left 6 run_before && run_one $BEFORE one_before ;;
-    profile) left 12 profile && { python3 scripts/capture_profile.py $CA $ART $O/prof_after.json > /dev/null 2> $O/prof_after.err; echo "prof after rc=$? t=$((SECONDS-S))"; } ;;
+    profile) left 12 profile && { python3 scripts/capture_profile.py $CA $ART $O/prof_after.json $PROFILE_ARGS > /dev/null 2> $O/prof_after.err; echo "prof after rc=$? t=$((SECONDS-S))"; } ;;
+    profile_calls) left 14 profile_calls && { python3 scripts/capture_profile.py $CA $ART $O/prof_calls.json --calls > /dev/null 2> $O/prof_calls.err; echo "prof calls rc=$? t=$((SECONDS-S))"; } ;;
+    inspect) left 5 inspect && { python3 -m trtgraph inspect $ART > $O/inspect.txt 2>&1; echo "inspect rc=$? t=$((SECONDS-S))"; head -30 $O/inspect.txt; } ;;
     profile_before) left 12 profile_before && { (cd $BEFORE && PYTHONPATH=$BEFORE python3 $A/scripts/capture_profile.py $CA $ART $O/prof_before.json > /dev/null 2> $O/prof_before.err); echo "prof before rc=$? t=$((SECONDS-S))"; } ;;
     imports) left 10 imports && { python3 -X importtime -m trtgraph capture --config $CFG --out $ART --json > $O/imp_cap.json 2> $O/imp.txt; echo "importtime rc=$? t=$((SECONDS-S))"
       sort -t'|' -k2 -n -r $O/imp.txt | awk -F'|' '$3 ~ /^ {1,3}[a-zA-Z_]/' | head -25; } ;;
