@@ -132,7 +132,7 @@ def gc_pauses() -> None:
     gc.callbacks.append(callback)
 
 
-recordings: list = []  # per recording: key, ms of prepare / capture_begin / step / capture_end / all, stream idle before / after
+recordings: list = []  # per recording: key, ms of its parts and of all, whether the stream was idle before / after
 long_calls: dict = {}  # key -> [(depth, name, ms)] of the calls over 2 ms in a recording over 15 ms (--calls)
 
 
@@ -267,8 +267,8 @@ def main(config_path: str, out_dir: str, result: str | None, calls: bool = False
     if calls:
         body["long_calls"] = long_calls
     if check and torch.cuda.is_available():
-        body["timing_check"] = ["key, manifest replay_ms, verification rows (3 later replays, median), padding (2, median)",
-                                *timing_check(res)]
+        body["timing_check"] = ["key, manifest replay_ms, verification rows (3 later replays, median), "
+                                "padding (2, median)", *timing_check(res)]
     print(json.dumps(body, indent=1))
     if result:
         Path(result).write_text(json.dumps(body, indent=1))

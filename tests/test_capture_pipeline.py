@@ -185,7 +185,8 @@ def _verification_clocks(monkeypatch) -> tuple[dict, list]:
         clocks[key] = self.replay_clock
 
     monkeypatch.setattr(PendingParity, "__init__", init)
-    monkeypatch.setattr(pipeline, "launch_timing", lambda ex, key, *a, **k: (timed.append(key), real_timing(ex, key, *a, **k))[1])
+    monkeypatch.setattr(pipeline, "launch_timing",
+                        lambda ex, key, *a, **k: (timed.append(key), real_timing(ex, key, *a, **k))[1])
     return clocks, timed
 
 

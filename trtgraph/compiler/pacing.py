@@ -2,10 +2,10 @@
 
 The capture records keys largest first, and the device's work for the first ones (a long
 prefill key's verification replay: up to 20-50 ms against the host's 10 ms to record it, with
-its timing run before the tenth session) outlasts their recordings: launched at once, that work piles up behind the host, and the
-host's launches then wait on the device (h/u8's profile, docs/performance.md: 10-50 ms per
-timing launch over the first 22 keys, the device 3-9 keys behind), while later, over the decode
-keys, the device idles as the host records. The pacer keeps about AHEAD_MS of estimated device
+its timing run before the tenth session) outlasts their recordings: launched at once, that
+work piles up behind the host, and the host's launches then wait on the device (h/u8's
+profile, docs/performance.md: 10-50 ms per timing launch over the first 22 keys, the device
+3-9 keys behind), while later, over the decode keys, the device idles as the host records. The pacer keeps about AHEAD_MS of estimated device
 work queued and holds the rest back, launched as the device gets through what is queued, so
 the head's work runs beside the recordings of the keys after it. A key's timing is launched
 only once its verification is done (a graph's second launch then never follows a first launch

@@ -59,8 +59,8 @@ from ..runtime.warmup import loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
 from .pacing import AHEAD_MS, KeyWork, Pacer
-from .verify import (MIN_REPEATS, StepTiming, VerificationTiming, clear_kv_cache, eager_reference, fill_kv_cache,
-                     launch_timing, launch_verify, timed_by_verification)
+from .verify import (MIN_REPEATS, SPIN_MS, StepTiming, VerificationTiming, clear_kv_cache, eager_reference,
+                     fill_kv_cache, launch_timing, launch_verify, timed_by_verification)
 
 # The warm-up keeps each key's eager outputs as its verification's reference while they fit in
 # this many bytes in all (the 92 keys of examples/llama-3.2-1b-synthetic.yaml: 0.4 GB); a key
@@ -245,17 +245,18 @@ def _key_work(ex: Executor, key: GraphKey, index: int, ref, repeats: int, eager_
     `_read_verify_and_time`. The timing: a decode key's MIN_REPEATS runs to start with (up to
     `repeats`), a prefill key's verification replay (`VerificationTiming`, no device work of
     its own). Estimated device time: the eager run's (twice for a verification that runs it
-    again), a decode key's timing MIN_REPEATS times it."""
+    again; a prefill key's spin besides), a decode key's timing MIN_REPEATS times it."""
     seed, reference = (ref, None) if isinstance(ref, int) else (ref.seed, ref)
     ms = eager_ms or 0.0
+    verify_ms = ms if reference is not None else 2 * ms
     if timed_by_verification(key):
-        time, time_ms = (lambda parity: VerificationTiming(parity)), 0.0
+        time, time_ms, verify_ms = (lambda parity: VerificationTiming(parity)), 0.0, verify_ms + SPIN_MS
     else:
         time = lambda parity: _guard(key, "timing", lambda: launch_timing(ex, key, repeats, MIN_REPEATS))  # noqa: E731
         time_ms = MIN_REPEATS * ms
     return KeyWork(key, index,
                    verify=lambda: _guard(key, "verification", lambda: launch_verify(ex, key, seed, reference)),
-                   time=time, verify_ms=ms if reference is not None else 2 * ms, time_ms=time_ms)
+                   time=time, verify_ms=verify_ms, time_ms=time_ms)
 
 
 def _read_due(pending: deque, lag: int, stats: dict, records: list, timings: list) -> None:

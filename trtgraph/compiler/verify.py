@@ -33,6 +33,7 @@ TIMING_BUDGET_MS = 25.0
 # graph's first launch (0.2-0.4 ms, h/u9's profile), so that the replay's start event
 # passes when the graph can start, not earlier: the host's launch is then not in the time.
 SPIN_CYCLES = 2_000_000
+SPIN_MS = 1.0  # what the spin takes at the H200's 1.98 GHz: the pacer's estimate of it
 
 
 @dataclass
