@@ -1,5 +1,5 @@
 """Where a capture's wall goes: `python scripts/capture_profile.py CONFIG OUT_DIR [RESULT.json] [--calls]
-[--timing-check]`.
+[--timing-check] [--hold]`.
 
 Runs `trtgraph capture` in this process (its phases as `capture --json` reports them) with
 the host's time split by what it did in the capture loop: recording (the graph runner's
@@ -23,7 +23,9 @@ instantiation), with whether the device's stream was idle before and after it (`
 recordings only: it slows them; use apart from the timed figures); `--timing-check`: after the
 capture, each prefill key's manifest replay_ms (tenth session: its verification replay, the
 graph's first launch) against 3 later replays on the same rows (the verification's, from its
-seed) and against the median of 2 on padding-only inputs (what replay_ms was before)."""
+seed) and against the median of 2 on padding-only inputs (what replay_ms was before);
+`--hold`: the pacer launches nothing before the last recording (the device idle while the
+host records: a recording that stalls only while the device works waits for the device)."""
 
 from __future__ import annotations
 
@@ -235,7 +237,12 @@ def timing_check(res) -> list:
     return out
 
 
-def main(config_path: str, out_dir: str, result: str | None, calls: bool = False, check: bool = False) -> None:
+def main(config_path: str, out_dir: str, result: str | None, calls: bool = False, check: bool = False,
+         hold: bool = False) -> None:
+    if hold:
+        from trtgraph.compiler import pacing
+
+        pipeline.Pacer = lambda ahead_ms: pacing.Pacer(None if ahead_ms is None else 0.0)
     per_key_stages()
     recording_parts(calls)
     gc_pauses()
@@ -246,6 +253,7 @@ def main(config_path: str, out_dir: str, result: str | None, calls: bool = False
     timed(pipeline, "launch_verify", "launch_verify (V)", "V")
     timed(pipeline, "launch_timing", "launch_timing (T)", "T")
     timed(verify.KeptBlocks, "__init__", lambda s: f"kv_block_copies[{s}]")
+    timed(Executor, "prepare", lambda s: f"prepare[{s}]")  # h/u10: the inputs' packing and upload, by stage
     timed(verify.PendingParity, "parity", "read_parity")
     timed(verify.PendingTiming, "queue_more", "read_timing_first / queue_more", "X")
     timed(verify.PendingTiming, "timing", "read_timing", "X")
@@ -277,4 +285,5 @@ def main(config_path: str, out_dir: str, result: str | None, calls: bool = False
 if __name__ == "__main__":
     flags = {a for a in sys.argv[1:] if a.startswith("--")}
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(args[0], args[1], args[2] if len(args) > 2 else None, "--calls" in flags, "--timing-check" in flags)
+    main(args[0], args[1], args[2] if len(args) > 2 else None, "--calls" in flags, "--timing-check" in flags,
+         "--hold" in flags)

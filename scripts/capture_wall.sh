@@ -11,12 +11,15 @@
 #   run_before     one of the BEFORE tree;
 #   profile / profile_before  scripts/capture_profile.py on this tree / the BEFORE tree (in process;
 #                  PROFILE_ARGS: its flags, e.g. --timing-check);  profile_calls  this tree's with --calls
-#                  (the long calls inside slow recordings; slows the recordings);
+#                  (the long calls inside slow recordings; slows the recordings);  profile_hold  this
+#                  tree's with --hold (nothing launched before the last recording);
+#   exit_probe     how long a process takes to end (os._exit) holding 120 GiB of device memory, and 1 GiB;
 #   inspect        `trtgraph inspect` of the last capture's manifest (this tree);
 #   imports        one capture under `python -X importtime`;  probe  scripts/graph_launch_probe.py.
 # Without SCHEDULE: PROFILE (both trees' profiles), ROUNDS x VARIANTS (default "before after"),
 # IMPORTS, PROBE, RUNS, RUN_BEFORE, in that order. The Triton cache comes back as $OUT/tcache.tgz,
-# everything else in $OUT/results.tgz (the device returns 8 files); the captures' table is printed last.
+# (not with NO_TCACHE_OUT=1), everything else in $OUT/results.tgz (the device returns 8 files); the
+# captures' table is printed last.
 O=/tmp/capture_wall; rm -rf $O; mkdir -p $O; A=$PWD; S=$SECONDS; CFG=${CFG:-examples/llama-3.2-1b-synthetic.yaml}; ART=/tmp/b/artifacts
 case $CFG in /*) CA=$CFG;; *) CA=$A/$CFG;; esac
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
@@ -54,6 +57,10 @@ for step in $SCHEDULE; do
     run_before) left 6 run_before && run_one $BEFORE one_before ;;
     profile) left 12 profile && { python3 scripts/capture_profile.py $CA $ART $O/prof_after.json $PROFILE_ARGS > /dev/null 2> $O/prof_after.err; echo "prof after rc=$? t=$((SECONDS-S))"; } ;;
     profile_calls) left 14 profile_calls && { python3 scripts/capture_profile.py $CA $ART $O/prof_calls.json --calls > /dev/null 2> $O/prof_calls.err; echo "prof calls rc=$? t=$((SECONDS-S))"; } ;;
+    profile_hold) left 12 profile_hold && { python3 scripts/capture_profile.py $CA $ART $O/prof_hold.json --hold > /dev/null 2> $O/prof_hold.err; echo "prof hold rc=$? t=$((SECONDS-S))"; } ;;
+    exit_probe) for g in 120 1; do left 5 exit_probe && { python3 -c "import os, sys, time, torch
+x = torch.empty($g << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); torch.cuda.synchronize()
+print(time.time_ns() // 1000000); sys.stdout.flush(); os._exit(0)" > $O/exit_$g.txt 2>&1; e=$(ms); echo "exit_probe ${g}GiB: exit took $((e - $(tail -1 $O/exit_$g.txt))) ms" | tee -a $O/exit.txt; }; done ;;
     inspect) left 5 inspect && { python3 -m trtgraph inspect $ART > $O/inspect.txt 2>&1; echo "inspect rc=$? t=$((SECONDS-S))"; head -30 $O/inspect.txt; } ;;
     profile_before) left 12 profile_before && { (cd $BEFORE && PYTHONPATH=$BEFORE python3 $A/scripts/capture_profile.py $CA $ART $O/prof_before.json > /dev/null 2> $O/prof_before.err); echo "prof before rc=$? t=$((SECONDS-S))"; } ;;
     imports) left 10 imports && { python3 -X importtime -m trtgraph capture --config $CFG --out $ART --json > $O/imp_cap.json 2> $O/imp.txt; echo "importtime rc=$? t=$((SECONDS-S))"
@@ -62,5 +69,5 @@ for step in $SCHEDULE; do
     *) echo "unknown step $step" ;;
   esac
 done
-(cd $ART && tar czf $OUT/tcache.tgz triton-cache); (cd $O && tar czf $OUT/results.tgz .)
+[ -z "$NO_TCACHE_OUT" ] && (cd $ART && tar czf $OUT/tcache.tgz triton-cache); (cd $O && tar czf $OUT/results.tgz .)
 echo "captures (wall ms, own s, ratio):"; [ -f $O/table.txt ] && awk '{print $1, $3, $5, $7}' $O/table.txt; echo "done t=$((SECONDS-S))"

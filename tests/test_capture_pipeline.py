@@ -332,7 +332,9 @@ def test_on_cuda_a_prefill_keys_time_is_its_replay_alone(monkeypatch, tmp_path):
     """CUDA: the verification replay that times a prefill key starts its clock after the
     device's spin (SPIN_CYCLES, about 1 ms), so neither the spin nor the host's launch is in
     the time: the tiny model's prefill replays take well under the spin (their median under
-    half of it), and each equals the clock of its verification."""
+    0.8 of it), and each equals the clock of its verification."""
+    from trtgraph.compiler.verify import SPIN_MS
+
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     clocks, timed = _verification_clocks(monkeypatch)
@@ -340,5 +342,5 @@ def test_on_cuda_a_prefill_keys_time_is_its_replay_alone(monkeypatch, tmp_path):
     prefill = sorted(r.replay_ms for r in result.manifest.keys if r.key.is_prefill)
     assert prefill and all(r.replay_ms == pytest.approx(clocks[r.key].ms(), abs=1e-4)
                            for r in result.manifest.keys if r.key.is_prefill)
-    assert 0 < prefill[len(prefill) // 2] < 0.5, prefill
+    assert 0 < prefill[len(prefill) // 2] < 0.8 * SPIN_MS, prefill
     assert timed and not any(k.is_prefill for k in timed)
