@@ -5,11 +5,12 @@ prefill key's verification replay: up to 20-50 ms against the host's 10 ms to re
 its timing run before the tenth session) outlasts their recordings: launched at once, that
 work piles up behind the host, and the host's launches then wait on the device (h/u8's
 profile, docs/performance.md: 10-50 ms per timing launch over the first 22 keys, the device
-3-9 keys behind), while later, over the decode keys, the device idles as the host records. The pacer keeps about AHEAD_MS of estimated device
-work queued and holds the rest back, launched as the device gets through what is queued, so
-the head's work runs beside the recordings of the keys after it. A key's timing is launched
-only once its verification is done (a graph's second launch then never follows a first launch
-still queued), and never before an earlier key's.
+3-9 keys behind), while later, over the decode keys, the device idles as the host records.
+The pacer keeps about AHEAD_MS of estimated device work queued and holds the rest back,
+launched as the device gets through what is queued, so the head's work runs beside the
+recordings of the keys after it. A key's timing is launched only once its verification is
+done (a graph's second launch then never follows a first launch still queued), and never
+before an earlier key's.
 
 Unpaced (`ahead_ms=None`: the CPU, where every launch runs at once, and tensor parallelism,
 where every rank must launch the same replays in the same order), a key's verification and

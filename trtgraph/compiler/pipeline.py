@@ -168,8 +168,8 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
                         "kv_cache_bytes": sum(t.numel() * t.element_size() for t in ex.kv_caches)})
     manifest = _manifest(config, ex, records, warmup_seconds)
     manifest.totals["warmup_keys"] = [str(k) for k in warm_keys]
-    manifest.totals["replay_timing"] = {**_timing_summary(records, timings), "verify_seconds": round(verify_seconds, 3),
-                                        "keys_held_back": pacer.held_back}
+    manifest.totals["replay_timing"] = {**_timing_summary(records, timings),
+                                        "verify_seconds": round(verify_seconds, 3), "keys_held_back": pacer.held_back}
     if notes:
         manifest.totals["notes"] = notes
     manifest.parallel = {"tensor_parallel_size": tp.world, "ranks": ranks}
