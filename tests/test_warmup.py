@@ -150,8 +150,9 @@ class _FakeClock:
     """CUDA events and an executor whose runs take scripted milliseconds (PendingTiming's logic
     without a GPU)."""
 
-    def __init__(self, durations):
+    def __init__(self, durations, device: str = "cpu"):
         self.now, self.durations, self.prepared, self.runs = 0.0, list(durations), 0, 0
+        self.device, self.calls = torch.device(device), []
         clock = self
 
         class Event:
@@ -160,6 +161,7 @@ class _FakeClock:
 
             def record(self):
                 self.t = clock.now
+                clock.calls.append("record")
 
             def synchronize(self):
                 pass
@@ -176,6 +178,7 @@ class _FakeClock:
     def execute(self, key, eager=False):
         self.runs += 1
         self.now += self.durations.pop(0)
+        self.calls.append("run")
 
 
 @pytest.mark.parametrize("durations, runs, prepared", [
@@ -192,6 +195,21 @@ def test_cuda_step_timing_stops_at_two_steady_runs_and_adds_runs_to_noisy_ones(d
     t = verify.PendingTiming(fake, "key", eager=False, repeats=20, budget_ms=25.0).timing()
     assert (t.repeats, fake.runs, fake.prepared) == (runs, runs, prepared)
     assert t.min_ms == pytest.approx(min(durations[:runs])) and t.max_ms == pytest.approx(max(durations[:runs]))
+
+
+def test_cuda_step_timing_runs_queue_behind_a_device_spin(monkeypatch):
+    """On CUDA each batch of timing runs (the first ones, and further ones) is queued behind a
+    spin of the device (SPIN_CYCLES), before its first event: the runs then go back to back on
+    the device instead of at the host's pace (h/u10's call: the first run held the launch's gap)."""
+    from trtgraph.compiler import verify
+
+    fake = _FakeClock([1.0, 1.2] + [1.1] * 30, device="cuda")
+    monkeypatch.setattr(verify.torch.cuda, "Event", fake.Event)
+    monkeypatch.setattr(verify.torch.cuda, "_sleep", lambda cycles: fake.calls.append(("spin", cycles)), raising=False)
+    verify.PendingTiming(fake, "key", eager=False, repeats=5, budget_ms=25.0).timing()
+    spin = ("spin", verify.SPIN_CYCLES)
+    assert fake.calls == [spin, "record", "run", "record", "run", "record",  # the first 2 runs
+                          spin, "record", "run", "record", "run", "record", "run", "record"]  # 3 more
 
 
 @pytest.mark.parametrize("key, by_verification", [

@@ -28,10 +28,12 @@ LOGIT_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 MIN_REPEATS = 2
 SPREAD_OK = 0.03
 TIMING_BUDGET_MS = 25.0
-# Before a verification replay that times a prefill key (CUDA), the device spins this many
-# clock cycles (about 1 ms on the H200) while the host makes the replay's checks and its
-# graph's first launch (0.2-0.4 ms, h/u9's profile), so that the replay's start event
-# passes when the graph can start, not earlier: the host's launch is then not in the time.
+# Before a timed replay (a prefill key's verification, a decode key's timing runs; CUDA), the
+# device spins this many clock cycles (about 1 ms on the H200) while the host makes the
+# replay's checks and launches its graph (0.15-0.4 ms each, h/u9's profile), so that the start
+# event passes when the graph can start, not earlier: the host's launch is then not in the
+# time. Without it, on a device that waits for the host, a decode key's first timing run held
+# the launch's gap (h/u10's call: spread median 0.01-0.07, 20 runs, against 0.005 and 2).
 SPIN_CYCLES = 2_000_000
 SPIN_MS = 1.0  # what the spin takes at the H200's 1.98 GHz: the pacer's estimate of it
 
@@ -214,8 +216,8 @@ class PendingParity:
         kept = KeptBlocks(ex, rows)
         ex.prepare(key, rows)
         timed = timed_by_verification(key)
-        if timed and ex.device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
-            torch.cuda._sleep(SPIN_CYCLES)  # the device busy while the host launches the replay
+        if timed:
+            _spin(ex.device)  # the device busy while the host launches the replay
         self.replay_clock = _StepClock(ex.device) if timed else None
         out = ex.execute(key)
         if self.replay_clock is not None:
@@ -261,6 +263,12 @@ def _compare(logits, tokens, accepted, ref: Reference) -> torch.Tensor:
 
 def launch_verify(ex: Executor, key: GraphKey, seed: int, reference: Reference | None = None) -> PendingParity:
     return PendingParity(ex, key, seed, reference)
+
+
+def _spin(device: torch.device) -> None:
+    """On CUDA, SPIN_CYCLES of device work ahead of a timed launch (see SPIN_CYCLES)."""
+    if device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(SPIN_CYCLES)
 
 
 def timed_by_verification(key: GraphKey) -> bool:
@@ -370,6 +378,7 @@ class PendingTiming:
     def _launch(self, n: int) -> list:
         """n runs back to back, n + 1 events: run i lies between events i and i + 1."""
         events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        _spin(self.ex.device)  # the runs go back to back on the device, not at the host's pace
         events[0].record()
         for end in events[1:]:
             self.ex.execute(self.key, eager=self.eager)
