@@ -395,9 +395,12 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="the kernel against torch (CPU: TRITON_INTERPRET=1)")
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: skip the 8 / 32-row round past it")
+    ap.add_argument("--head", action="store_true", help="the shipped TMA LM head against the fused GEMV, alone")
     args = ap.parse_args()
     if args.check:
         return cpu_check()
+    if args.head:
+        return head_ab(args.dest)
     from trtgraph.bench import measure_bandwidth
     t_start = time.time()
     dev = torch.device("cuda")
@@ -459,6 +462,43 @@ def report(nm, rec, bw):
                         if lab in row and lab not in dict(top[:3])), flush=True)
     for key, (err, inv, rep) in rec["checks"].items():
         print(f"  check {key}: rel err {err:.2e}, rows invariant 33/40/64 {inv}, replay == eager {rep}")
+
+
+def head_ab(dest, passes: int = 5) -> None:
+    """kernels/tma_head.py (decode_tuned.TMA_HEAD's config) against the fused GEMV as the 33-64-row
+    step runs it (the norm hoisted: no norm, no row pass), greedy (argmax in the epilogue) and plain
+    fp32 logits, at 33-64 rows: one CUDA graph of 16 calls over two weight copies per (op, rows),
+    passes interleaved; us per call, min / median over the passes."""
+    from trtgraph.bench import measure_bandwidth
+    from trtgraph.kernels import decode_linear as dl
+    from trtgraph.kernels import tma_head
+    dev, (v, k) = torch.device("cuda"), (128256, 2048)
+    ws = [torch.empty((v, k), device=dev, dtype=torch.bfloat16).normal_(0, k ** -0.5) for _ in range(2)]
+    ops = {"fused argmax": lambda x, w, t: dl.norm_linear_argmax(x, None, 1e-5, w, t),
+           "tma argmax": lambda x, w, t: tma_head.linear_argmax(x, w, t, config=decode_tuned_head()),
+           "fused plain": lambda x, w, t: dl.norm_linear(x, None, 1e-5, w, None, torch.float32),
+           "tma plain": lambda x, w, t: tma_head.linear(x, w, config=decode_tuned_head())}
+    graphs = {}
+    for m in (33, 40, 48, 56, 64):
+        x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+        tok = torch.empty(m, dtype=torch.int64, device=dev)
+        for name, fn in ops.items():
+            graphs[(name, m)] = (lambda fn, x, tok: lambda i: fn(x, ws[i % 2], tok))(fn, x, tok)
+    bw = measure_bandwidth(dev)
+    times = {key: [] for key in graphs}
+    for _ in range(passes):
+        for key, fn in graphs.items():
+            times[key].append(graph_time(fn, 16))
+    out = {f"{name} {m}": t for (name, m), t in times.items()}
+    for (name, m), t in times.items():
+        print(f"{name:13s} T={m}: {min(t):7.2f} / {sorted(t)[len(t) // 2]:7.2f} us "
+              f"({v * k * 2 / (min(t) * 1e-6) / bw:.0%} of {bw / 1e9:.0f} GB/s)", flush=True)
+    dump(dest, {"bandwidth_GBps": bw / 1e9, "us": out})
+
+
+def decode_tuned_head():
+    from trtgraph.kernels import decode_tuned
+    return decode_tuned.TMA_HEAD[(128256, 2048)]
 
 
 def cpu_check() -> None:
