@@ -6,10 +6,12 @@ plus the greedy argmax in the epilogue of a greedy step. The fused GEMV (kernels
 loads its weight tiles with pointer arithmetic, which Triton pipelines as cp.async (an address per
 16 bytes); here the weight and x tiles come through host-built tensor descriptors
 (`triton.tools.tensor_descriptor.TensorDescriptor`, `desc.load([n0, k0])`), which Triton pipelines
-on sm_90 as TMA bulk copies with mbarriers, `num_stages` deep. On the H200 (scripts/tma_probe.py,
-docs/performance.md, tenth session): 136-140 us at 40-64 rows against 145-150 for the fused kernel
-(with its norm row pass) and 137-145 for cuBLAS; 93-94% of the copy bandwidth. On the layer shapes
-(qkv, o, gate_up, down) the same kernel lost to today's ops, so it serves the LM head only.
+on sm_90 as TMA bulk copies with mbarriers, `num_stages` deep. On the H200 (docs/performance.md,
+tenth session; `scripts/tma_probe.py --head`, alone, 40-64 rows): 150.6-153.4 us with the argmax
+against the fused GEMV's 155.3-159.7, fp32 logits 135.4-139.4 against 140.9-145.6 (90-92% of the
+copy bandwidth); the replayed bs-64 step 6 us faster (`scripts/decode_ablation.py notma`). On the
+layer shapes (qkv, o, gate_up, down) the same kernel lost to today's ops (`scripts/tma_probe.py`),
+so it serves the LM head only.
 
 Swap-AB as the fused kernel: a program multiplies a weight tile [BLOCK_N, BLOCK_K] by the step's
 rows (one tile of BLOCK_T = 64, zero-filled past T by the descriptor) transposed, acc [BLOCK_N, 64];
@@ -18,7 +20,7 @@ grid (1, V / BLOCK_N), so decode_kernel._argmax_epilogue's m-tile / N-tile proto
 Batch invariance: the config is a function of the weight shape (decode_tuned.TMA_HEAD), every step
 of 33-64 rows runs one 64-row tile, and the MMA reduces each column over K in the same order, so a
 row's logits do not depend on the rows beside it or on T within the band (tests/test_tma_head.py
-checks 33-64 on the GPU). Steps of other row counts keep the fused GEMV, which rounds otherwise:
+checks steps of 33, 40, 57 and 63 rows against the 64-row step, bitwise, on the GPU). Steps of other row counts keep the fused GEMV, which rounds otherwise:
 with `deterministic` the path is not installed (`choose_tma_head`), as the split down projection is not.
 """
 
