@@ -76,9 +76,9 @@ class Split:
         bn, bk, stages, warps = self.cfg
         T, K = self.x.shape
         out = torch.empty((T, w.shape[0]), dtype=torch.float32, device=self.x.device)
-        _head[(1, self.tiles)](TensorDescriptor.from_tensor(self.x, [64, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
-                               out, self.best, T, w.shape[0], K, out.stride(0), BLOCK_N=bn, BLOCK_K=bk, BLOCK_T=64,
-                               STAGES=stages, PER_TILE=self.per_tile,
+        descs = TensorDescriptor.from_tensor(self.x, [64, bk]), TensorDescriptor.from_tensor(w, [bn, bk])
+        _head[(1, self.tiles)](*descs, out, self.best, T, w.shape[0], K, out.stride(0), BLOCK_N=bn, BLOCK_K=bk,
+                               BLOCK_T=64, STAGES=stages, PER_TILE=self.per_tile,
                                PRECISION="ieee" if w.dtype == torch.float32 else "tf32", num_warps=warps,
                                num_stages=stages)
         _tokens[(1,)](self.best, self.tok, T, self.tiles, BLOCK_T=64, PER_TILE=self.per_tile, num_warps=4)

@@ -20,8 +20,9 @@ grid (1, V / BLOCK_N), so decode_kernel._argmax_epilogue's m-tile / N-tile proto
 Batch invariance: the config is a function of the weight shape (decode_tuned.TMA_HEAD), every step
 of 33-64 rows runs one 64-row tile, and the MMA reduces each column over K in the same order, so a
 row's logits do not depend on the rows beside it or on T within the band (tests/test_tma_head.py
-checks steps of 33, 40, 57 and 63 rows against the 64-row step, bitwise, on the GPU). Steps of other row counts keep the fused GEMV, which rounds otherwise:
-with `deterministic` the path is not installed (`choose_tma_head`), as the split down projection is not.
+checks steps of 33, 40, 57 and 63 rows against the 64-row step, bitwise, on the GPU). Steps of
+other row counts keep the fused GEMV, which rounds otherwise: with `deterministic` the path is not
+installed (`choose_tma_head`), as the split down projection is not.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def runs_tma(x: torch.Tensor, weight: torch.Tensor, norm_weight, bias, out_dtype
             and _aligned(x) and _aligned(weight))
 
 
-def choose_tma_head(head_shape: tuple[int, int] | None, row_counts: list[int], device: torch.device, deterministic: bool,
-                    tensor_parallel: bool, dtype: torch.dtype) -> dict[str, str]:
+def choose_tma_head(head_shape: tuple[int, int] | None, row_counts: list[int], device: torch.device,
+                    deterministic: bool, tensor_parallel: bool, dtype: torch.dtype) -> dict[str, str]:
     """Install the TMA LM head for the head weight [V, K] where decode_tuned.TMA_HEAD measured it
     faster: on a CUDA device with TMA (compute capability 9.0+), one GPU, 16-bit weights, not with
     `deterministic`, and the plan running logit rows in 33-64. Returns `installed_tma_head()`."""
