@@ -40,7 +40,10 @@ a variant's two results):
   slices instead of decode_tuned.SPLIT_DOWN's; `nohoist`: no norm hoisted (each qkv and the LM head
   norm their own input, the embedding a lookup, the greedy argmax a kernel of its own: the step
   before the ninth session); `sep-argmax`: `light` with the argmax a kernel of its own, not in the
-  LM head's epilogue.
+  LM head's epilogue;
+- `notma`: `light` with the LM head at 33-64 rows on the fused GEMV, not the TMA-fed GEMM
+  (kernels/tma_head.py; `light` takes decode_tuned.TMA_HEAD's config); `tma64`: the TMA head in
+  64-wide tiles (BLOCK_N 64, 3 stages: the probe's best at 64 rows, slower at 40).
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -63,6 +66,7 @@ from trtgraph.kernels import decode_persistent as dp
 from trtgraph.kernels import decode_tuned
 from trtgraph.kernels import linear as lin
 from trtgraph.kernels import split_residual as sr
+from trtgraph.kernels import tma_head
 from trtgraph.kernels import attention_config as attention
 from trtgraph.kernels import triton_ops as t
 from trtgraph.kernels.composed import argmax_op, compose
@@ -112,6 +116,8 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "nosplit": {**NEW, **LIGHT, "split": {}},
             "nohoist": {**NEW, **LIGHT, "split": {}, "hoist": False, "fused_argmax": False},
             "sep-argmax": {**NEW, **LIGHT, "fused_argmax": False},
+            "notma": {**NEW, **LIGHT, "tma": {}},
+            "tma64": {**NEW, **LIGHT, "tma": {LM: (64, 128, 3, 4)}, "batches": (33, 40, 48, 64)},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
@@ -136,6 +142,8 @@ def install(ex, v):
                                  lin.linear_residual if v["epilogue"] else None), smp.argmax)
     sr._SPLITS.clear()
     sr._SPLITS.update(v.get("split", decode_tuned.SPLIT_DOWN))
+    tma_head._ON.clear()
+    tma_head._ON.update(v.get("tma", decode_tuned.TMA_HEAD))
     model = ex.loaded.model
     model.__dict__.pop("forward_normed", None)
     if not v.get("hoist", True):

@@ -20,8 +20,8 @@ from trtgraph.runtime.step.executor import Executor
 # kernel families by name fragment, first match wins; "matmul" is what reads the weights
 # (`_sum_add_norm`: the split down projection's reduce, which also takes the next norm, counted as
 # the matmul's as cuBLAS's own split-K reduce is)
-FAMILIES = (("matmul", ("_decode_kernel", "_light_kernel", "gemm", "gemv", "nvjet", "cutlass", "_linear_kernel", "splitk", "sm90",
-                        "_sum_add_norm")),
+FAMILIES = (("matmul", ("_decode_kernel", "_light_kernel", "_tma_head_kernel", "gemm", "gemv", "nvjet", "cutlass",
+                        "_linear_kernel", "splitk", "sm90", "_sum_add_norm")),
             ("attention", ("attn",)), ("norm", ("rms_norm", "embed_norm")), ("rope", ("rope",)), ("silu", ("silu",)),
             ("sampler", ("sample", "gumbel", "argmax", "topk", "process", "logit")))
 KEYS = (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled"))

@@ -288,11 +288,12 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
             not isinstance(k, str) or not re.fullmatch(r"[a-z_]{1,32}:[0-9]{1,7}x[0-9]{1,7}", k)
             or not isinstance(b, str)
             or not re.fullmatch(r"composed|fused(<=[0-9]{1,4})?(\+light<=[0-9]{1,4})?(\+tail<=[0-9]{1,4})?"
-                                r"|split[0-9]{1,2}:[0-9]{1,4}-[0-9]{1,4}", b)
+                                r"|(split[0-9]{1,2}|tma):[0-9]{1,4}-[0-9]{1,4}", b)
             for k, b in fused.items()):
         v.fail("totals.fused_ops", fused, 'an object {"op:NxK": "fused" | "fused<=ROWS" | "composed"} per fused op '
                'and weight shape (a fused name may end in "+light<=ROWS" and / or "+tail<=ROWS"; the split down '
-               'projection: "linear_residual_norm:NxK": "splitS:LO-HI")')
+               'projection: "linear_residual_norm:NxK": "splitS:LO-HI"; the TMA-fed LM head: '
+               '"norm_linear_tma:VxK": "tma:LO-HI")')
 
 
 def check_parallel(v: FieldReader, par: Any, config: Config) -> None:

@@ -320,6 +320,10 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
     from .decode_persistent import choose_tail
 
     choose_tail(_CHOICE, device, deterministic, tensor_parallel, dtype)
+    from .tma_head import choose_tma_head
+
+    head = next(((n, k) for op, n, k in shapes if op == "norm_linear"), None)  # the LM head at 33-64 rows, TMA-fed
+    choose_tma_head(head, row_counts.get(head, []), device, deterministic, tensor_parallel, dtype)
     return installed_choice()
 
 
@@ -339,8 +343,10 @@ def installed_choice() -> dict[str, str]:
         c = f"{c}+light<={LIGHT_MAX_ROWS}" if (n, k) in _LIGHT_ON else c
         return f"{c}+tail<={TAIL_MAX_ROWS}" if (op, n, k) in tail else c
     from .split_residual import installed_split
+    from .tma_head import installed_tma_head
 
-    return {**{f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}, **installed_split()}
+    return {**{f"{op}:{n}x{k}": name(op, n, k, c) for (op, n, k), c in sorted(_CHOICE.items())}, **installed_split(),
+            **installed_tma_head()}
 
 
 def fused(name: str, weight: torch.Tensor, rows: int) -> bool:
@@ -368,13 +374,18 @@ def dispatch(composed: FusedOps) -> FusedOps:
         return pick("norm_gate_up_silu", weight, x.shape[0])(x, norm_weight, eps, weight)
 
     def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
+        if tma.runs_tma(x, weight, norm_weight, bias, out_dtype):
+            return tma.linear(x, weight)
         return pick("norm_linear", weight, x.shape[0])(x, norm_weight, eps, weight, bias, out_dtype)
 
     def norm_linear_argmax(x, norm_weight, eps, weight, tokens):
+        if tma.runs_tma(x, weight, norm_weight, None, torch.float32):
+            return tma.linear_argmax(x, weight, tokens)
         if fused("norm_linear", weight, x.shape[0]) and weight.shape[0] < 1 << 24:
             return FUSED_ARGMAX(x, norm_weight, eps, weight, tokens)
         return composed.norm_linear_argmax(x, norm_weight, eps, weight, tokens)
 
+    from . import tma_head as tma
     from .decode_persistent import with_tail
 
     return with_tail(FusedOps(norm_qkv_rope, linear_residual, norm_gate_up_silu, norm_linear,

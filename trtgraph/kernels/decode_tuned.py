@@ -68,3 +68,10 @@ TAIL = False
 # 4 slices 15.2 / 15.4 / 15.4 / 15.6, 2 slices 15.7-16.0, 8 slices 16.1-16.5, against cuBLAS's own
 # split-K GEMM + reduce + the RMSNorm kernel 16.7-16.8.
 SPLIT_DOWN = {(2048, 8192): 4}
+
+# The LM head at 33-64 rows as a TMA-fed GEMM (kernels/tma_head.py), where the norms are hoisted:
+# (V, K) -> (BLOCK_N, BLOCK_K, stages, warps). On the H200 (scripts/tma_probe.py, tenth session,
+# us alone at 64 / 40 rows): 140.2 / 136.4 against the fused GEMV's 150.1 / 145.5 (with its norm
+# row pass) and cuBLAS's 145.2 / 137.0; 64-wide tiles were as fast at 64 rows (138.4) but 151.4
+# at 40 (twice the x tiles streamed per weight byte). The replayed bs-64 step: -6 us (notma).
+TMA_HEAD = {(128256, 2048): (128, 128, 4, 4)}
