@@ -131,6 +131,28 @@ def test_fused_argmax_takes_the_first_maximum_and_nan(monkeypatch, T, split):
     assert (tokens == 0).all()
 
 
+@pytest.mark.parametrize("T", [1, 33])
+def test_fused_argmax_over_many_tiles(monkeypatch, T):
+    """38 N-tiles: ties between distant tiles go to the first column, a maximum in the last
+    (short) tile counts, and the running maxima and the m-tile's counter are back at rest (-1, 0)
+    after every launch, so the next launch, on other weights, is exact too."""
+    from trtgraph.kernels import triton_ops
+
+    monkeypatch.setattr(dl, "_TUNED", {(600, 48): (16, 16, 1, 1, 1)})
+    monkeypatch.setattr(dl, "_ROW_TILES", (16, 32, 64))
+    g, x, nw = _inputs(T, 48, torch.float32, torch.device("cpu"), seed=7)
+    for tied in ((3, 400, 590), (599, 37), (200,)):
+        w = _weight(g, 600, 48, torch.float32, "cpu")
+        for c in tied:  # row 0's largest logit, in every tied column
+            w[c] = 40 * x[0] * nw / (x[0] * nw).norm()
+        tokens = torch.empty(T, dtype=torch.int64)
+        logits = dl.norm_linear_argmax(x, nw, 1e-5, w, tokens)
+        assert torch.equal(tokens, logits.argmax(dim=-1))
+        assert tokens[0] == min(tied)
+        assert (triton_ops.argmax_best(T, x.device) == -1).all()
+        assert (triton_ops.arrival_counters(38 + 1, x.device)[38:] == 0).all()
+
+
 def _light_tables(monkeypatch, split, block_k=16, light_rows=(72, 80, 48, 64)):
     """Light configs for TINY's shapes (tensor-core configs for the rows past LIGHT_MAX_ROWS)."""
     tuned = {(n, k): (16, 16, 1, 1, 1) for n, k in ((72, 48), (80, 48), (48, 40), (64, 48))}
