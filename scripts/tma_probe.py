@@ -37,6 +37,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import tune_linear  # noqa: E402
 from tma_gemm import PLAIN, RESIDUAL, SILU, TmaGemm, cpu_check, reference  # noqa: E402
 
 
@@ -144,23 +145,8 @@ def cublas_call(name, x, ws, res):
 
 
 def graph_time(fn, calls: int, reps: int = 7) -> float:
-    fn(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(times)[reps // 2]
+    """Microseconds per call of fn(i), replayed from one CUDA graph (tune_linear's, median of 7)."""
+    return tune_linear.graph_time(fn, calls, reps) * 1e6
 
 
 def check_gpu(name, cfg, dev):

@@ -25,8 +25,9 @@ CONFIGS = [c for c in itertools.product((16, 32, 64), (128, 256), (4,), (3, 4, 5
 CONFIGS += [(64, bk, 8, st) for bk in (128, 256) for st in (3, 4)] + [(128, 128, 8, 3), (128, 128, 4, 3)]
 
 
-def graph_time(fn, calls: int) -> float:
-    """Seconds per call of fn(i) for i in range(calls), replayed from one CUDA graph."""
+def graph_time(fn, calls: int, reps: int = 5) -> float:
+    """Seconds per call of fn(i) for i in range(calls), replayed from one CUDA graph (the median
+    of `reps` replays)."""
     fn(0)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -37,13 +38,13 @@ def graph_time(fn, calls: int) -> float:
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(5):
+    for _ in range(reps):
         a.record()
         g.replay()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) / 1e3 / calls)
-    return sorted(times)[2]
+    return sorted(times)[reps // 2]
 
 
 def make_call(n, k, m, ws, use_triton=True):
