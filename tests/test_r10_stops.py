@@ -1,0 +1,50 @@
+"""Stop strings end a request at the token that completes the stop, whatever the step drew:
+a verify step that accepts several tokens at once gives exactly plain decoding's tokens,
+text and finish reason (README: speculation only changes how many steps they take)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_config
+
+PROMPTS = ["one two three four " * 5, "abcabcabcabcabcabc", "[1, 2, 3, 1, 2, 3, 1, 2, 3", "the cat sat on the mat. " * 4]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory, one_torch_thread):
+    from trtgraph.compiler.pipeline import capture
+    from trtgraph.runtime.serving.engine import Engine
+
+    out = tmp_path_factory.mktemp("spec-stops")
+    capture(tiny_config(speculative={"draft_len": 3, "ngram_min": 1, "ngram_max": 3}, kv_cache={"num_blocks": 30}), out)
+    return Engine(out), Engine(out, speculative=False)
+
+
+def _one(engine, req):
+    return list(engine.generate([req]))[0]
+
+
+def _stops(text: str) -> list[str]:
+    """Stop strings cut from the plain output: 1-3 characters at a few places."""
+    return sorted({text[a:a + n] for a in range(1, min(len(text), 30), 3) for n in (1, 2, 3)
+                   if text[a:a + n] and "\ufffd" not in text[a:a + n]})
+
+
+def test_a_stop_string_inside_an_accepted_run_gives_plain_decodings_tokens(engines):
+    spec, plain = engines
+    cases = accepting = 0
+    for i, prompt in enumerate(PROMPTS):
+        for temperature in (0.0, 0.8):
+            base = {"id": "x", "prompt": prompt, "max_tokens": 40, "temperature": temperature, "seed": i}
+            full = _one(plain, base)
+            for stop in _stops(full.text):
+                req = {**base, "stop": [stop]}
+                got, want = _one(spec, req), _one(plain, req)
+                assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason), \
+                    (prompt, temperature, stop)
+                assert got.to_json()["usage"]["completion_tokens"] == len(want.token_ids)
+                cases += want.finish_reason == "stop"
+                accepting += spec.stats.to_json()["speculative"]["acceptance_rate"] > 0
+    assert cases > 20
+    assert accepting >= 3  # runs of several tokens were accepted
