@@ -48,3 +48,35 @@ def test_a_stop_string_inside_an_accepted_run_gives_plain_decodings_tokens(engin
                 accepting += spec.stats.to_json()["speculative"]["acceptance_rate"] > 0
     assert cases > 20
     assert accepting >= 3  # runs of several tokens were accepted
+
+
+def test_a_stop_string_completed_before_min_tokens_does_not_count(engines):
+    """min_tokens: no stop applies before that many tokens (README), so a stop string the
+    first min_tokens - 1 tokens hold is not one; one completed later stops the request. The
+    text is never cut inside the first min_tokens - 1 tokens' text, and streamed deltas add
+    up to it."""
+    spec, plain = engines
+    decode = plain.tokenizer.decode
+    checked = 0
+    for i, prompt in enumerate(PROMPTS):
+        base = {"id": "x", "prompt": prompt, "max_tokens": 30, "temperature": 0.8, "seed": i}
+        full = _one(plain, base).token_ids
+        for m in (4, 8, 12):
+            head = decode(full[:m - 1])
+            for stop in sorted({head[a:a + n] for a in range(len(head)) for n in (1, 2)} - {""}):
+                if "\ufffd" in stop:
+                    continue
+                req = {**base, "stop": [stop], "min_tokens": m}
+                want_len = next((t for t in range(m, len(full) + 1)
+                                 if decode(full[:t]).find(stop, max(len(head) - len(stop) + 1, 0)) >= 0), len(full))
+                for engine in (plain, spec):
+                    got = _one(engine, req)
+                    assert got.token_ids == full[:want_len], (prompt, m, stop)
+                    text = decode(got.token_ids)
+                    assert got.text.startswith(head) and text.startswith(got.text), (prompt, m, stop)
+                    if want_len < len(full):
+                        assert got.finish_reason == "stop"
+                    deltas = list(engine.outputs_of(engine.submit([{**req, "id": "s"}])))
+                    assert "".join(d.text for d in deltas) == got.text
+                checked += 1
+    assert checked > 20
