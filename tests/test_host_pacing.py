@@ -166,3 +166,19 @@ def test_a_waves_last_step_and_the_next_waves_first_go_three_ahead(engine):
     ex = engine.executor
     for r in reqs[::rows // 2]:
         assert results[r["id"]].token_ids == oracle.generate(ex.loaded, r["prompt_token_ids"], 7), r["id"]
+
+
+def test_serving_again_and_again_registers_one_finalizer_per_engine(engine):
+    """Each idle engine that serves again holds the collector again: a long-lived server that
+    goes idle between requests must not add a finalizer (and its record) every time."""
+    import weakref
+
+    def mine():
+        return sum(1 for f in list(weakref.finalize._registry) if (p := f.peek()) and p[0] is engine)
+
+    list(engine.generate(_requests(engine, 1)))
+    before = mine()
+    for _ in range(5):
+        list(engine.generate(_requests(engine, 1)))
+        assert gc.isenabled() and not collection.held(engine)
+    assert mine() == before <= 1
