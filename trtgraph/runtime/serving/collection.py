@@ -15,6 +15,8 @@ skips most of them), or collected here only when its count runs far past its thr
 server that never idles still frees old cycles.
 
 Nothing changes where the process had switched the collector off itself: it is left alone.
+An engine whose every request is being aborted lets go at once (`Engine.abort`): its consumer
+may never step it again (a stream left early).
 """
 
 from __future__ import annotations

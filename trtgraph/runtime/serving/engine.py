@@ -164,7 +164,15 @@ class Engine(Deliveries):
         if not self._is_live(request_id):
             return False
         self._aborts.add(request_id)
+        if self._only_aborted():  # its consumer may step no more (a stream left early): the collector
+            collection.release(self)  # goes back on now, not at some later call's step
         return True
+
+    def _only_aborted(self) -> bool:
+        """Whether every request still here is one being aborted (steps in flight aside)."""
+        a = self._aborts
+        return (len(a) >= len(self._live) and a.issuperset(self._live) and a.issuperset(self._pending_ids)
+                and all(o.id in a for o in self._undelivered))
 
     def has_unfinished(self) -> bool:
         """Whether step() has anything left to do or hand out."""
