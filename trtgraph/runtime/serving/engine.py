@@ -80,6 +80,7 @@ class Engine(Deliveries):
         self._undelivered: list[RequestOutput] = []  # refusals, and outputs handed back
         self._aborts: set[str] = set()  # applied at the next step
         self._arrivals = 0  # requests added so far: each sequence's arrival order
+        self._aborts_applied = 0  # aborts applied so far (outputs_of stops waiting for an aborted request)
         self._flight: deque[InFlight] = deque()  # launched steps whose tokens are not read yet, in launch order
         # Submitted, not admitted yet: (request, stream, when it was submitted), in order; admitted
         # in slices while the device runs, and always before the scheduler could take them.
@@ -256,9 +257,11 @@ class Engine(Deliveries):
         self._undelivered = list(outputs) + self._undelivered
 
     def outputs_of(self, ids: Iterable[str]) -> Iterator[RequestOutput]:
-        """Step until every request in `ids` has finished, yielding their outputs as they
-        come and handing every other request's back for its own consumer."""
+        """Step until every request in `ids` has finished (or was aborted: none comes for it),
+        yielding their outputs as they come and handing every other request's back for its own
+        consumer."""
         remaining = set(ids)
+        aborts = self._aborts_applied
         while remaining:
             outputs = self.step()
             self.hand_back([o for o in outputs if o.id not in remaining])
@@ -267,6 +270,9 @@ class Engine(Deliveries):
                     if out.finished:
                         remaining.discard(out.id)
                     yield out
+            if self._aborts_applied != aborts:  # someone aborted requests: none of ours among them comes
+                aborts = self._aborts_applied
+                remaining = {rid for rid in remaining if self._is_live(rid)}
 
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
@@ -335,6 +341,7 @@ class Engine(Deliveries):
             self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it
         if self._aborts:
             self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
+            self._aborts_applied += len(self._aborts)
             self._aborts.clear()
 
     def _launch_next(self) -> None:
