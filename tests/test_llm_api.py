@@ -199,3 +199,34 @@ def test_a_request_aborted_by_another_consumer_ends_the_wait_for_it(llm):
             llm.generate([{"id": "kept2", "prompt": "a", "max_tokens": 4}, {"id": "gone2", "prompt": "b", "max_tokens": 40}])
     assert not engine.has_unfinished()
     assert [c.finish_reason for c in llm.generate(["again"], {"max_tokens": 3})] == ["length"]
+
+
+def test_an_interrupted_generate_leaves_nothing_served_for_nobody(llm):
+    """Ctrl-C inside LLM.generate (or an Engine.generate left early): its unfinished requests
+    are aborted, not served on by later calls with their outputs held for nobody (and the
+    engine never idle again, its collector off)."""
+    import gc
+
+    from trtgraph.runtime.serving.engine import Engine
+
+    engine, step, calls = llm.engine, Engine.step, []
+
+    def interrupted(self):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return step(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([f"p{i}" for i in range(12)], {"max_tokens": 30})
+    assert [c.finish_reason for c in llm.generate(["hi"], {"max_tokens": 2})] == ["length"]
+    assert not engine.has_unfinished() and not engine._undelivered and gc.isenabled()
+
+    results = engine.generate([{"id": f"g{i}", "prompt": "x", "max_tokens": 20 + i} for i in range(6)])
+    next(results)
+    results.close()  # left early
+    assert [c.finish_reason for c in llm.generate(["hi"], {"max_tokens": 2})] == ["length"]
+    assert not engine.has_unfinished() and not engine._undelivered and gc.isenabled()
+    assert engine.scheduler.allocator.num_free == engine.executor.num_blocks - 1

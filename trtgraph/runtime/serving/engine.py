@@ -278,9 +278,22 @@ class Engine(Deliveries):
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
         ids = self.submit(requests, gpu_timing, stream=False)
-        for out in self.outputs_of(ids):
-            if out.finished:
-                yield out.result
+        finished: set[str] = set()
+        try:
+            for out in self.outputs_of(ids):
+                if out.finished:
+                    finished.add(out.id)
+                    yield out.result
+        finally:  # interrupted or left early: what did not finish goes (nobody would read it)
+            self.abort_unfinished(ids, finished)
+
+    def abort_unfinished(self, ids: Iterable[str], finished: set[str]) -> None:
+        """A consumer of `ids` stops (an exception, a generator left early): abort those not in
+        `finished`, which would otherwise be served and their outputs held for nobody; a
+        finished one's id may be a newer request's by now."""
+        for rid in ids:
+            if rid not in finished:
+                self.abort(rid)
 
     def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False, stream: bool = True) -> list[str]:
         """Validate every request (ids unique within the batch and among live requests),

@@ -100,9 +100,13 @@ class LLM:
         aborted meanwhile, by Engine.abort)."""
         reqs = self._requests(prompts, sampling)
         done: dict[str, Completion] = {}
-        for out in self.engine.outputs_of(self.engine.submit(reqs)):
-            if out.finished:
-                done[out.id] = Completion.of(out.result)
+        ids = self.engine.submit(reqs)
+        try:
+            for out in self.engine.outputs_of(ids):
+                if out.finished:
+                    done[out.id] = Completion.of(out.result)
+        finally:  # interrupted (Ctrl-C): the rest must not be served for nobody
+            self.engine.abort_unfinished(ids, set(done))
         gone = [r.id for r in reqs if r.id not in done]
         if gone:
             raise PromptError(f"request {gone[0]!r} was aborted (Engine.abort) before it finished; "
@@ -140,10 +144,8 @@ class LLM:
                 if out.finished:
                     finished.add(out.id)
                 yield CompletionDelta.of(out)
-        finally:  # closed early: the rest leaves the engine at its next step (not a later request
-            for rid in ids:  # that reuses a finished one's id)
-                if rid not in finished:
-                    self.engine.abort(rid)
+        finally:  # closed early: the rest leaves the engine at its next step
+            self.engine.abort_unfinished(ids, finished)
 
     def _requests(self, prompts, sampling) -> list[Request]:
         """Every prompt as a validated Request (ids made for those without one)."""
