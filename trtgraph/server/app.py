@@ -157,7 +157,7 @@ async def _body(request: Request) -> dict:
     except ClientDisconnect:  # gone before its whole body came: nothing to serve, nobody to answer
         raise OpenAIError(499, "the client disconnected.") from None
     try:
-        body = loads_json(data.decode("utf-8"), allow_nonfinite=False)
+        body = loads_json(data.decode("utf-8"), allow_nonfinite=False, unique_keys=True)
     except (JSONProblem, UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
