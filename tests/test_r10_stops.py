@@ -80,3 +80,19 @@ def test_a_stop_string_completed_before_min_tokens_does_not_count(engines):
                     assert "".join(d.text for d in deltas) == got.text
                 checked += 1
     assert checked > 20
+
+
+def test_stop_strings_are_bounded_in_number_and_length():
+    """Every stop string is looked for in the text at every step (and, streamed, each of its
+    prefixes): a request of thousands of long ones (6 MB, under the server's body limit) made
+    every step of every request on the engine ~15x slower. Refused naming the field."""
+    from trtgraph.errors import PromptError
+    from trtgraph.runtime.serving.requests import parse_request
+    from trtgraph.runtime.serving.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+
+    ok = parse_request({"id": 1, "prompt": "x", "stop": ["s"] * MAX_STOP_STRINGS + [7] * 16}, "p.jsonl line 1")
+    assert len(ok.stop_strings) == MAX_STOP_STRINGS
+    parse_request({"id": 1, "prompt": "x", "stop": "é" * MAX_STOP_STRING_CHARS}, "p.jsonl line 1")
+    for stop in (["s"] * (MAX_STOP_STRINGS + 1), "é" * (MAX_STOP_STRING_CHARS + 1), ["a", "b" * 5000]):
+        with pytest.raises(PromptError, match=r"p.jsonl line 1: field `stop` .* at most 16 stop strings of at most 1024"):
+            parse_request({"id": 1, "prompt": "x", "stop": stop}, "p.jsonl line 1")
