@@ -236,3 +236,29 @@ def test_the_shipped_model_tokenizes_and_renders_as_transformers():
             hf.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
     gen = read_generation_config(path)
     assert gen.do_sample and gen.eos_token_ids == (1, hf.convert_tokens_to_ids("<|end|>"))
+
+
+BROKEN = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}{{ 1 // ((messages | length) - 1) }}"
+
+
+def test_a_template_that_fails_in_python_is_a_prompt_error_naming_it(tmp_path):
+    """A template whose own code fails on some messages (here: a division by zero for one
+    message) refuses those messages like a raise_exception() — never an internal error."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": BROKEN, "bos_token": "<s>"}))
+    template = load_chat_template(tmp_path)
+    assert template.render(ALTERNATING[:2]) == "<s>" + "".join(m["content"] for m in ALTERNATING[:2]) + "1"
+    with pytest.raises(PromptError, match=r"tokenizer_config.json.*ZeroDivisionError"):
+        template.render(ALTERNATING[:1])
+
+
+def test_a_template_failing_on_one_request_refuses_that_one_only(default_artifacts, tmp_path):
+    from trtgraph.runtime.serving.engine import Engine
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": BROKEN}))
+    engine = Engine(default_artifacts)
+    engine.admission.chat_template = load_chat_template(tmp_path)  # the synthetic model has none of its own
+    results = {r.id: r for r in engine.generate([{"id": "one", "messages": ALTERNATING[:1], "max_tokens": 2},
+                                                 {"id": "two", "messages": ALTERNATING[:2], "max_tokens": 2},
+                                                 {"id": "text", "prompt": "hello", "max_tokens": 2}])}
+    assert results["one"].finish_reason == "error" and "ZeroDivisionError" in results["one"].error
+    assert results["two"].finish_reason == "length" and results["text"].finish_reason == "length"

@@ -166,3 +166,39 @@ def test_a_waves_last_step_and_the_next_waves_first_go_three_ahead(engine):
     ex = engine.executor
     for r in reqs[::rows // 2]:
         assert results[r["id"]].token_ids == oracle.generate(ex.loaded, r["prompt_token_ids"], 7), r["id"]
+
+
+def test_serving_again_and_again_registers_one_finalizer_per_engine(engine):
+    """Each idle engine that serves again holds the collector again: a long-lived server that
+    goes idle between requests must not add a finalizer (and its record) every time."""
+    import weakref
+
+    def mine():
+        return sum(1 for f in list(weakref.finalize._registry) if (p := f.peek()) and p[0] is engine)
+
+    list(engine.generate(_requests(engine, 1)))
+    before = mine()
+    for _ in range(5):
+        list(engine.generate(_requests(engine, 1)))
+        assert gc.isenabled() and not collection.held(engine)
+    assert mine() == before <= 1
+
+
+def test_a_stream_closed_early_gives_the_collector_back(default_artifacts, one_torch_thread):
+    """A consumer that stops reading (a `for` over LLM.stream left with `break`) aborts what it
+    had not finished; nobody steps the engine after that, so the process must not be left
+    without its automatic collector until some later call."""
+    from trtgraph import LLM
+
+    llm = LLM(default_artifacts)
+    for _ in llm.stream(["hi", "there"], {"max_tokens": 20}):
+        break
+    assert gc.isenabled() and not collection.held(llm.engine)
+    s = llm.stream("hey", {"max_tokens": 20})
+    next(s)
+    s.close()
+    assert gc.isenabled()
+    # the engine serves as before, the aborted requests' KV blocks freed at its next step
+    assert [c.finish_reason for c in llm.generate(["again"], {"max_tokens": 4})] == ["length"]
+    sched = llm.engine.scheduler
+    assert sched.allocator.num_free == sched.allocator.num_blocks - 1 and not llm.engine.has_unfinished()

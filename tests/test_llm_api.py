@@ -158,3 +158,75 @@ def test_chat_refuses_what_is_not_a_conversation(llm):
     for bad in ([], "hello", [[]]):
         with pytest.raises(PromptError):
             llm.chat(bad)
+
+
+
+def test_a_stream_closed_late_leaves_a_later_request_with_its_id_alone(llm):
+    """A stream left after its request finished (a `break` at the last delta) is closed later:
+    it must not abort a newer request that reuses the id, which would then never finish."""
+    old = llm.stream({"id": "x", "prompt": "hi", "max_tokens": 3})
+    for d in old:
+        if d.finished:
+            break  # `old` stays suspended at its last delta
+    new = llm.stream({"id": "x", "prompt": "hello", "max_tokens": 12})
+    got = [next(new)]
+    old.close()  # its clean-up runs now, while the new "x" is being served
+    got += list(new)
+    assert got[-1].finished and got[-1].completion.finish_reason == "length"
+    assert sum(len(d.token_ids) for d in got) == 12
+
+
+def test_a_request_aborted_by_another_consumer_ends_the_wait_for_it(llm):
+    """Engine.abort of a request another consumer waits for ends that wait instead of stepping
+    an idle engine for ever: a stream goes on without it, generate() names it."""
+    stream = llm.stream([{"id": "kept", "prompt": "a", "max_tokens": 6}, {"id": "gone", "prompt": "b", "max_tokens": 40}])
+    seen = [next(stream)]
+    assert llm.engine.abort("gone")
+    seen += list(stream)
+    assert {d.id for d in seen if d.finished} == {"kept"} and not llm.engine.has_unfinished()
+
+    engine = llm.engine
+    submit = engine.submit
+
+    def submit_then_abort(reqs, *args, **kwargs):
+        ids = submit(reqs, *args, **kwargs)
+        engine.abort(ids[-1])  # as another consumer would, between its submit and its wait
+        return ids
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "submit", submit_then_abort)
+        with pytest.raises(PromptError, match="'gone2' was aborted"):
+            llm.generate([{"id": "kept2", "prompt": "a", "max_tokens": 4}, {"id": "gone2", "prompt": "b", "max_tokens": 40}])
+    assert not engine.has_unfinished()
+    assert [c.finish_reason for c in llm.generate(["again"], {"max_tokens": 3})] == ["length"]
+
+
+def test_an_interrupted_generate_leaves_nothing_served_for_nobody(llm):
+    """Ctrl-C inside LLM.generate (or an Engine.generate left early): its unfinished requests
+    are aborted, not served on by later calls with their outputs held for nobody (and the
+    engine never idle again, its collector off)."""
+    import gc
+
+    from trtgraph.runtime.serving.engine import Engine
+
+    engine, step, calls = llm.engine, Engine.step, []
+
+    def interrupted(self):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return step(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([f"p{i}" for i in range(12)], {"max_tokens": 30})
+    assert [c.finish_reason for c in llm.generate(["hi"], {"max_tokens": 2})] == ["length"]
+    assert not engine.has_unfinished() and not engine._undelivered and gc.isenabled()
+
+    results = engine.generate([{"id": f"g{i}", "prompt": "x", "max_tokens": 20 + i} for i in range(6)])
+    next(results)
+    results.close()  # left early
+    assert [c.finish_reason for c in llm.generate(["hi"], {"max_tokens": 2})] == ["length"]
+    assert not engine.has_unfinished() and not engine._undelivered and gc.isenabled()
+    assert engine.scheduler.allocator.num_free == engine.executor.num_blocks - 1

@@ -542,3 +542,27 @@ def test_cli_serve_refuses_a_missing_model_directory_with_exit_2(default_artifac
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert f"--model {tmp_path / 'gone'}: no such checkpoint directory" in err and "Traceback" not in err
+
+
+def test_a_client_gone_before_its_body_arrived_is_no_server_error(server):
+    """A client that closes the connection before sending all of its body (a timeout, a
+    cancelled call) is an ordinary event: no "Exception in ASGI application" traceback in the
+    server's log, nothing submitted, and the server serves on."""
+    import logging
+
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", server.port)) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode()
+                          + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+            time.sleep(0.3)
+        c = server.client().completions.create(model=MODEL, prompt="still here", max_tokens=2, temperature=0)
+        assert c.choices[0].finish_reason == "length"
+    finally:
+        logger.removeHandler(handler)
+    assert not records, [r.getMessage() for r in records]

@@ -255,7 +255,7 @@ def _sections(v: FieldReader, body: dict) -> Config:
     schema.check_header(v, body)
     schema.check_environment(v, body["environment"])
     config = schema.config_section(v, body["config"])
-    if body["limits"] != body["config"]["limits"]:
+    if body["limits"] != body["config"].get("limits"):  # (a config without limits is valid: defaults)
         v.fail("limits", body["limits"], "the same as config.limits")
     schema.check_model(v, body["model"], config)
     schema.check_kv_cache(v, body["kv_cache"], config)
@@ -278,7 +278,7 @@ def _read_body(mpath: Path) -> dict:
     if not isinstance(body, dict):
         raise ManifestError(f"{mpath}: expected a JSON object. {RECAPTURE}")
     version = body.get("format_version")
-    if version not in FORMAT_CHANGELOG or not is_int(version):  # every version is still read
+    if not is_int(version) or version not in FORMAT_CHANGELOG:  # every version is still read
         known = ", ".join(f"{k} ({v.split(':')[0]})" for k, v in FORMAT_CHANGELOG.items())
         raise ManifestError(f"{mpath}: format_version {short(version)} is not one this trtgraph "
                             f"{trtgraph_version()} reads (known: {known}). {RECAPTURE}")

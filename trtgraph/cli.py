@@ -249,6 +249,10 @@ def serve(manifest, host, port, max_waiting, api_key, model):
     """
     from .server.app import serve as run_server
 
+    if api_key is not None and (not api_key or api_key != api_key.strip()):
+        # (HTTP strips a header's surrounding spaces: no client could send such a key; every call would get 401)
+        raise click.UsageError(f"--api-key (or TRTGRAPH_API_KEY) = {api_key!r}: give a non-empty key without "
+                               f"leading or trailing spaces, or leave it out to serve without one")
     run_server(manifest, host, port, max_waiting, api_key, model)
 
 

@@ -7,7 +7,8 @@ config.json) wrap a problem into their own error type, naming their file, line a
   twice in one mapping is refused with both lines (YAML itself forbids it; PyYAML keeps
   the last).
 - `loads_json`: `json.loads`, but nesting past the recursion limit and (optionally) NaN,
-  Infinity and floats that overflow to inf are a `JSONProblem`, never a RecursionError;
+  Infinity, floats that overflow to inf and a key given twice in one object (requests: the
+  prompts file, the server's bodies) are a `JSONProblem`, never a RecursionError;
   an integer past the int-string digit limit becomes a `HugeInt`, which every field check
   refuses by name (never a ValueError mid-run).
 - `int_problem` / `number_problem` / `text_problem` / `path_problem`: None when a value is fine, else the
@@ -168,10 +169,13 @@ def _no_constant(name: str):
     raise JSONProblem(f"{name} is not a JSON number")
 
 
-def loads_json(text: str, allow_nonfinite: bool = True) -> Any:
+def loads_json(text: str, allow_nonfinite: bool = True, unique_keys: bool = False) -> Any:
     """json.loads with every failure a JSONProblem. allow_nonfinite=False also refuses
-    NaN, Infinity and floats that overflow to inf."""
+    NaN, Infinity and floats that overflow to inf; unique_keys=True a key given twice in one
+    object (json.loads keeps the last: a request's second `temperature` would silently win)."""
     hooks = {} if allow_nonfinite else {"parse_float": _strict_float, "parse_constant": _no_constant}
+    if unique_keys:
+        hooks["object_pairs_hook"] = _unique_keys
     try:
         return json.loads(text, parse_int=_parse_int, **hooks)
     except json.JSONDecodeError as exc:
@@ -179,6 +183,17 @@ def loads_json(text: str, allow_nonfinite: bool = True) -> Any:
         raise JSONProblem(f"{exc.msg} at {where}") from None
     except RecursionError:
         raise JSONProblem("nested too deeply: more levels of [ and { than Python can read") from None
+
+
+def _unique_keys(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JSONProblem(f"the key {short(key)} is given twice in one object; give each field once")
+            seen.add(key)
+    return obj
 
 
 # ---------------------------------------------------------------------------- YAML

@@ -80,6 +80,10 @@ class ChatTemplate:
                                          add_generation_prompt=add_generation_prompt, **self.tokens)
         except jinja2.TemplateError as exc:  # raise_exception() in the template, or a sandbox refusal
             raise PromptError(f"the chat template of {self.where} refused these messages: {exc}") from None
+        except Exception as exc:  # the template's own code failed on these messages (a ZeroDivisionError, a
+            # TypeError, a RecursionError): their refusal, not the server's or the run's end
+            raise PromptError(f"the chat template of {self.where} failed on these messages: "
+                              f"{type(exc).__name__}: {exc}") from None
 
 
 def load_chat_template(ckpt: Path | None) -> ChatTemplate | None:

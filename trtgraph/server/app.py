@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import startup
 from ..errors import ConfigError, PromptError, TrtgraphError
@@ -147,13 +148,16 @@ async def _body(request: Request) -> dict:
     """The JSON object of a request, read as strictly as a prompts file (no NaN or Infinity,
     bounded depth and size)."""
     data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > MAX_BODY_BYTES:
-            raise OpenAIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes.",
-                              code="request_too_large")
     try:
-        body = loads_json(data.decode("utf-8"), allow_nonfinite=False)
+        async for part in request.stream():
+            data += part
+            if len(data) > MAX_BODY_BYTES:
+                raise OpenAIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes.",
+                                  code="request_too_large")
+    except ClientDisconnect:  # gone before its whole body came: nothing to serve, nobody to answer
+        raise OpenAIError(499, "the client disconnected.") from None
+    try:
+        body = loads_json(data.decode("utf-8"), allow_nonfinite=False, unique_keys=True)
     except (JSONProblem, UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):

@@ -15,6 +15,8 @@ skips most of them), or collected here only when its count runs far past its thr
 server that never idles still frees old cycles.
 
 Nothing changes where the process had switched the collector off itself: it is left alone.
+An engine whose every request is being aborted lets go at once (`Engine.abort`): its consumer
+may never step it again (a stream left early).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ OLDEST_SLACK = 10  # the oldest generation is collected here once its count pass
 FORCED = 8  # a young collection is made anyway (no safe point) once the count passes this many times the threshold
 
 _holders: set[int] = set()  # the engines serving now (by id), while this module switched the collector off
+_watched: dict[int, weakref.finalize] = {}  # the engines that ever held it (by id): one finalizer each
 _off = False  # whether this module switched it off
 
 
@@ -41,7 +44,13 @@ def hold(owner: object) -> None:
         gc.disable()
         _off = True
     _holders.add(key)
-    weakref.finalize(owner, _release_key, key)  # an engine dropped while serving lets go too
+    if key not in _watched:  # an engine dropped while serving lets go too (one finalizer for its life)
+        _watched[key] = weakref.finalize(owner, _dropped, key)
+
+
+def _dropped(key: int) -> None:
+    _watched.pop(key, None)
+    _release_key(key)
 
 
 def release(owner: object) -> None:

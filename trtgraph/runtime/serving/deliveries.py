@@ -35,8 +35,8 @@ class Deliveries:
         for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
             req, text, f = seq.request, None, seq.facts
             if f.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= f.min_tokens:
-                text, hit = live[req.id].text.stop_text(seq.output_ids)
-                if hit:
+                text = _stop_string(seq, live[req.id].text)
+                if text is not None:
                     reason = "stop"
                     if not seq.finished:
                         self.scheduler.finish(seq)
@@ -53,7 +53,7 @@ class Deliveries:
         if reason is None:
             if req.n > 1 or not live.stream:  # one output, once it (all n completions) has finished
                 return []
-            delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out))
+            delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out, seq.stop_floor or 0))
             live.num_sent = len(out)
             return [delta]
         result = final_result(seq, reason, self.tokenizer.decode(out) if text is None else text,
@@ -77,3 +77,26 @@ class Deliveries:
         result = Result(id=result.id, prompt_tokens=result.prompt_tokens, choices=slots,
                         finish_reason=slots[0].finish_reason, ttft_ms=min(r.ttft_ms for r in slots))
         return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
+
+
+def _stop_string(seq: Sequence, stream: TextStream) -> str | None:
+    """Whether the sequence's output now holds one of its stop strings: its text, cut before
+    the first, or None. A step that drew several tokens (a verify step's accepted run) ends
+    the output at the first of them whose text holds the stop, as plain decoding would have
+    (the tokens after it are dropped). `seq.stop_checked`: output tokens already found free of
+    stops (the check runs at every step the sequence draws in, from min_tokens on). A stop
+    string within the text of the first min_tokens - 1 tokens is none (`seq.stop_floor`: that
+    text's length): no stop applies before min_tokens."""
+    out, m = seq.output_ids, seq.facts.min_tokens
+    if seq.stop_floor is None:
+        seq.stop_floor = stream.length(out[:m - 1]) if m > 1 else 0
+    text, hit = stream.stop_text(out, seq.stop_floor)
+    if not hit:
+        seq.stop_checked = len(out)
+        return None
+    for t in range(max(seq.stop_checked + 1, m, 1), len(out)):
+        early, hit = stream.stop_text(out[:t], seq.stop_floor)
+        if hit:
+            del seq.all_ids[len(seq.prompt_ids) + t:]
+            return early
+    return text

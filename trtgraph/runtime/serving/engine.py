@@ -80,6 +80,7 @@ class Engine(Deliveries):
         self._undelivered: list[RequestOutput] = []  # refusals, and outputs handed back
         self._aborts: set[str] = set()  # applied at the next step
         self._arrivals = 0  # requests added so far: each sequence's arrival order
+        self._aborts_applied = 0  # aborts applied so far (outputs_of stops waiting for an aborted request)
         self._flight: deque[InFlight] = deque()  # launched steps whose tokens are not read yet, in launch order
         # Submitted, not admitted yet: (request, stream, when it was submitted), in order; admitted
         # in slices while the device runs, and always before the scheduler could take them.
@@ -164,7 +165,15 @@ class Engine(Deliveries):
         if not self._is_live(request_id):
             return False
         self._aborts.add(request_id)
+        if self._only_aborted():  # its consumer may step no more (a stream left early): the collector
+            collection.release(self)  # goes back on now, not at some later call's step
         return True
+
+    def _only_aborted(self) -> bool:
+        """Whether every request still here is one being aborted (steps in flight aside)."""
+        a = self._aborts
+        return (len(a) >= len(self._live) and a.issuperset(self._live) and a.issuperset(self._pending_ids)
+                and all(o.id in a for o in self._undelivered))
 
     def has_unfinished(self) -> bool:
         """Whether step() has anything left to do or hand out."""
@@ -248,9 +257,11 @@ class Engine(Deliveries):
         self._undelivered = list(outputs) + self._undelivered
 
     def outputs_of(self, ids: Iterable[str]) -> Iterator[RequestOutput]:
-        """Step until every request in `ids` has finished, yielding their outputs as they
-        come and handing every other request's back for its own consumer."""
+        """Step until every request in `ids` has finished (or was aborted: none comes for it),
+        yielding their outputs as they come and handing every other request's back for its own
+        consumer."""
         remaining = set(ids)
+        aborts = self._aborts_applied
         while remaining:
             outputs = self.step()
             self.hand_back([o for o in outputs if o.id not in remaining])
@@ -259,14 +270,30 @@ class Engine(Deliveries):
                     if out.finished:
                         remaining.discard(out.id)
                     yield out
+            if self._aborts_applied != aborts:  # someone aborted requests: none of ours among them comes
+                aborts = self._aborts_applied
+                remaining = {rid for rid in remaining if self._is_live(rid)}
 
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
         ids = self.submit(requests, gpu_timing, stream=False)
-        for out in self.outputs_of(ids):
-            if out.finished:
-                yield out.result
+        finished: set[str] = set()
+        try:
+            for out in self.outputs_of(ids):
+                if out.finished:
+                    finished.add(out.id)
+                    yield out.result
+        finally:  # interrupted or left early: what did not finish goes (nobody would read it)
+            self.abort_unfinished(ids, finished)
+
+    def abort_unfinished(self, ids: Iterable[str], finished: set[str]) -> None:
+        """A consumer of `ids` stops (an exception, a generator left early): abort those not in
+        `finished`, which would otherwise be served and their outputs held for nobody; a
+        finished one's id may be a newer request's by now."""
+        for rid in ids:
+            if rid not in finished:
+                self.abort(rid)
 
     def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False, stream: bool = True) -> list[str]:
         """Validate every request (ids unique within the batch and among live requests),
@@ -327,6 +354,7 @@ class Engine(Deliveries):
             self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it
         if self._aborts:
             self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
+            self._aborts_applied += len(self._aborts)
             self._aborts.clear()
 
     def _launch_next(self) -> None:

@@ -96,12 +96,21 @@ class LLM:
         self._next_id = itertools.count()
 
     def generate(self, prompts, sampling=None) -> list[Completion]:
-        """Every prompt's Completion, in the order given."""
+        """Every prompt's Completion, in the order given (a PromptError if one of them was
+        aborted meanwhile, by Engine.abort)."""
         reqs = self._requests(prompts, sampling)
         done: dict[str, Completion] = {}
-        for out in self.engine.outputs_of(self.engine.submit(reqs)):
-            if out.finished:
-                done[out.id] = Completion.of(out.result)
+        ids = self.engine.submit(reqs)
+        try:
+            for out in self.engine.outputs_of(ids):
+                if out.finished:
+                    done[out.id] = Completion.of(out.result)
+        finally:  # interrupted (Ctrl-C): the rest must not be served for nobody
+            self.engine.abort_unfinished(ids, set(done))
+        gone = [r.id for r in reqs if r.id not in done]
+        if gone:
+            raise PromptError(f"request {gone[0]!r} was aborted (Engine.abort) before it finished; "
+                              f"{len(done)} of {len(reqs)} requests finished.")
         return [done[r.id] for r in reqs]
 
     def stream(self, prompts, sampling=None) -> Iterator[CompletionDelta]:
@@ -128,13 +137,15 @@ class LLM:
 
     def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
         ids: list[str] = []
+        finished: set[str] = set()
         try:
             ids = self.engine.submit(reqs)
             for out in self.engine.outputs_of(ids):
+                if out.finished:
+                    finished.add(out.id)
                 yield CompletionDelta.of(out)
         finally:  # closed early: the rest leaves the engine at its next step
-            for rid in ids:
-                self.engine.abort(rid)
+            self.engine.abort_unfinished(ids, finished)
 
     def _requests(self, prompts, sampling) -> list[Request]:
         """Every prompt as a validated Request (ids made for those without one)."""

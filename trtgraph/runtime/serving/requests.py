@@ -243,7 +243,7 @@ def json_lines(data: bytes, name: str) -> list[tuple[int, object]]:
         if not text.strip():
             continue
         try:
-            rows.append((n, loads_json(text)))
+            rows.append((n, loads_json(text, unique_keys=True)))
         except JSONProblem as exc:
             raise PromptError(f"{where}: not valid JSON ({exc}). Each line must be one JSON object.") from None
     if not rows:

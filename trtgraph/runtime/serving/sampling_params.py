@@ -13,6 +13,10 @@ from ...limits import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS  # n
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
 MAX_TOKENS_CAP = 1 << 20
+# Stop strings are looked for in a request's text at every step it draws in (and held back from
+# its stream while they could be starting): bounded, so one request cannot stall every other's steps.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 1024
 # What an omitted temperature / top_p / top_k means until the checkpoint's generation_config
 # is consulted: greedy, no top-p, no top-k.
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
@@ -93,6 +97,10 @@ class SamplingParams:
         set_(self, "stop", _stops(self.stop))
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             c.fail("stop", self.stop, f"at most {MAX_STOP_TOKEN_IDS} token ids")
+        strings = self.stop_strings
+        if len(strings) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in strings):
+            c.fail("stop", self.stop, f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_STRING_CHARS} "
+                                      f"characters (each is looked for in the text at every step)")
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
 
     @property

@@ -58,6 +58,8 @@ class Sequence:
     logprobs: list = field(default_factory=list)  # with `logprobs`: (values, ids) per generated token
     step_row: object = field(default=None, repr=False)  # its StepRow, reused step to step (launcher.py)
     retired: bool = False  # its blocks and slot were freed before its last token was read (retire_ahead)
+    stop_checked: int = 0  # output tokens found free of its stop strings (deliveries._stop_string)
+    stop_floor: int | None = None  # characters of its first min_tokens - 1 tokens' text, once known (same)
     _facts: RowFacts | None = field(default=None, repr=False)
 
     def __post_init__(self):

@@ -43,15 +43,16 @@ class TextStream:
         self.text = ""  # decoded so far, ending on a complete character
         self.sent = 0  # characters of `text` already handed out
 
-    def feed(self, ids: list[int]) -> str:
-        """The new text after `ids` (all of the request's output ids so far) grew."""
+    def feed(self, ids: list[int], floor: int = 0) -> str:
+        """The new text after `ids` (all of the request's output ids so far) grew. floor: a
+        stop string that ends within the text's first `floor` characters is not one (min_tokens)."""
         before = self._decode(ids[self._prefix_offset:self._read_offset])
         now = self._decode(ids[self._prefix_offset:])
         if len(now) > len(before) and not now.endswith(REPLACEMENT):
             self.text += now[len(before):]
             self._prefix_offset, self._read_offset = self._read_offset, len(ids)
         safe = min([len(self.text) - stop_prefix_length(self.text, self._stops)]
-                   + [self.text.find(s) for s in self._stops if s in self.text])
+                   + _found(self.text, self._stops, floor))
         if safe <= self.sent:
             return ""
         delta, self.sent = self.text[self.sent:safe], safe
@@ -62,11 +63,21 @@ class TextStream:
         sent = self.text[:self.sent]
         return final_text[len(sent):] if final_text.startswith(sent) else ""
 
-    def stop_text(self, ids: list[int]) -> tuple[str, bool]:
-        """(the text of `ids`, cut before the first stop string it holds; whether it held one)."""
+    def stop_text(self, ids: list[int], floor: int = 0) -> tuple[str, bool]:
+        """(the text of `ids`, cut before the first stop string it holds that ends past its
+        first `floor` characters; whether it held one)."""
         text = self._decode(ids)
-        hit = min((text.find(s) for s in self._stops if s in text), default=-1)
+        hit = min(_found(text, self._stops, floor), default=-1)
         return (text[:hit], True) if hit >= 0 else (text, False)
+
+    def length(self, ids: list[int]) -> int:
+        """Characters in the text of `ids`."""
+        return len(self._decode(ids))
+
+
+def _found(text: str, stops: tuple[str, ...], floor: int) -> list[int]:
+    """Where each stop string first occurs in `text` ending past its first `floor` characters."""
+    return [i for s in stops if (i := text.find(s, max(floor - len(s) + 1, 0))) >= 0]
 
 
 def final_result(seq, reason: str, text: str, arrival_seconds: float, decode) -> Result:
