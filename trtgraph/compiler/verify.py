@@ -245,7 +245,7 @@ class PendingParity:
         if self._done is not None:
             self._done.synchronize()
         low, high, differ = self._host.tolist()
-        diff = max(-low, high)  # = max |replay - reference| (NaN where either is NaN: compares False)
+        diff = max(-low, high) + 0.0  # = max |replay - reference| (+0.0 for an exact replay, not -0.0; NaN stays NaN)
         diff = diff if low == low and high == high else float("nan")
         tokens_equal = differ == 0.0
         ok = tokens_equal and diff <= self.tolerance and diff == diff  # NaN never passes
