@@ -7,6 +7,8 @@ at once with a message instead of hanging."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -15,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from trtgraph.cli import main
-from trtgraph.errors import CaptureError, WeightLoadError
+from trtgraph.errors import CaptureError, RankLostError, WeightLoadError
 from trtgraph.runtime.distributed import agree, launch
 
 from conftest import tiny_config
@@ -105,6 +107,19 @@ def test_ranks_that_disagree_stop_at_once_with_a_message():
                                            r"ranks \[1\] have"):
         launch(2, _disagree, use_cuda=False)
     assert time.perf_counter() - start < 60
+
+
+def _killed_on_rank1(tp):
+    if tp.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)  # rank 0 waits, as at a collective, until the launcher stops it
+
+
+def test_a_rank_killed_from_outside_is_named_not_an_internal_error():
+    start = time.perf_counter()
+    with pytest.raises(RankLostError, match=r"rank 1 was ended by SIGKILL from outside trtgraph .*--resume"):
+        launch(2, _killed_on_rank1, use_cuda=False)
+    assert time.perf_counter() - start < 25  # rank 0 stopped with it, not waited for
 
 
 def _capture_with_rank1_plan_differing(tp, cfg_dict, out):

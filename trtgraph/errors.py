@@ -39,3 +39,7 @@ class CaptureError(TrtgraphError):
 
 class OutputPathError(TrtgraphError):
     """An output path is an input, an artifact or another output, or cannot be written."""
+
+
+class RankLostError(TrtgraphError):
+    """A tensor-parallel rank was ended from outside (a signal: the out-of-memory killer, kill -9)."""

@@ -120,6 +120,8 @@ def launch(world: int, fn, *args, use_cuda: bool | None = None):
                 raise cls(f"rank {rank}: {payload[1]}")
             if status == "interrupted":
                 raise KeyboardInterrupt
+            if status == "killed":
+                raise errors.RankLostError(payload)
             raise RuntimeError(f"rank {rank} failed:\n{payload}")
     except KeyboardInterrupt:
         _interrupt(procs)
@@ -129,6 +131,17 @@ def launch(world: int, fn, *args, use_cuda: bool | None = None):
     return outcome
 
 
+def _killed(rank: int, signum: int) -> str:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return (f"rank {rank} was ended by {name} from outside trtgraph (the out-of-memory killer, or a kill by "
+            f"another process; see `dmesg` or the system log); every other rank was stopped with it. Free "
+            f"memory or stop what ended it, then run the command again (`run` keeps what finished: add "
+            f"--resume).")
+
+
 def _get(results, procs):
     """The next rank's report; a rank that died without one is reported as crashed."""
     while True:
@@ -136,7 +149,10 @@ def _get(results, procs):
             return results.get()
         dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if dead and results.empty():
-            return dead[0], "crash", f"process exited with code {procs[dead[0]].exitcode}"
+            code = procs[dead[0]].exitcode
+            if code < 0:  # ended by a signal: the environment, not a bug (a crash reports its traceback)
+                return dead[0], "killed", _killed(dead[0], -code)
+            return dead[0], "crash", f"process exited with code {code}"
         time.sleep(0.05)
 
 
