@@ -142,6 +142,20 @@ def test_completions_are_typed_and_serialise_to_the_run_jsonl(llm):
         assert getattr(trtgraph, name) is not None
 
 
+def test_text_longer_than_any_prompt_that_fits_is_refused_before_encoding(llm, monkeypatch):
+    """A prompt whose text no max_seq_len tokens can cover is refused without encoding it (a
+    30 MB prompt held a server's engine thread for 82 s in the tokenizer); the rest still encode."""
+    admission = llm.engine.admission
+    most = admission.max_seq_len * admission.tokenizer.max_token_chars * 8
+    encoded = []
+    real = admission.tokenizer.encode
+    monkeypatch.setattr(admission.tokenizer, "encode", lambda text, **kw: encoded.append(len(text)) or real(text, **kw))
+    huge, ok = llm.generate([{"id": "huge", "prompt": "x" * (most + 1), "max_tokens": 2},
+                             {"id": "ok", "prompt": "fits", "max_tokens": 2}])
+    assert huge.finish_reason == "error" and "refused before encoding" in huge.error and "max_seq_len" in huge.error
+    assert ok.finish_reason != "error" and encoded == [4]
+
+
 def test_closing_a_stream_early_aborts_its_requests(llm):
     it = llm.stream([{"id": "cut", "prompt": "cut short", "max_tokens": 60}])
     first = next(it)

@@ -163,3 +163,31 @@ def test_streamed_text_never_splits_a_character(kind, tmp_path):
     stream = StreamDecoder(ours)
     out = [stream.push([t]) for t in lone + bad + lone] + [stream.flush()]
     assert "".join(out) == hf.decode(lone + bad + lone, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "byte-fallback"])
+def test_no_token_covers_more_characters_than_max_token_chars(kind, tmp_path):
+    """The bound admission refuses overlong text by (before encoding it): over the corpus and
+    random text, a text never has more characters than its tokens times max_token_chars."""
+    hf = HFTokenizer(FAMILIES[kind](tmp_path / kind) / "tokenizer.json")
+    bound = hf.max_token_chars
+    assert bound is not None and bound > 1
+    rng = random.Random(1)
+    alphabet = "".join(CORPUS) + "".join(map(chr, range(0x370, 0x3ff)))
+    texts = CORPUS + ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300))) for _ in range(200)]
+    for text in texts:
+        assert len(text) <= max(1, len(hf.encode(text, add_special_tokens=False))) * bound, text
+
+
+def test_tokenizers_that_can_fold_a_run_into_one_token_set_no_bound(tmp_path):
+    """WordPiece ([UNK] for a whole unknown word) and a BPE without bytes (a fused <unk> run)
+    give no max_token_chars, so admission encodes their text whatever its length."""
+    for model in (models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"),
+                  models.BPE({"<unk>": 0, "a": 1}, [], unk_token="<unk>", fuse_unk=True)):
+        tok = Tokenizer(model)
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.save(str(tmp_path / "tokenizer.json"))
+        (tmp_path / "tokenizer_config.json").write_text("{}")
+        hf = HFTokenizer(tmp_path / "tokenizer.json")
+        assert hf.max_token_chars is None
+        assert len(hf.encode("zzzz " * 10, add_special_tokens=False)) == 10

@@ -12,6 +12,7 @@ chunks as they arrive without ever splitting a UTF-8 character across chunks.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from ..errors import ConfigError, WeightLoadError
@@ -37,6 +38,8 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
+    max_token_chars = 1  # a byte covers at most one character
+
 
 class HFTokenizer:
     """A checkpoint's tokenizer.json (fast tokenizer format) plus its tokenizer_config.json."""
@@ -58,6 +61,21 @@ class HFTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int | None:
+        """The most characters of (normalized) text one token can cover, where that is bounded: a
+        BPE model over bytes (a ByteLevel pre-tokenizer, or byte fallback), whose every character
+        becomes one or more byte symbols, so no token covers more characters than its vocabulary
+        string is long (a `<0xNN>` piece covers less than it spells); added tokens count too.
+        None for the rest (an unknown token can stand for a run of characters)."""
+        import json
+
+        spec = json.loads(self._tok.to_str())
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE" or not (model.get("byte_fallback") or "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))):
+            return None
+        return max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def decode(self, ids: list[int]) -> str:
         text = self._tok.decode(list(ids), skip_special_tokens=True)

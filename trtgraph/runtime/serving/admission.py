@@ -15,6 +15,7 @@ from .requests import Request, Result, resolve_sampling_defaults
 from .sampling_params import SAMPLING_FIELDS, SamplingParams
 from .scheduler import Sequence
 
+TEXT_SLACK = 8  # characters a normalizer may fold into one (NFC composes up to 4: α + 3 marks)
 RESOLVED_CACHE = 4096  # distinct sampling fields kept resolved (then the cache starts afresh)
 _BUT_SEED = attrgetter(*(f for f in SAMPLING_FIELDS if f != "seed"))  # a request's sampling fields but its seed
 
@@ -129,7 +130,7 @@ class Admission:
         if req.prompt_token_ids is not None:
             return list(req.prompt_token_ids), None
         if req.messages is None:
-            return self.tokenizer.encode(req.prompt), None
+            return self._encode(req.prompt, True)
         if self.chat_template is None:
             where = self.checkpoint_dir or "the synthetic model"
             return [], (f"{where} has no chat template (no `chat_template` in tokenizer_config.json and no "
@@ -138,4 +139,18 @@ class Admission:
             text = self.chat_template.render(req.chat_messages, add_generation_prompt=True)
         except PromptError as exc:
             return [], str(exc)
-        return self.tokenizer.encode(text, add_special_tokens=False), None
+        return self._encode(text, False)
+
+    def _encode(self, text: str, special: bool) -> tuple[list[int], str | None]:
+        """The text's ids, or ([], why not) for text longer than any prompt that fits, refused
+        before encoding where the tokenizer bounds the characters a token covers
+        (`max_token_chars`): encoding holds the interpreter (30 MB took 82 s on the CPU machine,
+        every other request of a server waiting). TEXT_SLACK allows for a normalizer that folds
+        characters into one (NFC)."""
+        per_token = getattr(self.tokenizer, "max_token_chars", None)
+        most = self.max_seq_len * per_token * TEXT_SLACK if per_token else None
+        if most is not None and len(text) > most:
+            return [], (f"the prompt's text ({len(text):,} characters) cannot fit limits.max_seq_len "
+                        f"({self.max_seq_len} tokens): no token of this tokenizer covers more than {per_token} "
+                        f"characters (refused before encoding, past {most:,} characters); shorten the prompt")
+        return self.tokenizer.encode(text, add_special_tokens=special), None
