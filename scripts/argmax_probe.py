@@ -1,4 +1,4 @@
-"""Probe (H200, not yet run): where the LM head's greedy argmax epilogue spends its 13-15 us at
+"""Probe (H200; run in the tenth session, docs/performance.md "the lead"): where the LM head's greedy argmax epilogue spends its 13-15 us at
 33-64 rows (docs/performance.md, tenth session, h/k10: the TMA head 153.4 us with the argmax
 against 139.4 with fp32 logits only, the fused GEMV likewise). Two candidates: the ~1,000 atomic
 maxima on each row's one address, and each tile's acq_rel arrival on the m-tile counter after a
