@@ -373,6 +373,11 @@ def test_malformed_json_and_wrong_model(server):
     with pytest.raises(openai.NotFoundError) as exc:
         server.client().completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert error_of(exc.value)["param"] == "model"
+    for model in (b"null", b"3", b'["m"]'):  # not a name at all: a 400 naming the field, not "model None" unknown
+        r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x", "model": ' + model + b"}", timeout=30,
+                       headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+        assert "must be a string" in r.json()["error"]["message"]
 
 
 def test_api_key_is_required(server):

@@ -112,6 +112,9 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         raise OpenAIError(503, "the engine is still loading; retry when GET /health answers 200.",
                           error_type="server_error", code="loading")
     body = await _body(request)
+    if not isinstance(body.get("model", model_name), str):
+        raise OpenAIError(400, f"`model` must be a string, the served model's name ({model_name!r}, GET /v1/models); "
+                               f"got {json.dumps(body['model'])}.", "model")
     if body.get("model", model_name) != model_name:
         raise OpenAIError(404, f"model {body.get('model')!r} is not served here; this server serves "
                                f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
