@@ -89,6 +89,7 @@ def test_capture_and_run_at_size_2_give_the_single_process_tokens(tmp_path):
         cfg, art, out = _write_config(tmp_path / f"tp{tp}.yaml", tp), tmp_path / f"art{tp}", tmp_path / f"o{tp}.jsonl"
         res = CliRunner().invoke(main, ["capture", "--config", str(cfg), "--out", str(art)])
         assert res.exit_code == 0, res.output
+        assert ("phases: not measured at tensor_parallel_size 2" in res.output) == (tp == 2), res.output
         manifest = json.loads((art / "manifest.json").read_text())
         assert manifest["parallel"]["tensor_parallel_size"] == tp and len(manifest["parallel"]["ranks"]) == tp
         res = CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--manifest", str(art), "--output", str(out)])

@@ -92,8 +92,12 @@ def capture(config_path, out_dir, device, as_json):
         click.echo(json.dumps({"manifest": str(path), **t, "phases": phases}, indent=2))
     else:
         _capture_summary(path, t)
-        click.echo("phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases["phases_seconds"].items())
-                   + f" ({phases['total_seconds']:.2f} s)")
+        if config.parallel.tensor_parallel_size > 1:  # this process only launched the ranks
+            click.echo(f"phases: not measured at tensor_parallel_size {config.parallel.tensor_parallel_size} (each "
+                       f"rank captures in a process of its own; warm-up and capture seconds above are rank 0's)")
+        else:
+            click.echo("phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases["phases_seconds"].items())
+                       + f" ({phases['total_seconds']:.2f} s)")
     if config.parallel.tensor_parallel_size == 1:
         _done()
 
