@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from trtgraph.compiler import pipeline, verify
+from trtgraph.compiler import pipeline, timing, verify
 from trtgraph.config import Config
 from trtgraph.runtime.step import buffers, graph_runner
 from trtgraph.runtime.step.executor import Executor
@@ -216,7 +216,7 @@ def timing_check(res) -> list:
     ex = res.executor
     warm = sorted(ex.plan.keys, key=lambda k: (-k.num_tokens, k))
     recorded = {r.key: r.replay_ms for r in res.manifest.keys}
-    spin = getattr(verify, "SPIN_CYCLES", 2_000_000)
+    spin = getattr(timing, "SPIN_CYCLES", 2_000_000)
     out = []
     with torch.inference_mode():
         for i, key in enumerate(warm):
@@ -232,7 +232,7 @@ def timing_check(res) -> list:
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b))
-            padding = verify.time_step(ex, key, eager=False, repeats=2)
+            padding = timing.time_step(ex, key, eager=False, repeats=2)
             out.append([str(key), recorded[key], round(sorted(times)[1], 4), round(padding.median_ms, 4)])
     return out
 
@@ -255,8 +255,8 @@ def main(config_path: str, out_dir: str, result: str | None, calls: bool = False
     timed(verify.KeptBlocks, "__init__", lambda s: f"kv_block_copies[{s}]")
     timed(Executor, "prepare", lambda s: f"prepare[{s}]")  # h/u10: the inputs' packing and upload, by stage
     timed(verify.PendingParity, "parity", "read_parity")
-    timed(verify.PendingTiming, "queue_more", "read_timing_first / queue_more", "X")
-    timed(verify.PendingTiming, "timing", "read_timing", "X")
+    timed(timing.PendingTiming, "queue_more", "read_timing_first / queue_more", "X")
+    timed(timing.PendingTiming, "timing", "read_timing", "X")
     timed(torch.cuda, "synchronize", "cuda_synchronize")
     startup.begin()
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from trtgraph.compiler.verify import PendingTiming, time_step
+from trtgraph.compiler.timing import PendingTiming, time_step
 from trtgraph.runtime.serving.engine import Engine
 
 engine = Engine(sys.argv[1])

@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trtgraph.compiler import pipeline
-from trtgraph.compiler.verify import StepTiming
+from trtgraph.compiler.timing import StepTiming
 from trtgraph.runtime.step.buffers import FIELDS, StepBuffers
 
 from conftest import tiny_config
@@ -333,7 +333,7 @@ def test_on_cuda_a_prefill_keys_time_is_its_replay_alone(monkeypatch, tmp_path):
     device's spin (SPIN_CYCLES, about 1 ms), so neither the spin nor the host's launch is in
     the time: the tiny model's prefill replays take well under the spin (their median under
     0.8 of it), and each equals the clock of its verification."""
-    from trtgraph.compiler.verify import SPIN_MS
+    from trtgraph.compiler.timing import SPIN_MS
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")

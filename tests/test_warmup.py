@@ -1,6 +1,6 @@
 """Start-up warms only the keys the capture found load a kernel or make a buffer
 (`totals.warmup_keys`, trtgraph/runtime/warmup.py), and refuses a start where a kernel first
-loads while a graph is recorded; the capture's step timings (compiler/verify.py)."""
+loads while a graph is recorded; the capture's step timings (compiler/timing.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from trtgraph.artifacts import MANIFEST_NAME, _digest, load_manifest
 from trtgraph.compiler import pipeline
-from trtgraph.compiler.verify import time_step
+from trtgraph.compiler.timing import time_step
 from trtgraph.errors import ManifestError
 from trtgraph.runtime import warmup
 from trtgraph.runtime.serving.engine import Engine
@@ -188,11 +188,11 @@ class _FakeClock:
     ([4.0, 5.0] + [4.5] * 30, 5, 2),          # noisy: runs to fill 25 ms at the median (int(25 / 4.5) = 5 in all)
 ])
 def test_cuda_step_timing_stops_at_two_steady_runs_and_adds_runs_to_noisy_ones(durations, runs, prepared, monkeypatch):
-    from trtgraph.compiler import verify
+    from trtgraph.compiler import timing
 
     fake = _FakeClock(durations)
-    monkeypatch.setattr(verify.torch.cuda, "Event", fake.Event)
-    t = verify.PendingTiming(fake, "key", eager=False, repeats=20, budget_ms=25.0).timing()
+    monkeypatch.setattr(timing.torch.cuda, "Event", fake.Event)
+    t = timing.PendingTiming(fake, "key", eager=False, repeats=20, budget_ms=25.0).timing()
     assert (t.repeats, fake.runs, fake.prepared) == (runs, runs, prepared)
     assert t.min_ms == pytest.approx(min(durations[:runs])) and t.max_ms == pytest.approx(max(durations[:runs]))
 
@@ -201,13 +201,13 @@ def test_cuda_step_timing_runs_queue_behind_a_device_spin(monkeypatch):
     """On CUDA each batch of timing runs (the first ones, and further ones) is queued behind a
     spin of the device (SPIN_CYCLES), before its first event: the runs then go back to back on
     the device instead of at the host's pace (h/u10's call: the first run held the launch's gap)."""
-    from trtgraph.compiler import verify
+    from trtgraph.compiler import timing
 
     fake = _FakeClock([1.0, 1.2] + [1.1] * 30, device="cuda")
-    monkeypatch.setattr(verify.torch.cuda, "Event", fake.Event)
-    monkeypatch.setattr(verify.torch.cuda, "_sleep", lambda cycles: fake.calls.append(("spin", cycles)), raising=False)
-    verify.PendingTiming(fake, "key", eager=False, repeats=5, budget_ms=25.0).timing()
-    spin = ("spin", verify.SPIN_CYCLES)
+    monkeypatch.setattr(timing.torch.cuda, "Event", fake.Event)
+    monkeypatch.setattr(timing.torch.cuda, "_sleep", lambda cycles: fake.calls.append(("spin", cycles)), raising=False)
+    timing.PendingTiming(fake, "key", eager=False, repeats=5, budget_ms=25.0).timing()
+    spin = ("spin", timing.SPIN_CYCLES)
     assert fake.calls == [spin, "record", "run", "record", "run", "record",  # the first 2 runs
                           spin, "record", "run", "record", "run", "record", "run", "record"]  # 3 more
 
@@ -219,7 +219,7 @@ def test_cuda_step_timing_runs_queue_behind_a_device_spin(monkeypatch):
     (GraphKey(8, 3, 0, "sampled"), False),    # verify keys' too
 ])
 def test_only_prefill_keys_are_timed_by_their_verification_replay(key, by_verification):
-    from trtgraph.compiler.verify import timed_by_verification
+    from trtgraph.compiler.timing import timed_by_verification
 
     assert timed_by_verification(key) is by_verification
 
@@ -227,7 +227,7 @@ def test_only_prefill_keys_are_timed_by_their_verification_replay(key, by_verifi
 def test_a_verification_timing_is_its_replay_clock_read_once_the_verification_is_done(monkeypatch):
     """A prefill key's timing (`VerificationTiming`): ready when its verification is, never
     more runs, one run: the verification replay's clock (CUDA: after its end event passed)."""
-    from trtgraph.compiler import verify
+    from trtgraph.compiler import timing
 
     fake = _FakeClock([])
 
@@ -248,7 +248,7 @@ def test_a_verification_timing_is_its_replay_clock_read_once_the_verification_is
             return self.done
 
     parity = Parity()
-    t = verify.VerificationTiming(parity)
+    t = timing.VerificationTiming(parity)
     assert not t.ready() and t.queue_more() is False
     parity.done = True
     assert t.ready()

@@ -59,8 +59,8 @@ from ..runtime.warmup import loaded_kernels
 from ..models import DTYPES
 from ..models.loader import position_limit
 from .pacing import AHEAD_MS, KeyWork, Pacer
-from .verify import (MIN_REPEATS, SPIN_MS, StepTiming, VerificationTiming, clear_kv_cache, eager_reference,
-                     fill_kv_cache, launch_timing, launch_verify, timed_by_verification)
+from .timing import MIN_REPEATS, SPIN_MS, StepTiming, VerificationTiming, launch_timing, timed_by_verification
+from .verify import clear_kv_cache, eager_reference, fill_kv_cache, launch_verify
 
 # The warm-up keeps each key's eager outputs as its verification's reference while they fit in
 # this many bytes in all (the 92 keys of examples/llama-3.2-1b-synthetic.yaml: 0.4 GB); a key
