@@ -43,7 +43,8 @@ a variant's two results):
   LM head's epilogue;
 - `notma`: `light` with the LM head at 33-64 rows on the fused GEMV, not the TMA-fed GEMM
   (kernels/tma_head.py; `light` takes decode_tuned.TMA_HEAD's config); `tma64`: the TMA head in
-  64-wide tiles (BLOCK_N 64, 3 stages: the probe's best at 64 rows, slower at 40).
+  64-wide tiles (BLOCK_N 64, 3 stages: the probe's best at 64 rows, slower at 40); `tmak128`: the
+  TMA head's config before the eleventh session (128-wide K steps: one program per SM).
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -118,6 +119,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "sep-argmax": {**NEW, **LIGHT, "fused_argmax": False},
             "notma": {**NEW, **LIGHT, "tma": {}},
             "tma64": {**NEW, **LIGHT, "tma": {LM: (64, 128, 3, 4)}, "batches": (33, 40, 48, 64)},
+            "tmak128": {**NEW, **LIGHT, "tma": {LM: (128, 128, 4, 4)}, "batches": (33, 40, 48, 64)},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},

@@ -74,4 +74,8 @@ SPLIT_DOWN = {(2048, 8192): 4}
 # us alone at 64 / 40 rows): 140.2 / 136.4 against the fused GEMV's 150.1 / 145.5 (with its norm
 # row pass) and cuBLAS's 145.2 / 137.0; 64-wide tiles were as fast at 64 rows (138.4) but 151.4
 # at 40 (twice the x tiles streamed per weight byte). The replayed bs-64 step: -6 us (notma).
-TMA_HEAD = {(128256, 2048): (128, 128, 4, 4)}
+# Eleventh session (scripts/partials_probe.py --only head, two calls, us alone with the argmax at 64 /
+# 40 rows): 64-wide K steps, 4 stages (96 KB of shared memory: two programs per SM, so one's
+# argmax epilogue overlaps the other's weight stream) 147.4 / 144.0 against 128-wide, 4 stages (one
+# program per SM) 154.1 / 151.0; fp32 logits alone the same (139.5 / 136.6 against 139.9 / 136.3).
+TMA_HEAD = {(128256, 2048): (128, 64, 4, 4)}

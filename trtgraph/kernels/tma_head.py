@@ -9,7 +9,10 @@ loads its weight tiles with pointer arithmetic, which Triton pipelines as cp.asy
 on sm_90 as TMA bulk copies with mbarriers, `num_stages` deep. On the H200 (docs/performance.md,
 tenth session; `scripts/tma_probe.py --head`, alone, 40-64 rows): 150.6-153.4 us with the argmax
 against the fused GEMV's 155.3-159.7, fp32 logits 135.4-139.4 against 140.9-145.6 (90-92% of the
-copy bandwidth); the replayed bs-64 step 6 us faster (`scripts/decode_ablation.py notma`). On the
+copy bandwidth); the replayed bs-64 step 6 us faster (`scripts/decode_ablation.py notma`). With
+64-wide K steps (eleventh session, `scripts/partials_probe.py --only head`) two programs share an SM
+and one's argmax epilogue overlaps the other's weight stream: 147.4 / 144.0 us at 64 / 40 rows with
+the argmax against 154.1 / 151.0 for one program per SM (decode_tuned.TMA_HEAD). On the
 layer shapes (qkv, o, gate_up, down) the same kernel lost to today's ops (`scripts/tma_probe.py`),
 so it serves the LM head only.
 
