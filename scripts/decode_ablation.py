@@ -44,7 +44,11 @@ a variant's two results):
 - `notma`: `light` with the LM head at 33-64 rows on the fused GEMV, not the TMA-fed GEMM
   (kernels/tma_head.py; `light` takes decode_tuned.TMA_HEAD's config); `tma64`: the TMA head in
   64-wide tiles (BLOCK_N 64, 3 stages: the probe's best at 64 rows, slower at 40); `tmak128`: the
-  TMA head's config before the eleventh session (128-wide K steps: one program per SM).
+  TMA head's config before the eleventh session (128-wide K steps: one program per SM); `rt16`:
+  `light` with steps of 17-32 rows as two 16-row m-tiles in the fused GEMVs (decode_linear._ROW_TILES
+  (16, 64), not one 32-row tile); `cut16`: `light` with the 33-64-row path (cuBLAS qkv and o,
+  RoPE inside attention, hoisted norms, the split down projection, the TMA LM head) from 17 rows
+  (decode_linear.FUSED_MAX_ROWS 16).
 Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -75,7 +79,7 @@ from trtgraph.kernels import _with_argmax
 from trtgraph.kernels import sampling as smp
 from trtgraph.runtime.step.executor import Executor
 
-BATCHES = (1, 2, 8, 32, 33, 40, 48, 64)
+BATCHES = (1, 2, 8, 16, 17, 24, 32, 33, 40, 48, 64)
 ALL = frozenset({dl._PLAIN, dl._RESIDUAL, dl._SILU, dl._ROPE})
 OPS = {"qkv": dl._ROPE, "o_down": dl._RESIDUAL, "gate_up": dl._SILU, "lm_head": dl._PLAIN}
 # main 5b27c9f's kernels/decode_tuned.py (no SLOWER, no WIDE)
@@ -120,6 +124,8 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "notma": {**NEW, **LIGHT, "tma": {}},
             "tma64": {**NEW, **LIGHT, "tma": {LM: (64, 128, 3, 4)}, "batches": (33, 40, 48, 64)},
             "tmak128": {**NEW, **LIGHT, "tma": {LM: (128, 128, 4, 4)}, "batches": (33, 40, 48, 64)},
+            "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "batches": (16, 17, 24, 32)},
+            "cut16": {**NEW, **LIGHT, "bands": 16, "batches": (16, 17, 24, 32)},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
@@ -134,6 +140,9 @@ def install(ex, v):
     occ.TWO_PER_SM, dl._WIDE_PDL = v["two_per_sm"], v.get("wide_pdl", False)
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
+    dl._ROW_TILES = v.get("row_tiles", (16, 32, 64))
+    cut = v.get("bands", 32)  # the fused qkv / o / down serve up to `cut` rows; the 33-64-row path from cut + 1
+    dl.FUSED_MAX_ROWS, sr.SPLIT_MIN_ROWS, tma_head.TMA_MIN_ROWS = cut, cut + 1, cut + 1
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED
@@ -183,6 +192,9 @@ def kernels_per_step(ex, key):
 
 def measure(ex, key):
     ex.runner._graphs.pop(key, None)  # re-record this variant's graph
+    ex.prepare(key, decode_rows(ex, key.batch_size, 128))
+    with torch.inference_mode():
+        ex.execute(key, eager=True)  # the variant's lazy state (scratch, counters) made before its capture
     ex.capture(key)
     ex.prepare(key, decode_rows(ex, key.batch_size, 128))
     with torch.inference_mode():
