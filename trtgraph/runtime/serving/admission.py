@@ -89,9 +89,11 @@ class Admission:
                     "(draft tokens would count before they are accepted); run with speculative decoding off")
         if (s.logit_bias or s.min_tokens) and self.tensor_parallel:
             return "logit_bias and min_tokens are not supported with tensor parallelism yet"
-        if s.min_tokens and len(set(cfg.eos_token_ids) | set(s.stop_token_ids)) > MAX_STOP_IDS:
+        masked = {t for t in set(cfg.eos_token_ids) | set(self.generation.eos_token_ids) | set(s.stop_token_ids)
+                  if t < cfg.vocab_size}  # as the launcher masks them
+        if s.min_tokens and len(masked) > MAX_STOP_IDS:
             return (f"min_tokens masks the EOS and stop token ids, at most {MAX_STOP_IDS} of them; this request "
-                    f"has {len(set(cfg.eos_token_ids) | set(s.stop_token_ids))}")
+                    f"has {len(masked)}")
         bad = [t for t, _ in s.logit_bias if t >= cfg.vocab_size]
         if bad:
             return f"logit_bias token id {bad[0]} is outside the vocabulary (size {cfg.vocab_size})"

@@ -69,7 +69,10 @@ class StepLauncher:
         self._timing_events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                                for _ in range(EVENT_RING)] if cuda else None
         self._launches = 0
-        self._masked = sorted(set(ex.loaded.config.eos_token_ids))  # what min_tokens masks, with the stop ids
+        # What min_tokens masks, with the stop ids: every EOS id (config.json's and generation_config.json's,
+        # which stop a request alike); ids outside the vocabulary are never drawn and never masked.
+        self._vocab = ex.loaded.config.vocab_size
+        self._masked = sorted(set(ex.loaded.config.eos_token_ids) | set(ex.loaded.generation.eos_token_ids))
         self._row_fields_of: dict[int, tuple] = {}  # id(RowFacts) -> (it, StepRow keywords): `_row_fields`
 
     def launch(self, step: ScheduledStep, stats: RunStats) -> InFlight:
@@ -157,8 +160,9 @@ class StepLauncher:
         ex.prepare(step.key, rows, step.gather)
 
     def _masked_ids(self, seq: Sequence) -> list[int]:
-        """What min_tokens masks: the model's EOS ids and the request's stop ids."""
-        return sorted(set(self._masked) | set(seq.request.stop_token_ids))
+        """What min_tokens masks: the model's EOS ids and the request's stop ids, those inside
+        the vocabulary (a stop id past it can never be drawn; writing it would index past a row)."""
+        return sorted(t for t in set(self._masked) | set(seq.request.stop_token_ids) if t < self._vocab)
 
     def _row(self, seq: Sequence, n: int, drafts: list[int] | None = None, fed=None) -> StepRow:
         """The sequence's row of this step. Its sampling fields do not change while it runs, so
@@ -175,7 +179,8 @@ class StepLauncher:
             row = seq.step_row = StepRow(
                 token_ids=fed, start_pos=0, block_table=[], seed=seq.seed,
                 slot=seq.slot if facts.processors else None, prompt_len=prompt_len,
-                eos_until=prompt_len + facts.min_tokens if facts.min_tokens else 0, **self._row_fields(seq, facts))
+                eos_until=prompt_len + facts.min_tokens if facts.min_tokens and self._masked_ids(seq) else 0,
+                **self._row_fields(seq, facts))  # (nothing to mask: no mask, not the slot's padding id 0)
         row.token_ids, row.start_pos, row.block_table = fed, seq.num_computed, seq.block_table
         row.counted = seq.num_computed + len(fed) >= len(seq.all_ids)
         return row

@@ -1,0 +1,70 @@
+"""The eleventh session's adversarial pass over the Python API and the engine under it
+(trtgraph.LLM, SamplingParams, the engine's admission and step inputs). Each test failed on
+the code before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def llm(default_artifacts, one_torch_thread):
+    import trtgraph
+
+    return trtgraph.LLM(default_artifacts)
+
+
+@pytest.fixture(scope="module")
+def gen_eos_llm(tmp_path_factory, one_torch_thread):
+    """A tiny checkpoint (byte-level text) whose only EOS id, 5, is in generation_config.json."""
+    import trtgraph
+    from trtgraph.compiler.pipeline import capture
+    from trtgraph.config import Config
+    from hf_models import save_tiny
+
+    path = tmp_path_factory.mktemp("gen-eos-ckpt")
+    save_tiny("LlamaForCausalLM", path, vocab_size=300)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5], "do_sample": False}))
+    d = tiny_config().to_dict()
+    d["model"] = {"path": str(path)}
+    d["limits"] = {"max_batch_size": 2, "max_seq_len": 64, "max_num_tokens": 64}
+    d["buckets"] = {"batch_sizes": [1, 2], "context_batch_sizes": [1], "chunk_sizes": [32], "draft_lens": [0],
+                    "sampling": ["greedy", "sampled"]}
+    art = tmp_path_factory.mktemp("gen-eos-art")
+    capture(Config.from_dict(d, source="test_r11_api"), art)
+    return trtgraph.LLM(art)
+
+
+def test_a_stop_id_outside_the_vocabulary_never_breaks_the_engine(llm):
+    """A stop token id >= the vocabulary (or past 64 bits) in a request with a logits processor
+    went into the slot's min_tokens mask: the step raised (an index out of bounds; on a GPU an
+    out-of-bounds write) and the request stayed live, so every later call on the engine failed.
+    Such an id can never be drawn: it is left out of the mask, and the requests are served."""
+    for extra in ({"logit_bias": {3: 1}}, {"repetition_penalty": 1.1}, {"min_tokens": 2}):
+        for stop in (400, 1 << 70):
+            [c] = llm.generate("hi", {"max_tokens": 4, "stop": [stop], "seed": 1, **extra})
+            assert c.error is None and len(c.token_ids) == 4, (extra, stop)
+    assert len(llm.generate("hi", {"max_tokens": 3})[0].token_ids) == 3
+    assert not llm.engine.has_unfinished()
+
+
+def test_min_tokens_without_any_stop_id_masks_nothing(llm):
+    """A model without EOS ids and a request without stop ids: min_tokens has nothing to mask;
+    it masked token 0 (the padding of the slot's empty mask list)."""
+    for m in (0, 3):
+        [c] = llm.generate("hi", {"max_tokens": 5, "temperature": 0, "logit_bias": {0: 100}, "min_tokens": m})
+        assert c.token_ids == [0] * 5, m
+
+
+def test_min_tokens_masks_the_eos_ids_of_generation_config(gen_eos_llm):
+    """generation_config.json's EOS ids stop a request as config.json's do, so min_tokens must
+    mask them too (README: EOS and stop ids are masked before min_tokens); only config.json's
+    were, so the EOS id was drawn inside the first min_tokens tokens and the text went on past it."""
+    assert 5 in gen_eos_llm.engine.stop_ids
+    [c] = gen_eos_llm.generate([[1, 2, 3]], {"max_tokens": 6, "temperature": 0, "logit_bias": {5: 100},
+                                             "min_tokens": 3})
+    assert 5 not in c.token_ids[:3] and c.token_ids[3:] == [5] and c.finish_reason == "stop"
