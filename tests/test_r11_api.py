@@ -68,3 +68,16 @@ def test_min_tokens_masks_the_eos_ids_of_generation_config(gen_eos_llm):
     [c] = gen_eos_llm.generate([[1, 2, 3]], {"max_tokens": 6, "temperature": 0, "logit_bias": {5: 100},
                                              "min_tokens": 3})
     assert 5 not in c.token_ids[:3] and c.token_ids[3:] == [5] and c.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("key", ["²", "١٢", "9" * 5000, " 7", "-1", "1e3"],
+                         ids=["superscript", "arabic-indic", "5000-digits", "space", "negative", "exponent"])
+def test_a_logit_bias_key_int_cannot_read_is_refused_naming_the_field(key):
+    """`"²".isdigit()` is true but int() refuses it (a ValueError, the server's 500); so were
+    keys of more than 4300 digits. Every key that is not a plain decimal id is refused."""
+    from trtgraph.errors import PromptError
+    from trtgraph.runtime.serving.requests import parse_request
+
+    with pytest.raises(PromptError, match=r"p.jsonl line 1: field `logit_bias` = .* unique non-negative token ids"):
+        parse_request({"id": 1, "prompt": "x", "logit_bias": {key: 1}}, "p.jsonl line 1", 320)
+    assert parse_request({"id": 1, "prompt": "x", "logit_bias": {"007": 1}}, "w", 320).sampling.logit_bias == ((7, 1.0),)
