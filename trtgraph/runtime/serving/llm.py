@@ -55,13 +55,16 @@ class Completion:
     timings: Timings
     error: str | None = None
     logprobs: list | None = None
+    choices: list["Completion"] | None = None  # n > 1: the n completions in index order (usage counts them all)
     _result: Result = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, r: Result) -> "Completion":
+        choices = None if r.choices is None else [cls.of(c) for c in r.choices]
+        generated = len(r.token_ids) if choices is None else sum(len(c.token_ids) for c in choices)
         return cls(id=r.id, text=r.text, token_ids=list(r.token_ids), finish_reason=r.finish_reason,
-                   usage=Usage(r.prompt_tokens, len(r.token_ids)), timings=Timings(r.ttft_ms, r.tpot_ms),
-                   error=r.error, logprobs=getattr(r, "logprobs", None), _result=r)
+                   usage=Usage(r.prompt_tokens, generated), timings=Timings(r.ttft_ms, r.tpot_ms),
+                   error=r.error, logprobs=getattr(r, "logprobs", None), choices=choices, _result=r)
 
     def to_json(self) -> dict:
         return self._result.to_json()
