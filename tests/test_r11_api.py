@@ -96,3 +96,34 @@ def test_a_completion_of_n_choices_holds_them(llm):
         assert (choice.token_ids, choice.text, choice.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
         assert c.to_json()["choices"][i]["token_ids"] == choice.token_ids
     assert llm.generate("abc", {"max_tokens": 2})[0].choices is None
+
+
+def test_made_ids_never_collide_with_given_or_live_ids(llm):
+    """A prompt without an id gets `trtgraph-N`; a call that also gave one the id `trtgraph-N`,
+    or a stream still live under it, was refused as a duplicate the caller never sent."""
+    import itertools
+
+    llm._next_id = itertools.count(1000)
+    out = llm.generate(["y", {"id": "trtgraph-1000", "prompt": "x"}], {"max_tokens": 2})
+    assert out[1].id == "trtgraph-1000" and out[0].id not in ("trtgraph-1000",)
+    stream = llm.stream({"id": "trtgraph-1002", "prompt": "abc", "max_tokens": 20})
+    next(stream)
+    assert len({c.id for c in llm.generate(["y", "z"], {"max_tokens": 2})} | {"trtgraph-1002"}) == 3
+    stream.close()
+
+
+@pytest.mark.parametrize("prompts", [None, 5, 2.5, b"abc"], ids=["none", "int", "float", "bytes"])
+def test_prompts_of_no_accepted_kind_are_refused_naming_them(llm, prompts):
+    """generate(None) / generate(5) raised TypeError ('int' object is not iterable); bytes were
+    read as a list of ints and refused as 'got int'."""
+    from trtgraph.errors import PromptError
+
+    with pytest.raises(PromptError, match=r"^prompts: expected a string, .* got (NoneType|int|float|bytes)\.$"):
+        llm.generate(prompts)
+
+
+def test_a_request_object_is_still_one_prompt(llm):
+    from trtgraph.runtime.serving.requests import Request
+
+    [c] = llm.generate(Request(id="obj", prompt="abc", max_tokens=2))
+    assert c.id == "obj" and len(c.token_ids) == 2

@@ -20,7 +20,7 @@ import itertools
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from ...errors import PromptError
 from .engine import Engine
@@ -154,15 +154,23 @@ class LLM:
         """Every prompt as a validated Request (ids made for those without one)."""
         defaults = _sampling_fields(sampling)
         vocab = self.engine.executor.loaded.config.vocab_size
+        if not _is_one_prompt(prompts) and (isinstance(prompts, (bytes, bytearray))
+                                             or not isinstance(prompts, Iterable)):
+            raise PromptError(f"prompts: expected a string, a list of token ids, a request dict or a list of those; "
+                              f"got {type(prompts).__name__}.")
         items = [prompts] if _is_one_prompt(prompts) else list(prompts)
+        fields = [None if isinstance(item, Request) else {**defaults, **_prompt_fields(item, f"prompts[{i}]")}
+                  for i, item in enumerate(items)]
+        given = {str(f["id"]) for f in fields if f is not None and f.get("id") is not None}
+        given |= {item.id for item in items if isinstance(item, Request)}
         reqs = []
-        for i, item in enumerate(items):
-            if isinstance(item, Request):
+        for i, (item, raw) in enumerate(zip(items, fields)):
+            if raw is None:
                 reqs.append(item)
                 continue
-            raw = {**defaults, **_prompt_fields(item, f"prompts[{i}]")}
-            if raw.get("id") is None:
-                raw["id"] = f"trtgraph-{next(self._next_id)}"
+            if raw.get("id") is None:  # a made id is never one given in this call or one still live
+                raw["id"] = next(rid for n in self._next_id if (rid := f"trtgraph-{n}") not in given
+                                 and not self.engine._is_live(rid))
             reqs.append(parse_request(raw, f"prompts[{i}]", vocab))
         return reqs
 
