@@ -127,3 +127,33 @@ def test_a_request_object_is_still_one_prompt(llm):
 
     [c] = llm.generate(Request(id="obj", prompt="abc", max_tokens=2))
     assert c.id == "obj" and len(c.token_ids) == 2
+
+
+def test_a_request_object_with_negative_token_ids_is_refused_alone(llm):
+    """A Request built in Python skips parse_request's id check; admission refused ids past the
+    vocabulary but not negative ones, so the step raised (ReplayMismatchError) and, the request
+    staying live, every later call on the engine raised too."""
+    from trtgraph.runtime.serving.requests import Request
+
+    [c] = llm.generate(Request(id="neg", prompt_token_ids=[-1, 5], max_tokens=2))
+    assert c.finish_reason == "error" and "prompt token id -1 is outside the vocabulary" in c.error
+    assert len(llm.generate("abc", {"max_tokens": 2})[0].token_ids) == 2
+
+
+def test_a_step_that_raises_at_submit_leaves_no_request_live(llm, monkeypatch):
+    """An internal error in the first step (launched by submit on an idle engine) left the
+    submitted requests live: every later generate stepped them again and failed the same way."""
+    launcher = llm.engine.launcher
+    real = launcher.launch
+
+    def broken(step, stats):
+        monkeypatch.setattr(launcher, "launch", real)
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(launcher, "launch", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        llm.generate(["abc", "defg"], {"max_tokens": 3})
+    out = llm.generate(["abc", "xyz"], {"max_tokens": 3})
+    assert [len(c.token_ids) for c in out] == [3, 3]
+    assert not llm.engine.has_unfinished()
+    assert llm.engine.scheduler.allocator.num_free == llm.engine.scheduler.allocator.num_blocks - 1

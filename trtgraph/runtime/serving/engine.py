@@ -322,7 +322,12 @@ class Engine(Deliveries):
             # Admit what the first step can take, launch it, and admit the rest in slices while
             # the device runs (every step is the one it would be with all admitted now: _top_up).
             with torch.inference_mode():
-                self._launch_next()
+                try:
+                    self._launch_next()
+                except BaseException:  # its rows are all of these: none may stay live, stepped at every later call
+                    for req in reqs:
+                        self.abort(req.id)
+                    raise
         return list(first)
 
     def start_run(self, gpu_timing: bool = False) -> None:
