@@ -157,3 +157,20 @@ def test_a_step_that_raises_at_submit_leaves_no_request_live(llm, monkeypatch):
     assert [len(c.token_ids) for c in out] == [3, 3]
     assert not llm.engine.has_unfinished()
     assert llm.engine.scheduler.allocator.num_free == llm.engine.scheduler.allocator.num_blocks - 1
+
+
+def test_sampling_params_take_numpy_numbers(llm):
+    """Request dicts took numpy numbers (README, docs/reliability.md); SamplingParams built in
+    Python refused them ("field `temperature` = np.float32(0.5) is not allowed; expected a
+    number in [0, 100]"), and so did numpy ids as logit_bias keys in a dict."""
+    np = pytest.importorskip("numpy")
+    from trtgraph import SamplingParams
+
+    sp = SamplingParams(max_tokens=np.int32(4), temperature=np.float32(0.5), seed=np.int64(5), top_k=np.int64(3),
+                        stop=[np.int64(3)], logit_bias={np.int64(7): np.float32(2.0)}, ignore_eos=np.bool_(False))
+    assert (sp.max_tokens, sp.temperature, sp.seed, sp.top_k, sp.stop, sp.logit_bias) == (4, 0.5, 5, 3, (3,), ((7, 2.0),))
+    assert type(sp.seed) is int and type(sp.temperature) is float
+    assert llm.generate("abc", sp)[0].token_ids == llm.generate("abc", {**dict(max_tokens=4, temperature=0.5, seed=5,
+                                                                                top_k=3, stop=[3]),
+                                                                        "logit_bias": {7: 2.0}})[0].token_ids
+    assert len(llm.generate("abc", {"max_tokens": 2, "logit_bias": {np.int64(7): 1.0}})[0].token_ids) == 2

@@ -73,6 +73,9 @@ class SamplingParams:
 
     def __post_init__(self):
         set_, c = object.__setattr__, _CHECK
+        for name in SAMPLING_FIELDS:  # numpy numbers (np.float32 temperature, np.int64 ids) as the Python ones
+            if type(val := getattr(self, name)) not in _PLAIN_TYPES:
+                set_(self, name, _plain(val))
         c.integer(self.max_tokens, "max_tokens", 1, MAX_TOKENS_CAP)
         for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
                              ("repetition_penalty", 0.0, 2.0), ("presence_penalty", -2.0, 2.0),
@@ -134,6 +137,24 @@ class SamplingParams:
             return cls(**{k: raw[k] for k in SAMPLING_FIELDS if raw.get(k) is not None})
         except _FieldError as exc:
             raise PromptError(f"{where}: {exc.detail}") from None
+
+
+_PLAIN_TYPES = frozenset({int, float, bool, str, type(None)})
+
+
+def _plain(value):
+    """A numpy scalar as the Python number it holds; in a list, tuple or dict (keys too), one level deep."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain_scalar(v) for v in value)
+    if isinstance(value, dict):
+        return {_plain_scalar(k): _plain_scalar(v) for k, v in value.items()}
+    return _plain_scalar(value)
+
+
+def _plain_scalar(value):
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
 
 
 def _stops(stop) -> tuple:
