@@ -174,3 +174,13 @@ def test_sampling_params_take_numpy_numbers(llm):
                                                                                 top_k=3, stop=[3]),
                                                                         "logit_bias": {7: 2.0}})[0].token_ids
     assert len(llm.generate("abc", {"max_tokens": 2, "logit_bias": {np.int64(7): 1.0}})[0].token_ids) == 2
+
+
+def test_a_top_k_past_its_bound_is_told_the_bound():
+    """top_k = 10**8 was refused with "expected an integer >= 0", which it is."""
+    from trtgraph.errors import PromptError
+    from trtgraph.runtime.serving.requests import parse_request
+
+    parse_request({"id": 1, "prompt": "x", "top_k": 1 << 24}, "p.jsonl line 1")
+    with pytest.raises(PromptError, match=r"field `top_k` = 100000000 is not allowed; expected an integer in \[0, 16777216\]"):
+        parse_request({"id": 1, "prompt": "x", "top_k": 10 ** 8}, "p.jsonl line 1")

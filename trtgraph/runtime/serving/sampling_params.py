@@ -88,7 +88,7 @@ class SamplingParams:
         if self.repetition_penalty == 0.0:
             c.fail("repetition_penalty", self.repetition_penalty, "a number in (0, 2] (1 = off)")
         if self.top_k is not None:
-            c.integer(self.top_k, "top_k", 0, 1 << 24, expected="an integer >= 0 (0 = no top-k)")
+            c.integer(self.top_k, "top_k", 0, 1 << 24, expected=f"an integer in [0, {1 << 24}] (0 = no top-k)")
         if self.seed is not None:
             c.integer(self.seed, "seed", 0, (1 << 63) - 1, expected="an integer in [0, 2**63)")
         c.integer(self.min_tokens, "min_tokens", 0, self.max_tokens,
