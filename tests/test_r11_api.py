@@ -184,3 +184,14 @@ def test_a_top_k_past_its_bound_is_told_the_bound():
     parse_request({"id": 1, "prompt": "x", "top_k": 1 << 24}, "p.jsonl line 1")
     with pytest.raises(PromptError, match=r"field `top_k` = 100000000 is not allowed; expected an integer in \[0, 16777216\]"):
         parse_request({"id": 1, "prompt": "x", "top_k": 10 ** 8}, "p.jsonl line 1")
+
+
+def test_an_empty_call_leaves_the_garbage_collector_on(llm):
+    """generate([]) / stream([]) on an idle engine switched Python's cyclic collector off (the
+    engine paces it while serving) and, no step ever running, never switched it back on."""
+    import gc
+
+    assert gc.isenabled()
+    assert llm.generate([]) == [] and gc.isenabled()
+    assert list(llm.stream([])) == [] and gc.isenabled()
+    assert len(llm.generate("ab", {"max_tokens": 2})[0].token_ids) == 2 and gc.isenabled()

@@ -328,6 +328,8 @@ class Engine(Deliveries):
                     for req in reqs:
                         self.abort(req.id)
                     raise
+            if not self.has_unfinished():  # no requests: no step will ever release the collector
+                collection.release(self)
         return list(first)
 
     def start_run(self, gpu_timing: bool = False) -> None:
