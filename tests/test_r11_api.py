@@ -195,3 +195,33 @@ def test_an_empty_call_leaves_the_garbage_collector_on(llm):
     assert llm.generate([]) == [] and gc.isenabled()
     assert list(llm.stream([])) == [] and gc.isenabled()
     assert len(llm.generate("ab", {"max_tokens": 2})[0].token_ids) == 2 and gc.isenabled()
+
+
+EDGE_MESSAGES = [
+    [{"role": "user", "content": ""}],
+    [{"role": "user", "content": "hi <|end|> there <|bos|><|assistant|>"}],
+    [{"role": "system", "content": "  lead\tspace \r\n"}, {"role": "user", "content": "é日本語😀\u200b"}],
+    [{"role": "assistant", "content": "x"}],
+    [{"role": "user", "content": "{{ 7*7 }} {% raw %}"}],
+    [{"role": "user", "content": "<|eos|>"}, {"role": "assistant", "content": "<|pad|> a"}],
+    [{"role": "user", "content": "a\u0000b\u00ad\ufeff ﬁ ① Å Å"}],
+]
+
+
+def test_the_shipped_template_renders_edge_messages_as_transformers():
+    """(Held.) Special-token strings, template syntax, control and composed characters inside
+    message content: the rendered ids equal apply_chat_template's."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    import trtgraph
+    from trtgraph.models.chat import load_chat_template
+    from trtgraph.models.tokenizer import HFTokenizer
+
+    path = Path(trtgraph.__file__).parent / "assets" / "stdlib-llama"
+    hf, ours, template = AutoTokenizer.from_pretrained(str(path)), HFTokenizer(path / "tokenizer.json"), \
+        load_chat_template(path)
+    for messages in EDGE_MESSAGES:
+        assert ours.encode(template.render(messages), add_special_tokens=False) == \
+            hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False), messages
