@@ -107,7 +107,8 @@ class Admission:
             return "the prompt encodes to no tokens"
         top, low = max(ids), min(ids)
         if top >= cfg.vocab_size or low < 0:  # (a Request built in Python skips parse_request's check)
-            return f"prompt token id {top if top >= cfg.vocab_size else low} is outside the vocabulary (size {cfg.vocab_size})"
+            return (f"prompt token id {top if top >= cfg.vocab_size else low} is outside the vocabulary "
+                    f"(size {cfg.vocab_size})")
         max_tokens = req.max_tokens if known is None else known.facts.max_tokens
         if len(ids) + max_tokens > self.max_seq_len:
             return (f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
