@@ -169,14 +169,20 @@ async def _body(request: Request) -> dict:
 
 
 async def _next(queue: asyncio.Queue, request: Request, thread: EngineThread, rid: str):
-    """The request's next output; aborts it if the client went away meanwhile."""
+    """The request's next output; aborts it if the client went away meanwhile. The client is
+    looked at every DISCONNECT_POLL_SECONDS also while outputs keep coming (a non-streamed
+    request gets one per step: looking only when none came for that long never looked)."""
+    state = request.state
     while True:
+        if time.monotonic() >= getattr(state, "disconnect_poll_at", 0.0):
+            state.disconnect_poll_at = time.monotonic() + DISCONNECT_POLL_SECONDS
+            if await request.is_disconnected():
+                thread.abort(rid)
+                raise OpenAIError(499, "the client disconnected.")
         try:
             return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
         except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                thread.abort(rid)
-                raise OpenAIError(499, "the client disconnected.") from None
+            continue
 
 
 def _raise_if_refused(item) -> None:

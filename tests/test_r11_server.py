@@ -1,0 +1,63 @@
+"""The eleventh session's adversarial pass over `trtgraph serve` (trtgraph/server/,
+trtgraph/formats/): each test is a defect found by attacking a real server on 127.0.0.1
+with the `openai` client and raw HTTP, fixed, and kept here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+from openai.types import Completion  # noqa: E402
+
+from test_server import API_KEY, MODEL, serving, wait_for  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(default_artifacts, one_torch_thread):
+    with serving(default_artifacts) as running:
+        yield running
+
+
+def post(server, path: str, body: dict, timeout: float = 60) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=timeout, headers={"Authorization": f"Bearer {API_KEY}"})
+
+
+@contextlib.contextmanager
+def slowed(server, seconds: float):
+    """Each engine step takes at least `seconds` while inside (so a client can leave mid-request)."""
+    engine = server.engine
+    step = engine.step
+
+    def slow_step(*a, **kw):
+        time.sleep(seconds)
+        return step(*a, **kw)
+
+    engine.step = slow_step
+    try:
+        yield
+    finally:
+        del engine.step
+
+
+def aborts(server) -> float:
+    return server.metrics().get("trtgraph_requests_total[('outcome', 'abort')]", 0)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_non_streamed_request_whose_client_left_is_aborted_mid_decode(server, n):
+    """A non-streamed request gets an output from the engine every step, and the server
+    looked for a gone client only when none had come for 0.5 s: a client that timed out
+    (or was killed) had its request decoded to max_tokens for nobody, holding its batch slot
+    and KV blocks (10 s here, 200 steps of 50 ms; the abort counter never moved)."""
+    with slowed(server, 0.05):
+        before = aborts(server)
+        with pytest.raises(httpx.ReadTimeout):
+            post(server, "/v1/completions", {"model": MODEL, "prompt": "long", "max_tokens": 200, "temperature": 0.5,
+                                             "n": n, "seed": 1}, timeout=1.0)
+        wait_for(server.idle_and_leak_free, 3, "the abandoned request to be aborted and its blocks freed")
+    assert aborts(server) == before + 1
