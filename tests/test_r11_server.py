@@ -61,3 +61,37 @@ def test_a_non_streamed_request_whose_client_left_is_aborted_mid_decode(server, 
                                              "n": n, "seed": 1}, timeout=1.0)
         wait_for(server.idle_and_leak_free, 3, "the abandoned request to be aborted and its blocks freed")
     assert aborts(server) == before + 1
+
+
+def error_of(r: httpx.Response) -> dict:
+    body = r.json()
+    assert r.status_code == 400 and set(body) == {"error"}, r.text
+    return body["error"]
+
+
+@pytest.mark.parametrize("field, value", [("top_logprobs", 21), ("top_logprobs", -1), ("top_logprobs", True),
+                                          ("max_completion_tokens", 0), ("max_completion_tokens", True),
+                                          ("max_completion_tokens", 1.5)])
+def test_a_bad_chat_only_field_is_named_not_its_native_twin(server, field, value):
+    """`top_logprobs: 21` was refused as "field `logprobs` = 21" (param logprobs) and
+    `max_completion_tokens: 0` as "field `max_tokens` = 0": the native names of fields the
+    client never sent."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], field: value}
+    if field == "top_logprobs":
+        body["logprobs"] = True
+    err = error_of(post(server, "/v1/chat/completions", body))
+    assert err["param"] == field and f"`{field}`" in err["message"], err
+    assert "`logprobs`" not in err["message"] and "`max_tokens`" not in err["message"], err
+
+
+def test_null_echo_and_best_of_mean_their_defaults(server):
+    """OpenAI reads null as "not given" (the server does so for every other field), but
+    `echo: null` / `best_of: null` were refused with "`echo` = None is not supported; leave it
+    out (or False)"."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
+    want = post(server, "/v1/completions", body).json()["choices"][0]["token_ids"]
+    got = post(server, "/v1/completions", {**body, "echo": None, "best_of": None, "suffix": None})
+    assert got.status_code == 200, got.text
+    assert Completion.model_validate(got.json()).choices[0].token_ids == want
+    err = error_of(post(server, "/v1/completions", {**body, "echo": True}))
+    assert err["param"] == "echo" and "(or false)" in err["message"], err

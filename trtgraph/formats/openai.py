@@ -29,14 +29,17 @@ Errors: `error_object(...)` / `error_from_exception(exc)` / `error_from_result(r
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
 from typing import Callable
 
 from ..errors import PromptError
-from ..inputs import is_int
+from ..inputs import is_int, short
+from ..limits import MAX_LOGPROBS
 from ..runtime.serving.requests import CHAT_ROLES
+from ..runtime.serving.sampling_params import MAX_TOKENS_CAP
 
 # OpenAI's default temperature; a native request without one is greedy.
 DEFAULT_TEMPERATURE = 1.0
@@ -69,10 +72,10 @@ class OpenAIRequestError(PromptError):
 def completion_request(body, request_id: str, where: str = "request", allow_stream: bool = False) -> dict:
     """A `/v1/completions` body -> a native request dict with id `request_id`."""
     _check_fields(body, COMPLETION_FIELDS, where, "/v1/completions", allow_stream)
-    for name, default in DEFAULT_ONLY.items():
-        if body.get(name, default) != default:
+    for name, default in DEFAULT_ONLY.items():  # null is OpenAI's "not given", as for every other field
+        if body.get(name) is not None and body[name] != default:
             raise OpenAIRequestError(f"{where}: `{name}` = {body[name]!r} is not supported; leave it out "
-                                     f"(or {default!r}).", name)
+                                     f"(or {json.dumps(default)}).", name)
     native = {"id": request_id, **_prompt(body.get("prompt"), where), **_sampling(body)}
     if body.get("logprobs") is not None:
         native["logprobs"] = body["logprobs"]
@@ -85,6 +88,9 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
     native = {"id": request_id, "messages": _messages(body.get("messages"), where), **_sampling(body)}
     mct = body.get("max_completion_tokens")
     if mct is not None:
+        if not is_int(mct) or not 1 <= mct <= MAX_TOKENS_CAP:  # named here: the native check says `max_tokens`
+            raise OpenAIRequestError(f"{where}: field `max_completion_tokens` = {short(mct)} is not allowed; "
+                                     f"expected an integer in [1, {MAX_TOKENS_CAP}].", "max_completion_tokens")
         if body.get("max_tokens") is not None and body["max_tokens"] != mct:
             raise OpenAIRequestError(f"{where}: `max_tokens` ({body['max_tokens']}) and `max_completion_tokens` "
                                      f"({mct}) differ; give one of them.", "max_completion_tokens")
@@ -93,6 +99,9 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
     if logprobs is not None and not isinstance(logprobs, bool):
         raise OpenAIRequestError(f"{where}: `logprobs` = {logprobs!r} must be true or false in a chat request; "
                                  f"ask for alternatives with `top_logprobs`.", "logprobs")
+    if top is not None and not (is_int(top) and 0 <= top <= MAX_LOGPROBS):  # the native check says `logprobs`
+        raise OpenAIRequestError(f"{where}: field `top_logprobs` = {short(top)} is not allowed; expected an "
+                                 f"integer in [0, {MAX_LOGPROBS}] (alternatives per token).", "top_logprobs")
     if top is not None and not logprobs:
         raise OpenAIRequestError(f"{where}: `top_logprobs` needs `logprobs: true`.", "top_logprobs")
     if logprobs:
