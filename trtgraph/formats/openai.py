@@ -135,7 +135,7 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
         if body.get("n") not in (None, 1):
             raise OpenAIRequestError(f"{where}: `n` = {body['n']!r} with `stream: true` is not supported; "
                                      f"stream with n = 1, or leave `stream` out.", "n")
-        if body.get("logprobs") not in (None, False):
+        if body.get("logprobs") is not None and body["logprobs"] is not False:  # 0 == False: `in` let 0 through
             raise OpenAIRequestError(f"{where}: `logprobs` with `stream: true` is not supported; ask for "
                                      f"logprobs without streaming.", "logprobs")
 
