@@ -106,3 +106,44 @@ def test_logprobs_0_with_stream_is_refused_not_dropped(server, path, extra):
     chunk, the asked-for log-probabilities silently dropped."""
     err = error_of(post(server, path, {"model": MODEL, "max_tokens": 3, "temperature": 0, "stream": True, **extra}))
     assert err["param"] == "logprobs" and "stream" in err["message"], err
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/completions", b'{"prompt": "x", "\\ud800": 1}'),  # an unknown field named by a lone surrogate
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x", "\\udc00": 1}]}'),
+    ("/v1/completions", b'{"prompt": "x", "model": 1' + b"0" * 5000 + b"}"),  # a model "name" of 5,001 digits
+], ids=["field", "message-field", "model"])
+def test_odd_names_get_a_400_not_a_500(server, path, raw):
+    """The error echoed the name raw: a lone surrogate cannot be encoded as the UTF-8 JSON
+    answer, and json.dumps cannot write the parser's stand-in for a huge integer: 500
+    Internal Server Error with a traceback in the server's log."""
+    r = httpx.post(server.url + path, content=raw, timeout=60,
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    err = error_of(r)
+    assert err["type"] == "invalid_request_error" and err["param"], err
+
+
+def test_a_long_field_name_is_not_echoed_whole(server):
+    """An unknown field's name (or a bad value) came back whole, in the message and in
+    `param`: a 2 MB name gave a 4 MB error body."""
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": "x", "a" * 2_000_000: 1})
+    assert len(error_of(r)["message"]) < 2000 and len(r.content) < 4000
+
+
+@pytest.mark.parametrize("line", [
+    {"custom_id": "\ud800", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}},
+    {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "model": "\udfff"}},
+], ids=["custom_id", "model"])
+def test_a_batch_line_whose_echoed_text_is_no_unicode_is_refused_naming_it(tmp_path, line):
+    """A custom_id or body.model with a lone surrogate (valid JSON: "\\ud800") is written back
+    in the output line, which cannot hold it: `trtgraph run` ended with "internal error:
+    UnicodeEncodeError ... please report it" after the model work."""
+    import json
+
+    from trtgraph.errors import PromptError
+    from trtgraph.formats.batch import read_requests
+
+    f = tmp_path / "batch.jsonl"
+    f.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    with pytest.raises(PromptError, match=r"line 1: `(custom_id|body\.model)` = .* lone surrogate"):
+        read_requests(str(f))

@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 from .. import startup
 from ..errors import ConfigError, PromptError, TrtgraphError
 from ..formats import openai as oa
-from ..inputs import JSONProblem, loads_json
+from ..inputs import JSONProblem, loads_json, short
 from ..runtime.serving.requests import parse_request
 from ..runtime.serving.streaming import RequestOutput
 from .engine_thread import Aborted, EngineThread
@@ -114,9 +114,9 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     body = await _body(request)
     if not isinstance(body.get("model", model_name), str):
         raise OpenAIError(400, f"`model` must be a string, the served model's name ({model_name!r}, GET /v1/models); "
-                               f"got {json.dumps(body['model'])}.", "model")
+                               f"got {short(body['model'])}.", "model")
     if body.get("model", model_name) != model_name:
-        raise OpenAIError(404, f"model {body.get('model')!r} is not served here; this server serves "
+        raise OpenAIError(404, f"model {short(body.get('model'))} is not served here; this server serves "
                                f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
     shapes = oa.Response(chat, model_name)
     try:
