@@ -147,3 +147,32 @@ def test_a_batch_line_whose_echoed_text_is_no_unicode_is_refused_naming_it(tmp_p
     f.write_text(json.dumps(line) + "\n", encoding="utf-8")
     with pytest.raises(PromptError, match=r"line 1: `(custom_id|body\.model)` = .* lone surrogate"):
         read_requests(str(f))
+
+
+def test_a_huge_body_is_parsed_off_the_event_loop(server):
+    """A body of millions of token ids (under the 32 MB limit) is seconds of JSON parsing and
+    per-id checks; they ran on the event loop, so every other client waited: GET /health took
+    5.7 s during one 30 MB body, every stream stalled as long. They run in a worker thread now."""
+    import threading
+
+    body = b'{"prompt": [' + b",".join([b"1"] * 4_000_000) + b'], "max_tokens": 1}'
+    done: dict = {}
+
+    def big():
+        t0 = time.perf_counter()
+        done["r"] = httpx.post(server.url + "/v1/completions", content=body, timeout=120,
+                               headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+        done["s"] = time.perf_counter() - t0
+
+    t = threading.Thread(target=big)
+    t.start()
+    time.sleep(0.3)  # its body is in
+    waits = []
+    while t.is_alive():
+        t0 = time.perf_counter()
+        httpx.get(server.url + "/health", timeout=60)
+        waits.append(time.perf_counter() - t0)
+        time.sleep(0.05)
+    t.join()
+    assert done["r"].status_code == 400 and "exceeds" in done["r"].json()["error"]["message"]
+    assert waits and max(waits) < done["s"] / 3, (waits, done["s"])

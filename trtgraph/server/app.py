@@ -119,9 +119,13 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         raise OpenAIError(404, f"model {short(body.get('model'))} is not served here; this server serves "
                                f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
     shapes = oa.Response(chat, model_name)
-    try:
+
+    def translate():
         native = (oa.chat_request if chat else oa.completion_request)(body, shapes.id, WHERE, allow_stream=True)
-        req = parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
+        return parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
+
+    try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
+        req = await asyncio.to_thread(translate)
     except PromptError as exc:
         raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
     stream, include_usage = oa.stream_mode(body)
@@ -159,8 +163,8 @@ async def _body(request: Request) -> dict:
                                   code="request_too_large")
     except ClientDisconnect:  # gone before its whole body came: nothing to serve, nobody to answer
         raise OpenAIError(499, "the client disconnected.") from None
-    try:
-        body = loads_json(data.decode("utf-8"), allow_nonfinite=False, unique_keys=True)
+    try:  # in a worker thread: a 30 MB body is seconds of parsing, and every stream would wait for it
+        body = await asyncio.to_thread(loads_json, data.decode("utf-8"), allow_nonfinite=False, unique_keys=True)
     except (JSONProblem, UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
