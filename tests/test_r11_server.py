@@ -176,3 +176,19 @@ def test_a_huge_body_is_parsed_off_the_event_loop(server):
     t.join()
     assert done["r"].status_code == 400 and "exceeds" in done["r"].json()["error"]["message"]
     assert waits and max(waits) < done["s"] / 3, (waits, done["s"])
+
+
+def test_a_non_ascii_api_key_can_be_sent():
+    """Header bytes reach the app as latin-1 text; the key was compared as that text's UTF-8
+    encoding, so `--api-key kéy` sent as UTF-8 (curl from a UTF-8 terminal) was double-encoded
+    and refused: every call 401, whatever the client did."""
+    from fastapi.testclient import TestClient
+
+    from trtgraph.server.app import create_app
+    from trtgraph.server.engine_thread import EngineThread
+    from trtgraph.server.metrics import Metrics
+
+    client = TestClient(create_app(EngineThread(lambda: None, Metrics(), 1), MODEL, api_key="kéy-ключ"))
+    assert client.get("/v1/models", headers={"Authorization": "Bearer kéy-ключ".encode()}).status_code == 200
+    assert client.get("/v1/models", headers={"Authorization": "Bearer kéy-ключа".encode()}).status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": b"Bearer k\xe9y"}).status_code == 401

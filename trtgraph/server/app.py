@@ -76,8 +76,8 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
     def authorized(request: Request) -> None:
         if api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode(), api_key.encode())):
+        given = request.headers.get("authorization", "")  # HTTP header bytes, as latin-1 text
+        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode("latin-1"), api_key.encode())):
             raise OpenAIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`.",
                               error_type="authentication_error", code="invalid_api_key")
 
