@@ -4,7 +4,6 @@ with the `openai` client and raw HTTP, fixed, and kept here."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 
