@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 from ..errors import PromptError
+from ..inputs import short, text_problem
 from ..runtime.serving.requests import Request, Result, json_lines, parse_prompts, parse_request, read_input
 from . import openai as oa
 
@@ -125,6 +126,8 @@ def _entry(raw: dict, where: str, line: int, seen: dict[str, BatchEntry]) -> Bat
     cid = raw.get("custom_id")
     if not isinstance(cid, str) or not cid:
         raise PromptError(f"{where}: `custom_id` must be a non-empty string; every batch line needs one.")
+    if text_problem(cid):  # it is written back in the output line, which cannot hold it
+        raise PromptError(f"{where}: `custom_id` = {short(cid)} is not allowed; expected {text_problem(cid)}.")
     if cid in seen:
         raise PromptError(f"{where}: duplicate custom_id {cid!r} (first on line {seen[cid].line}); "
                           f"custom_ids must be unique, results are keyed by them.")
@@ -136,6 +139,8 @@ def _entry(raw: dict, where: str, line: int, seen: dict[str, BatchEntry]) -> Bat
         raise PromptError(f"{where}: no `body`; give the request body of {raw['url']}.")
     body = raw["body"]
     model = body.get("model") if isinstance(body, dict) else None
+    if isinstance(model, str) and text_problem(model):  # echoed in the response body, which cannot hold it
+        raise PromptError(f"{where}: `body.model` = {short(model)} is not allowed; expected {text_problem(model)}.")
     return BatchEntry(cid, raw["url"], line, model if isinstance(model, str) and model else DEFAULT_MODEL)
 
 

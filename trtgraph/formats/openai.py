@@ -29,14 +29,17 @@ Errors: `error_object(...)` / `error_from_exception(exc)` / `error_from_result(r
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
 from typing import Callable
 
 from ..errors import PromptError
-from ..inputs import is_int
+from ..inputs import is_int, short, text_problem
+from ..limits import MAX_LOGPROBS
 from ..runtime.serving.requests import CHAT_ROLES
+from ..runtime.serving.sampling_params import MAX_TOKENS_CAP
 
 # OpenAI's default temperature; a native request without one is greedy.
 DEFAULT_TEMPERATURE = 1.0
@@ -69,10 +72,10 @@ class OpenAIRequestError(PromptError):
 def completion_request(body, request_id: str, where: str = "request", allow_stream: bool = False) -> dict:
     """A `/v1/completions` body -> a native request dict with id `request_id`."""
     _check_fields(body, COMPLETION_FIELDS, where, "/v1/completions", allow_stream)
-    for name, default in DEFAULT_ONLY.items():
-        if body.get(name, default) != default:
-            raise OpenAIRequestError(f"{where}: `{name}` = {body[name]!r} is not supported; leave it out "
-                                     f"(or {default!r}).", name)
+    for name, default in DEFAULT_ONLY.items():  # null is OpenAI's "not given", as for every other field
+        if body.get(name) is not None and body[name] != default:
+            raise OpenAIRequestError(f"{where}: `{name}` = {short(body[name])} is not supported; leave it out "
+                                     f"(or {json.dumps(default)}).", name)
     native = {"id": request_id, **_prompt(body.get("prompt"), where), **_sampling(body)}
     if body.get("logprobs") is not None:
         native["logprobs"] = body["logprobs"]
@@ -85,14 +88,20 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
     native = {"id": request_id, "messages": _messages(body.get("messages"), where), **_sampling(body)}
     mct = body.get("max_completion_tokens")
     if mct is not None:
+        if not is_int(mct) or not 1 <= mct <= MAX_TOKENS_CAP:  # named here: the native check says `max_tokens`
+            raise OpenAIRequestError(f"{where}: field `max_completion_tokens` = {short(mct)} is not allowed; "
+                                     f"expected an integer in [1, {MAX_TOKENS_CAP}].", "max_completion_tokens")
         if body.get("max_tokens") is not None and body["max_tokens"] != mct:
-            raise OpenAIRequestError(f"{where}: `max_tokens` ({body['max_tokens']}) and `max_completion_tokens` "
+            raise OpenAIRequestError(f"{where}: `max_tokens` ({short(body['max_tokens'])}) and `max_completion_tokens` "
                                      f"({mct}) differ; give one of them.", "max_completion_tokens")
         native["max_tokens"] = mct
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
-        raise OpenAIRequestError(f"{where}: `logprobs` = {logprobs!r} must be true or false in a chat request; "
+        raise OpenAIRequestError(f"{where}: `logprobs` = {short(logprobs)} must be true or false in a chat request; "
                                  f"ask for alternatives with `top_logprobs`.", "logprobs")
+    if top is not None and not (is_int(top) and 0 <= top <= MAX_LOGPROBS):  # the native check says `logprobs`
+        raise OpenAIRequestError(f"{where}: field `top_logprobs` = {short(top)} is not allowed; expected an "
+                                 f"integer in [0, {MAX_LOGPROBS}] (alternatives per token).", "top_logprobs")
     if top is not None and not logprobs:
         raise OpenAIRequestError(f"{where}: `top_logprobs` needs `logprobs: true`.", "top_logprobs")
     if logprobs:
@@ -103,7 +112,7 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
 def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stream: bool) -> None:
     if not isinstance(body, dict):
         raise OpenAIRequestError(f"{where}: the body of a {url} request must be a JSON object.")
-    unknown = sorted(k for k in body if k not in valid)
+    unknown = sorted(_name(k) for k in body if k not in valid)
     if unknown:
         raise OpenAIRequestError(f"{where}: unsupported field{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)} for {url}; supported: {', '.join(valid)}.", unknown[0])
@@ -114,21 +123,27 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
         return
     stream, options = body.get("stream"), body.get("stream_options")
     if stream is not None and not isinstance(stream, bool):
-        raise OpenAIRequestError(f"{where}: `stream` = {stream!r} must be true or false.", "stream")
+        raise OpenAIRequestError(f"{where}: `stream` = {short(stream)} must be true or false.", "stream")
     if options is not None:
         if not isinstance(options, dict) or set(options) - {"include_usage"} \
                 or not isinstance(options.get("include_usage", False), bool):
-            raise OpenAIRequestError(f"{where}: `stream_options` = {options!r} may only hold `include_usage` "
+            raise OpenAIRequestError(f"{where}: `stream_options` = {short(options)} may only hold `include_usage` "
                                      f"(true or false).", "stream_options")
         if not stream:
             raise OpenAIRequestError(f"{where}: `stream_options` needs `stream: true`.", "stream_options")
     if stream:  # the engine hands out n > 1 completions and logprobs only when they finish
         if body.get("n") not in (None, 1):
-            raise OpenAIRequestError(f"{where}: `n` = {body['n']!r} with `stream: true` is not supported; "
+            raise OpenAIRequestError(f"{where}: `n` = {short(body['n'])} with `stream: true` is not supported; "
                                      f"stream with n = 1, or leave `stream` out.", "n")
-        if body.get("logprobs") not in (None, False):
+        if body.get("logprobs") is not None and body["logprobs"] is not False:  # 0 == False: `in` let 0 through
             raise OpenAIRequestError(f"{where}: `logprobs` with `stream: true` is not supported; ask for "
                                      f"logprobs without streaming.", "logprobs")
+
+
+def _name(key: str) -> str:
+    """A field name as messages and `param` show it: a lone surrogate escaped (JSON cannot be
+    encoded with one) and a long name cut short."""
+    return short(key) if len(key) > 60 or text_problem(key) else key
 
 
 def stream_mode(body: dict) -> tuple[bool, bool]:
@@ -167,12 +182,12 @@ def _messages(messages, where: str) -> list[dict]:
         name = f"messages[{i}]"
         if not isinstance(m, dict):
             raise OpenAIRequestError(f"{where}: `{name}` must be an object with `role` and `content`.", name)
-        extra = sorted(k for k in m if k not in _MESSAGE_FIELDS)  # e.g. `name`: the template would not see it
+        extra = sorted(_name(k) for k in m if k not in _MESSAGE_FIELDS)  # e.g. `name`: the template would not see it
         if extra:
             raise OpenAIRequestError(f"{where}: `{name}` has unsupported field(s) {', '.join(extra)}; "
                                      f"supported: {', '.join(_MESSAGE_FIELDS)}.", f"{name}.{extra[0]}")
         if m.get("role") not in CHAT_ROLES:
-            raise OpenAIRequestError(f"{where}: `{name}.role` = {m.get('role')!r}; expected one of "
+            raise OpenAIRequestError(f"{where}: `{name}.role` = {short(m.get('role'))}; expected one of "
                                      f"{', '.join(CHAT_ROLES)}.", f"{name}.role")
         out.append({"role": m["role"], "content": _content(m.get("content"), where, f"{name}.content")})
     return out

@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 from .. import startup
 from ..errors import ConfigError, PromptError, TrtgraphError
 from ..formats import openai as oa
-from ..inputs import JSONProblem, loads_json
+from ..inputs import JSONProblem, loads_json, short
 from ..runtime.serving.requests import parse_request
 from ..runtime.serving.streaming import RequestOutput
 from .engine_thread import Aborted, EngineThread
@@ -76,8 +76,8 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
     def authorized(request: Request) -> None:
         if api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode(), api_key.encode())):
+        given = request.headers.get("authorization", "")  # HTTP header bytes, as latin-1 text
+        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode("latin-1"), api_key.encode())):
             raise OpenAIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`.",
                               error_type="authentication_error", code="invalid_api_key")
 
@@ -114,14 +114,18 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     body = await _body(request)
     if not isinstance(body.get("model", model_name), str):
         raise OpenAIError(400, f"`model` must be a string, the served model's name ({model_name!r}, GET /v1/models); "
-                               f"got {json.dumps(body['model'])}.", "model")
+                               f"got {short(body['model'])}.", "model")
     if body.get("model", model_name) != model_name:
-        raise OpenAIError(404, f"model {body.get('model')!r} is not served here; this server serves "
+        raise OpenAIError(404, f"model {short(body.get('model'))} is not served here; this server serves "
                                f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
     shapes = oa.Response(chat, model_name)
-    try:
+
+    def translate():
         native = (oa.chat_request if chat else oa.completion_request)(body, shapes.id, WHERE, allow_stream=True)
-        req = parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
+        return parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
+
+    try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
+        req = await asyncio.to_thread(translate)
     except PromptError as exc:
         raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
     stream, include_usage = oa.stream_mode(body)
@@ -159,8 +163,8 @@ async def _body(request: Request) -> dict:
                                   code="request_too_large")
     except ClientDisconnect:  # gone before its whole body came: nothing to serve, nobody to answer
         raise OpenAIError(499, "the client disconnected.") from None
-    try:
-        body = loads_json(data.decode("utf-8"), allow_nonfinite=False, unique_keys=True)
+    try:  # in a worker thread: a 30 MB body is seconds of parsing, and every stream would wait for it
+        body = await asyncio.to_thread(loads_json, data.decode("utf-8"), allow_nonfinite=False, unique_keys=True)
     except (JSONProblem, UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
@@ -169,14 +173,20 @@ async def _body(request: Request) -> dict:
 
 
 async def _next(queue: asyncio.Queue, request: Request, thread: EngineThread, rid: str):
-    """The request's next output; aborts it if the client went away meanwhile."""
+    """The request's next output; aborts it if the client went away meanwhile. The client is
+    looked at every DISCONNECT_POLL_SECONDS also while outputs keep coming (a non-streamed
+    request gets one per step: looking only when none came for that long never looked)."""
+    state = request.state
     while True:
+        if time.monotonic() >= getattr(state, "disconnect_poll_at", 0.0):
+            state.disconnect_poll_at = time.monotonic() + DISCONNECT_POLL_SECONDS
+            if await request.is_disconnected():
+                thread.abort(rid)
+                raise OpenAIError(499, "the client disconnected.")
         try:
             return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
         except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                thread.abort(rid)
-                raise OpenAIError(499, "the client disconnected.") from None
+            continue
 
 
 def _raise_if_refused(item) -> None:
