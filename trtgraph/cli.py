@@ -198,7 +198,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     """
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
-    from .outputs import check_outputs, manifest_inputs, place
+    from .outputs import check_outputs, manifest_inputs, output_locked, place
     from .runtime.serving.requests import finished_ids
 
     output = None if output == "-" else output
@@ -211,22 +211,25 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     requests = read_requests(prompts_path)  # the whole file (native or OpenAI batch), before any model work
     loaded = load_manifest(manifest)  # read and validated; no model work yet
     check_outputs(outputs, [*inputs, *manifest_inputs(loaded, manifest_path(manifest))])
-    if resume:
-        done = finished_ids(output, key=requests.id_field)
-        requests = requests.without(done)
-        click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
     config = loaded.app_config()
-    args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose, _PROGRAM)
-    try:
-        code = on_ranks(config.parallel.tensor_parallel_size, config.device, run_rank, *args)
-    except KeyboardInterrupt:  # from the ranks' launcher: rank 0 has already said what finished
+    with output_locked("--output", output) as release:  # a second run on the same file is refused, not interleaved
+        if resume:
+            done = finished_ids(output, key=requests.id_field, expected=set(requests.ids), prompts=requests.name)
+            requests = requests.without(done)
+            click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
+        if config.parallel.tensor_parallel_size > 1:
+            release()  # rank 0 writes; the launcher holds nothing open (its SIGKILL must leave no writer)
+        args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose, _PROGRAM)
+        try:
+            code = on_ranks(config.parallel.tensor_parallel_size, config.device, run_rank, *args)
+        except KeyboardInterrupt:  # from the ranks' launcher: rank 0 has already said what finished
+            if config.parallel.tensor_parallel_size == 1:
+                raise
+            code = EXIT_INTERRUPTED
+        if code:
+            sys.exit(code)
         if config.parallel.tensor_parallel_size == 1:
-            raise
-        code = EXIT_INTERRUPTED
-    if code:
-        sys.exit(code)
-    if config.parallel.tensor_parallel_size == 1:
-        _done()
+            _done()
 
 
 @main.command()

@@ -1,0 +1,72 @@
+"""The eleventh session's adversarial pass over the command line and its files (`run`,
+`capture`, `inspect`, prompts / batch files, outputs, --resume). Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from trtgraph.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [*map(str, args)])
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+
+
+# ---- --resume with another prompts file ---------------------------------------------------
+
+def test_resume_refuses_an_output_of_another_prompts_file(default_artifacts, tmp_path):
+    """It appended this file's results to the other file's, and said "2 requests already in"."""
+    first = write_jsonl(tmp_path / "first.jsonl", [{"id": i, "prompt": "hi", "max_tokens": 2} for i in (1, 2)])
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", "--prompts", first, "--manifest", default_artifacts, "--output", out).exit_code == 0
+    before = out.read_bytes()
+    other = write_jsonl(tmp_path / "other.jsonl", [{"id": "a", "prompt": "hi", "max_tokens": 2}])
+    r = invoke("run", "--prompts", other, "--manifest", default_artifacts, "--output", out, "--resume")
+    assert r.exit_code == 2, r.output
+    assert f"{out} line 1: a result for id '1', which {other} does not hold" in r.output
+    assert "Traceback" not in r.output and out.read_bytes() == before
+    # the same file, a line more: only the new id runs
+    more = write_jsonl(tmp_path / "first.jsonl", [{"id": i, "prompt": "hi", "max_tokens": 2} for i in (1, 2, 3)])
+    r = invoke("run", "--prompts", more, "--manifest", default_artifacts, "--output", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert [row["id"] for row in read_jsonl(out)] == ["1", "2", "3"]
+
+
+# ---- two runs writing one output ------------------------------------------------------------
+
+def test_a_second_run_on_an_output_being_written_is_refused(default_artifacts, tmp_path):
+    """Two runs on one --output both truncated and appended: interleaved, cut and lost lines
+    (61 lines for 64 requests, one not JSON), both exit 0."""
+    import fcntl
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": i, "prompt": "hi", "max_tokens": 2} for i in ("z", "a")])
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "z", "text": "", "token_ids": [], "finish_reason": "length"}\n')
+    before = out.read_bytes()
+    with open(out, "ab") as holder:  # what the first run holds while it writes
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        for extra in ((), ("--resume",)):
+            r = invoke("run", "--prompts", prompts, "--manifest", default_artifacts, "--output", out, *extra)
+            assert r.exit_code == 2, r.output
+            assert f"--output {out}: another process" in r.output and "choose another path" in r.output
+            assert out.read_bytes() == before
+    r = invoke("run", "--prompts", prompts, "--manifest", default_artifacts, "--output", out, "--resume")
+    assert r.exit_code == 0, r.output  # the lock goes with the run that held it
+    assert [row["id"] for row in read_jsonl(out)] == ["z", "a"]
+
+
+def test_a_run_that_fails_before_serving_leaves_no_output_file(tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "hi", "max_tokens": 2}])
+    r = invoke("run", "--prompts", prompts, "--manifest", tmp_path / "no-artifacts", "--output", tmp_path / "o.jsonl")
+    assert r.exit_code == 2 and not (tmp_path / "o.jsonl").exists()
