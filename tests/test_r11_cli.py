@@ -70,3 +70,24 @@ def test_a_run_that_fails_before_serving_leaves_no_output_file(tmp_path):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "hi", "max_tokens": 2}])
     r = invoke("run", "--prompts", prompts, "--manifest", tmp_path / "no-artifacts", "--output", tmp_path / "o.jsonl")
     assert r.exit_code == 2 and not (tmp_path / "o.jsonl").exists()
+
+
+# ---- byte order marks and bytes that are not UTF-8 -----------------------------------------
+
+def test_a_prompts_file_with_a_byte_order_mark_is_read(default_artifacts, tmp_path):
+    """model.yaml with a BOM was read; a prompts file with one was refused as not JSON
+    ("Unexpected UTF-8 BOM (decode using utf-8-sig)")."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(b'\xef\xbb\xbf{"id": 1, "prompt": "hi", "max_tokens": 2}\r\n{"id": 2, "prompt": "yo"}\r\n')
+    out = tmp_path / "out.jsonl"
+    r = invoke("run", "--prompts", prompts, "--manifest", default_artifacts, "--output", out)
+    assert r.exit_code == 0, r.output
+    assert [row["id"] for row in read_jsonl(out)] == ["1", "2"]
+
+
+def test_a_config_that_is_not_utf8_names_the_line(tmp_path):
+    cfg = tmp_path / "m.yaml"
+    cfg.write_bytes(b"dtype: float32\ndevice: cpu  # \xff\n")
+    r = invoke("capture", "--config", cfg, "--out", tmp_path / "art")
+    assert r.exit_code == 2, r.output
+    assert f"{cfg} line 2: not valid UTF-8 (byte 15 of the line); save the file as UTF-8." in r.output

@@ -234,6 +234,7 @@ def json_lines(data: bytes, name: str) -> list[tuple[int, object]]:
     """(line number, decoded JSON value) of each non-blank line; the first line that is not
     UTF-8 JSON raises PromptError naming it."""
     rows = []
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark (Windows editors write one), as YAML allows
     for n, line in enumerate(data.split(b"\n"), start=1):
         where = f"{name} line {n}"
         try:
