@@ -119,3 +119,21 @@ def test_a_batch_model_with_a_lone_surrogate_is_a_400_line(default_artifacts, tm
     assert rows["ok"]["response"]["status_code"] == 200
     assert rows["m"]["response"]["status_code"] == 400 and rows["m"]["error"]["param"] == "model"
     assert "`model` = 'x\\ud800' is not allowed" in rows["m"]["error"]["message"]
+
+
+# ---- a summary file that does not take the summary ------------------------------------------
+
+def test_a_summary_json_that_cannot_be_written_exits_2_with_every_result_kept(default_artifacts, tmp_path):
+    """It was an internal error (exit 1) after every result was written."""
+    import os
+
+    import pytest
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": i, "prompt": "hi", "max_tokens": 2} for i in (1, 2)])
+    out = tmp_path / "out.jsonl"
+    r = invoke("run", "--prompts", prompts, "--manifest", default_artifacts, "--output", out, "--summary-json", "/dev/full")
+    assert r.exit_code == 2, r.output
+    assert "--summary-json /dev/full: writing failed (No space left on device); every result was written" in r.output
+    assert [row["id"] for row in read_jsonl(out)] == ["1", "2"]
