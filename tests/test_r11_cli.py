@@ -137,3 +137,26 @@ def test_a_summary_json_that_cannot_be_written_exits_2_with_every_result_kept(de
     assert r.exit_code == 2, r.output
     assert "--summary-json /dev/full: writing failed (No space left on device); every result was written" in r.output
     assert [row["id"] for row in read_jsonl(out)] == ["1", "2"]
+
+
+# ---- the prompts file given as standard input ----------------------------------------------
+
+def test_an_output_that_is_the_prompts_file_given_on_standard_input_is_refused(tmp_path):
+    """`--prompts - --output p.jsonl < p.jsonl` read the prompts, then replaced them with the results."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "prompt": "hi", "max_tokens": 2}])
+    before = Path(prompts).read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(prompts)
+    root = Path(__file__).resolve().parents[1]
+    for output in (prompts, tmp_path / "link.jsonl"):
+        with open(prompts, "rb") as stdin:
+            p = subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", "-", "--manifest",
+                                str(tmp_path / "unused"), "--output", str(output)], stdin=stdin, capture_output=True,
+                               text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+        assert p.returncode == 2, p.stderr
+        assert f"is the same file as the prompts file (--prompts -, standard input) {prompts}" in p.stderr
+        assert Path(prompts).read_bytes() == before

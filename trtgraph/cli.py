@@ -198,14 +198,15 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     """
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
-    from .outputs import check_outputs, manifest_inputs, output_locked, place
+    from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
     from .runtime.serving.requests import finished_ids
 
     output = None if output == "-" else output
     if resume and not output:
         raise click.UsageError("--resume needs --output: the results file of the interrupted run")
     outputs = [place("--output", output), place("--summary-json", summary_json)]
-    inputs = [None if prompts_path == "-" else place("the prompts file (--prompts)", prompts_path),
+    inputs = [stdin_place("the prompts file (--prompts -, standard input)") if prompts_path == "-" else
+              place("the prompts file (--prompts)", prompts_path),
               place("the checkpoint directory (--model)", model, is_dir=True)]
     check_outputs(outputs, inputs)
     requests = read_requests(prompts_path)  # the whole file (native or OpenAI batch), before any model work

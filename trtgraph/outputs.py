@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,18 @@ class Place:
 
 def place(label: str, path, is_dir: bool = False, makedirs: bool = False) -> Place | None:
     return None if path is None else Place(label, Path(path), is_dir, makedirs)
+
+
+def stdin_place(label: str) -> Place | None:
+    """Standard input where it is a file (`--prompts - < prompts.jsonl`): an output must not be
+    that file either (it was read whole, then truncated by the output). None for a pipe or a terminal."""
+    try:
+        if not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):
+            return None
+    except (AttributeError, OSError, ValueError):  # no stdin, or one without a descriptor
+        return None
+    link = f"/proc/self/fd/{sys.stdin.fileno()}" if os.path.isdir("/proc/self/fd") else "/dev/stdin"
+    return Place(label, Path(os.path.realpath(link)))  # the file's own name, for the message
 
 
 def manifest_inputs(manifest, path) -> list[Place | None]:
