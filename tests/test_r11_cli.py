@@ -160,3 +160,21 @@ def test_an_output_that_is_the_prompts_file_given_on_standard_input_is_refused(t
         assert p.returncode == 2, p.stderr
         assert f"is the same file as the prompts file (--prompts -, standard input) {prompts}" in p.stderr
         assert Path(prompts).read_bytes() == before
+
+
+# ---- a logit_bias key that str.isdigit() accepts and int() refuses ------------------------
+
+def test_a_logit_bias_key_of_unicode_digits_is_refused_naming_the_line(default_artifacts, tmp_path):
+    """{"²": 5}: "²".isdigit() is true, int("²") raises ValueError: an internal error (exit 1) for the
+    whole file, native or batch (where a bad body must be a 400 line)."""
+    native = write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "prompt": "hi", "max_tokens": 2, "logit_bias": {"\u00b2": 5}}])
+    r = invoke("run", "--prompts", native, "--manifest", tmp_path / "unused")
+    assert r.exit_code == 2, r.output
+    assert f"{native} line 1: field `logit_bias` = {{'\u00b2': 5}} is not allowed" in r.output
+    batch = write_jsonl(tmp_path / "b.jsonl", [_batch_line("ok"), _batch_line("lb", logit_bias={"\u0661": 5})])
+    out = tmp_path / "out.jsonl"
+    r = invoke("run", "--prompts", batch, "--manifest", default_artifacts, "--output", out)
+    assert r.exit_code == 0, r.output
+    rows = {row["custom_id"]: row for row in read_jsonl(out)}
+    assert rows["ok"]["response"]["status_code"] == 200
+    assert rows["lb"]["response"]["status_code"] == 400 and rows["lb"]["error"]["param"] == "logit_bias"
