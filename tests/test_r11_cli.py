@@ -178,3 +178,20 @@ def test_a_logit_bias_key_of_unicode_digits_is_refused_naming_the_line(default_a
     rows = {row["custom_id"]: row for row in read_jsonl(out)}
     assert rows["ok"]["response"]["status_code"] == 200
     assert rows["lb"]["response"]["status_code"] == 400 and rows["lb"]["error"]["param"] == "logit_bias"
+
+
+# ---- an option given as "" (an unset shell variable) ----------------------------------------
+
+def test_an_empty_config_or_out_or_manifest_is_refused_not_read_as_the_default(tmp_path, monkeypatch):
+    """`capture --config ""` captured the embedded default into the config's default `output`
+    (trtgraph-artifacts), over the manifest of the model meant; `--manifest ""` served the current
+    directory's manifest."""
+    monkeypatch.chdir(tmp_path)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "prompt": "hi", "max_tokens": 2}])
+    for args, option in ((("capture", "--config", ""), "--config"), (("capture", "--out", " "), "--out"),
+                         (("bench", "--config", "", "--prompts", "0"), "--config"),
+                         (("run", "--prompts", prompts, "--manifest", ""), "--manifest"), (("inspect", ""), "PATH")):
+        r = invoke(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert f"{option} is empty; give " in r.output, r.output
+    assert list(tmp_path.iterdir()) == [tmp_path / "p.jsonl"]  # nothing captured, nothing written

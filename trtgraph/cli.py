@@ -61,7 +61,15 @@ def main():
 def _load_config(path: str | None):
     from .config import Config
 
+    _not_empty("--config", path, "a YAML file, or leave --config out to use the embedded default")
     return Config.from_yaml(path) if path else Config.default()
+
+
+def _not_empty(option: str, value: str | None, what: str) -> None:
+    """An option given as "" (an unset shell variable) must not mean its default: `--config ""`
+    captured the embedded default over the artifacts of the config meant."""
+    if value is not None and not value.strip():
+        raise click.UsageError(f"{option} is empty; give {what}.")
 
 
 @main.command()
@@ -80,6 +88,7 @@ def capture(config_path, out_dir, device, as_json):
     """
     from .outputs import check_outputs, place
 
+    _not_empty("--out", out_dir, "a directory, or leave --out out to use the config's `output`")
     config = _load_config(config_path)
     if device:
         config = config.replace(device=device)
@@ -147,6 +156,7 @@ def inspect(path, as_json, check):
     from .report import manifest_text
     from .runtime.step.checks import check_manifest
 
+    _not_empty("PATH", path, "the artifacts directory or its manifest, or leave it out for trtgraph-artifacts")
     manifest = load_manifest(path)
     diffs = check_manifest(manifest) if check else []
     if as_json:
@@ -201,6 +211,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
     from .runtime.serving.requests import finished_ids
 
+    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
     output = None if output == "-" else output
     if resume and not output:
         raise click.UsageError("--resume needs --output: the results file of the interrupted run")
