@@ -93,34 +93,6 @@ def test_a_config_that_is_not_utf8_names_the_line(tmp_path):
     assert f"{cfg} line 2: not valid UTF-8 (byte 15 of the line); save the file as UTF-8." in r.output
 
 
-# ---- OpenAI batch files: text that no UTF-8 file can hold ------------------------------------
-
-def _batch_line(cid, **body):
-    return {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": {"prompt": "a", "max_tokens": 2, **body}}
-
-
-def test_a_batch_custom_id_with_a_lone_surrogate_refuses_the_file(tmp_path):
-    """Every output line repeats the custom_id: writing the first one was an internal error (exit 1)."""
-    prompts = write_jsonl(tmp_path / "b.jsonl", [_batch_line("ok"), _batch_line("\ud800")])
-    out = tmp_path / "out.jsonl"
-    r = invoke("run", "--prompts", prompts, "--manifest", tmp_path / "unused", "--output", out)
-    assert r.exit_code == 2, r.output
-    assert f"{prompts} line 2: `custom_id` = '\\ud800' is not allowed; expected valid Unicode text" in r.output
-    assert not out.exists()
-
-
-def test_a_batch_model_with_a_lone_surrogate_is_a_400_line(default_artifacts, tmp_path):
-    """The model is echoed in the response body: the run died writing it, mid-file (exit 1)."""
-    prompts = write_jsonl(tmp_path / "b.jsonl", [_batch_line("ok"), _batch_line("m", model="x\ud800")])
-    out = tmp_path / "out.jsonl"
-    r = invoke("run", "--prompts", prompts, "--manifest", default_artifacts, "--output", out)
-    assert r.exit_code == 0, r.output
-    rows = {row["custom_id"]: row for row in read_jsonl(out)}
-    assert rows["ok"]["response"]["status_code"] == 200
-    assert rows["m"]["response"]["status_code"] == 400 and rows["m"]["error"]["param"] == "model"
-    assert "`model` = 'x\\ud800' is not allowed" in rows["m"]["error"]["message"]
-
-
 # ---- a summary file that does not take the summary ------------------------------------------
 
 def test_a_summary_json_that_cannot_be_written_exits_2_with_every_result_kept(default_artifacts, tmp_path):
@@ -160,24 +132,6 @@ def test_an_output_that_is_the_prompts_file_given_on_standard_input_is_refused(t
         assert p.returncode == 2, p.stderr
         assert f"is the same file as the prompts file (--prompts -, standard input) {prompts}" in p.stderr
         assert Path(prompts).read_bytes() == before
-
-
-# ---- a logit_bias key that str.isdigit() accepts and int() refuses ------------------------
-
-def test_a_logit_bias_key_of_unicode_digits_is_refused_naming_the_line(default_artifacts, tmp_path):
-    """{"²": 5}: "²".isdigit() is true, int("²") raises ValueError: an internal error (exit 1) for the
-    whole file, native or batch (where a bad body must be a 400 line)."""
-    native = write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "prompt": "hi", "max_tokens": 2, "logit_bias": {"\u00b2": 5}}])
-    r = invoke("run", "--prompts", native, "--manifest", tmp_path / "unused")
-    assert r.exit_code == 2, r.output
-    assert f"{native} line 1: field `logit_bias` = {{'\u00b2': 5}} is not allowed" in r.output
-    batch = write_jsonl(tmp_path / "b.jsonl", [_batch_line("ok"), _batch_line("lb", logit_bias={"\u0661": 5})])
-    out = tmp_path / "out.jsonl"
-    r = invoke("run", "--prompts", batch, "--manifest", default_artifacts, "--output", out)
-    assert r.exit_code == 0, r.output
-    rows = {row["custom_id"]: row for row in read_jsonl(out)}
-    assert rows["ok"]["response"]["status_code"] == 200
-    assert rows["lb"]["response"]["status_code"] == 400 and rows["lb"]["error"]["param"] == "logit_bias"
 
 
 # ---- an option given as "" (an unset shell variable) ----------------------------------------

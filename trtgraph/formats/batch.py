@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 from ..errors import PromptError
-from ..inputs import short, text_problem
 from ..runtime.serving.requests import Request, Result, json_lines, parse_prompts, parse_request, read_input
 from . import openai as oa
 
@@ -126,8 +125,6 @@ def _entry(raw: dict, where: str, line: int, seen: dict[str, BatchEntry]) -> Bat
     cid = raw.get("custom_id")
     if not isinstance(cid, str) or not cid:
         raise PromptError(f"{where}: `custom_id` must be a non-empty string; every batch line needs one.")
-    if text_problem(cid):  # every output line repeats it
-        raise PromptError(f"{where}: `custom_id` = {short(cid)} is not allowed; expected {text_problem(cid)}.")
     if cid in seen:
         raise PromptError(f"{where}: duplicate custom_id {cid!r} (first on line {seen[cid].line}); "
                           f"custom_ids must be unique, results are keyed by them.")

@@ -35,7 +35,7 @@ import uuid
 from typing import Callable
 
 from ..errors import PromptError
-from ..inputs import is_int, short, text_problem
+from ..inputs import is_int
 from ..runtime.serving.requests import CHAT_ROLES
 
 # OpenAI's default temperature; a native request without one is greedy.
@@ -107,10 +107,6 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
     if unknown:
         raise OpenAIRequestError(f"{where}: unsupported field{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)} for {url}; supported: {', '.join(valid)}.", unknown[0])
-    model = body.get("model")
-    if isinstance(model, str) and text_problem(model):  # it is echoed in the response, which could not be written
-        raise OpenAIRequestError(f"{where}: `model` = {short(model)} is not allowed; expected {text_problem(model)}.",
-                                 "model")
     if not allow_stream:
         for name in ("stream", "stream_options"):
             if body.get(name):

@@ -161,7 +161,7 @@ def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
             _CHECK.fail("logit_bias", bias, "an object {token id: bias}")
         tid, val = item
-        if isinstance(tid, str) and tid.isascii() and tid.isdigit():  # ("²".isdigit(), but int() refuses it)
+        if isinstance(tid, str) and tid.isdigit():
             tid = int(tid)
         if not is_int(tid) or tid < 0 or tid in out:
             _CHECK.fail("logit_bias", {str(tid): val}, "unique non-negative token ids as keys")
