@@ -61,7 +61,15 @@ def main():
 def _load_config(path: str | None):
     from .config import Config
 
+    _not_empty("--config", path, "a YAML file, or leave --config out to use the embedded default")
     return Config.from_yaml(path) if path else Config.default()
+
+
+def _not_empty(option: str, value: str | None, what: str) -> None:
+    """An option given as "" (an unset shell variable) must not mean its default: `--config ""`
+    captured the embedded default over the artifacts of the config meant."""
+    if value is not None and not value.strip():
+        raise click.UsageError(f"{option} is empty; give {what}.")
 
 
 @main.command()
@@ -80,6 +88,7 @@ def capture(config_path, out_dir, device, as_json):
     """
     from .outputs import check_outputs, place
 
+    _not_empty("--out", out_dir, "a directory, or leave --out out to use the config's `output`")
     config = _load_config(config_path)
     if device:
         config = config.replace(device=device)
@@ -147,6 +156,7 @@ def inspect(path, as_json, check):
     from .report import manifest_text
     from .runtime.step.checks import check_manifest
 
+    _not_empty("PATH", path, "the artifacts directory or its manifest, or leave it out for trtgraph-artifacts")
     manifest = load_manifest(path)
     diffs = check_manifest(manifest) if check else []
     if as_json:
@@ -198,35 +208,40 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     """
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
-    from .outputs import check_outputs, manifest_inputs, place
+    from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
     from .runtime.serving.requests import finished_ids
 
+    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
     output = None if output == "-" else output
     if resume and not output:
         raise click.UsageError("--resume needs --output: the results file of the interrupted run")
     outputs = [place("--output", output), place("--summary-json", summary_json)]
-    inputs = [None if prompts_path == "-" else place("the prompts file (--prompts)", prompts_path),
+    inputs = [stdin_place("the prompts file (--prompts -, standard input)") if prompts_path == "-" else
+              place("the prompts file (--prompts)", prompts_path),
               place("the checkpoint directory (--model)", model, is_dir=True)]
     check_outputs(outputs, inputs)
     requests = read_requests(prompts_path)  # the whole file (native or OpenAI batch), before any model work
     loaded = load_manifest(manifest)  # read and validated; no model work yet
     check_outputs(outputs, [*inputs, *manifest_inputs(loaded, manifest_path(manifest))])
-    if resume:
-        done = finished_ids(output, key=requests.id_field)
-        requests = requests.without(done)
-        click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
     config = loaded.app_config()
-    args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose, _PROGRAM)
-    try:
-        code = on_ranks(config.parallel.tensor_parallel_size, config.device, run_rank, *args)
-    except KeyboardInterrupt:  # from the ranks' launcher: rank 0 has already said what finished
+    with output_locked("--output", output) as release:  # a second run on the same file is refused, not interleaved
+        if resume:
+            done = finished_ids(output, key=requests.id_field, expected=set(requests.ids), prompts=requests.name)
+            requests = requests.without(done)
+            click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
+        if config.parallel.tensor_parallel_size > 1:
+            release()  # rank 0 writes; the launcher holds nothing open (its SIGKILL must leave no writer)
+        args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose, _PROGRAM)
+        try:
+            code = on_ranks(config.parallel.tensor_parallel_size, config.device, run_rank, *args)
+        except KeyboardInterrupt:  # from the ranks' launcher: rank 0 has already said what finished
+            if config.parallel.tensor_parallel_size == 1:
+                raise
+            code = EXIT_INTERRUPTED
+        if code:
+            sys.exit(code)
         if config.parallel.tensor_parallel_size == 1:
-            raise
-        code = EXIT_INTERRUPTED
-    if code:
-        sys.exit(code)
-    if config.parallel.tensor_parallel_size == 1:
-        _done()
+            _done()
 
 
 @main.command()

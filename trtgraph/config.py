@@ -125,8 +125,13 @@ class Config:
             raise ConfigError(f"{path}: no such config file. Pass an existing YAML file to "
                               f"--config, or leave --config out to use the embedded default.")
         try:
-            text = read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8")
-        except (OSError, UnicodeDecodeError, InputTooLarge) as exc:
+            data = read_bounded(path, MAX_CONFIG_BYTES)
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line, column = data.count(b"\n", 0, exc.start) + 1, exc.start - data.rfind(b"\n", 0, exc.start) - 1
+            raise ConfigError(f"{path} line {line}: not valid UTF-8 (byte {column} of the line); save the file as "
+                              f"UTF-8.") from None
+        except (OSError, InputTooLarge) as exc:
             raise ConfigError(f"{path}: cannot read the config file ({exc}).") from None
         return cls.from_text(text, source=str(path), base_dir=path.parent)
 

@@ -10,7 +10,11 @@ overwritten and no work is lost to a path that fails at the end.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,18 @@ class Place:
 
 def place(label: str, path, is_dir: bool = False, makedirs: bool = False) -> Place | None:
     return None if path is None else Place(label, Path(path), is_dir, makedirs)
+
+
+def stdin_place(label: str) -> Place | None:
+    """Standard input where it is a file (`--prompts - < prompts.jsonl`): an output must not be
+    that file either (it was read whole, then truncated by the output). None for a pipe or a terminal."""
+    try:
+        if not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):
+            return None
+    except (AttributeError, OSError, ValueError):  # no stdin, or one without a descriptor
+        return None
+    link = f"/proc/self/fd/{sys.stdin.fileno()}" if os.path.isdir("/proc/self/fd") else "/dev/stdin"
+    return Place(label, Path(os.path.realpath(link)))  # the file's own name, for the message
 
 
 def manifest_inputs(manifest, path) -> list[Place | None]:
@@ -109,3 +125,42 @@ def _probe_dir(out: Place, directory: Path) -> None:
     except OSError as exc:
         raise OutputPathError(f"{out.label} {out.path}: cannot write into {directory} ({exc.strerror}); "
                               f"choose a writable directory.") from None
+
+
+@contextlib.contextmanager
+def output_locked(label: str, path):
+    """Hold an exclusive lock on an output file while the command writes it, so a second run
+    given the same file is refused (two runs would truncate and interleave each other's lines).
+    The file is opened without truncation; one this created and left empty is removed again.
+    Yields `release`, which ends the hold early (a launcher that leaves the writing to a rank)."""
+    if path is None:
+        yield lambda: None
+        return
+    created = not os.path.lexists(path)
+    try:  # O_NONBLOCK: a FIFO without a reader must not block here (it is not locked)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    except OSError as exc:
+        raise OutputPathError(f"{label} {path}: cannot be written ({exc.strerror}).") from None
+    held = [fd]
+
+    def release():
+        if held:
+            os.close(held.pop())
+
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputPathError(f"{label} {path}: another process (a `trtgraph run` still going?) is writing "
+                                      f"this file; wait for it to finish, or choose another path.") from None
+            except OSError:  # a file system without locks: write as before
+                pass
+        yield release
+    finally:
+        try:
+            if held and created and os.fstat(fd).st_size == 0:
+                os.unlink(path)
+        except OSError:
+            pass
+        release()

@@ -75,7 +75,13 @@ def interrupted_summary(ids: list[str], written: set[str], output: str | None) -
 
 
 def write_summary_json(path: str | Path, stats: dict) -> None:
-    Path(path).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    """A file that does not take the summary (disk full, I/O error) is an environment failure
+    (exit 2), not an internal error: every result is already written."""
+    try:
+        Path(path).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputPathError(f"--summary-json {path}: writing failed ({exc.strerror or exc}); every result was "
+                              f"written before it. Free space (or choose another path) for the summary.") from None
 
 
 def _write_line(out, line: str, output: str | None, num_written: int, num_requests: int) -> None:

@@ -234,6 +234,7 @@ def json_lines(data: bytes, name: str) -> list[tuple[int, object]]:
     """(line number, decoded JSON value) of each non-blank line; the first line that is not
     UTF-8 JSON raises PromptError naming it."""
     rows = []
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark (Windows editors write one), as YAML allows
     for n, line in enumerate(data.split(b"\n"), start=1):
         where = f"{name} line {n}"
         try:
@@ -264,17 +265,19 @@ def parse_prompts(rows: list[tuple[int, object]], name: str, vocab_size: int | N
     return requests
 
 
-def finished_ids(path: str | Path, key: str = "id") -> set[str]:
+def finished_ids(path: str | Path, key: str = "id", expected: set[str] | None = None,
+                 prompts: str = "the prompts file") -> set[str]:
     """Ids already in a results file (the `key` field of each line: `custom_id` in an OpenAI
     batch output). A last line cut short by a hard kill is removed, so the file stays valid
     JSONL and that request runs again; a complete last line without its newline gets one, so
     the next result starts on a line of its own. A line that is not a result (a prompts file,
-    any other JSON) is refused, naming it."""
+    any other JSON) is refused, naming it; so is, with `expected` (the prompts file's ids), a result
+    for an id the prompts file does not hold (the output of another prompts file)."""
     path = Path(path)
     if not path.exists():
         return set()
     data = path.read_bytes()
-    ids, keep = set(), 0
+    ids, keep, foreign = set(), 0, None
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         if line.strip():
             try:
@@ -288,8 +291,14 @@ def finished_ids(path: str | Path, key: str = "id") -> set[str]:
                 raise PromptError(f"{path} line {number}: not a result line (a result has id, token_ids and "
                                   f"finish_reason, or choices; an OpenAI batch output line has custom_id and "
                                   f"response); --resume needs the output of an earlier `trtgraph run`.")
+            if expected is not None and row[key] not in expected and foreign is None:
+                foreign = number, row[key]
             ids.add(row[key])
         keep += len(line)
+    if foreign is not None:  # (after every line is known to be a result: that refusal names its line first)
+        raise PromptError(f"{path} line {foreign[0]}: a result for {key} {foreign[1]!r}, which {prompts} does not "
+                          f"hold; --resume continues a run of the same prompts file. Pass that file, or write to "
+                          f"a new --output.")
     if keep != len(data):
         with open(path, "r+b") as f:
             f.truncate(keep)
