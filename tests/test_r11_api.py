@@ -5,6 +5,8 @@ the code before its fix."""
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 
@@ -184,6 +186,24 @@ def test_a_top_k_past_its_bound_is_told_the_bound():
     parse_request({"id": 1, "prompt": "x", "top_k": 1 << 24}, "p.jsonl line 1")
     with pytest.raises(PromptError, match=r"field `top_k` = 100000000 is not allowed; expected an integer in \[0, 16777216\]"):
         parse_request({"id": 1, "prompt": "x", "top_k": 10 ** 8}, "p.jsonl line 1")
+
+
+@pytest.mark.parametrize("penalty", [1e-38, 5e-324, 0.009])
+def test_a_repetition_penalty_whose_quotient_overflows_is_refused(penalty, llm):
+    """A seen token's positive logit is divided by the penalty: at 1e-38 the quotient overflowed
+    fp32, the probabilities turned NaN and every draw was garbage (all zeros greedy, tokens not in
+    the prompt under top-p), silently. The bound is 0.01; there the draws are the prompt's tokens
+    boosted, finite."""
+    from trtgraph.errors import PromptError
+    from trtgraph.runtime.serving.requests import parse_request
+
+    with pytest.raises(PromptError, match=r"field `repetition_penalty` = .* expected a number in \[0.01, 2\]"):
+        parse_request({"id": 1, "prompt": "x", "repetition_penalty": penalty}, "p.jsonl line 1")
+    out = llm.generate([[5, 9, 5, 9]], {"max_tokens": 4, "repetition_penalty": 0.01, "ignore_eos": True,
+                                         "logprobs": 1})[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 4
+    values = re.findall(r'"logprob": ([^,}]+)', json.dumps(out.to_json()))
+    assert values and all(math.isfinite(float(v)) for v in values), values
 
 
 def test_an_empty_call_leaves_the_garbage_collector_on(llm):

@@ -10,6 +10,11 @@ from ...fields import FieldChecker
 from ...inputs import is_int, is_number, short, text_problem
 from ...limits import LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS  # noqa: F401  (re-exported)
 
+# The smallest repetition penalty: a seen token's positive logit is divided by it, and far below
+# this (1e-38 and less) the quotient overflows fp32, the probabilities turn NaN and every draw is
+# garbage, silently. 0.01 (a 100x boost) is already past any use; 1 is off.
+MIN_REPETITION_PENALTY = 0.01
+
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
 MAX_TOKENS_CAP = 1 << 20
@@ -78,15 +83,13 @@ class SamplingParams:
                 set_(self, name, _plain(val))
         c.integer(self.max_tokens, "max_tokens", 1, MAX_TOKENS_CAP)
         for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
-                             ("repetition_penalty", 0.0, 2.0), ("presence_penalty", -2.0, 2.0),
+                             ("repetition_penalty", MIN_REPETITION_PENALTY, 2.0), ("presence_penalty", -2.0, 2.0),
                              ("frequency_penalty", -2.0, 2.0)):
             val = getattr(self, name)
             if val is not None or name not in SAMPLING_DEFAULTS:
                 set_(self, name, c.number(val, name, lo, hi, expected=f"a number in [{lo:g}, {hi:g}]"))
         if self.top_p == 0.0:
             c.fail("top_p", self.top_p, "a number in (0, 1]")
-        if self.repetition_penalty == 0.0:
-            c.fail("repetition_penalty", self.repetition_penalty, "a number in (0, 2] (1 = off)")
         if self.top_k is not None:
             c.integer(self.top_k, "top_k", 0, 1 << 24, expected=f"an integer in [0, {1 << 24}] (0 = no top-k)")
         if self.seed is not None:
