@@ -245,3 +245,22 @@ def test_the_shipped_template_renders_edge_messages_as_transformers():
     for messages in EDGE_MESSAGES:
         assert ours.encode(template.render(messages), add_special_tokens=False) == \
             hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False), messages
+
+
+def test_chat_logprobs_bytes_of_a_token_inside_a_character_are_its_own(llm):
+    """A token that is part of a character decodes alone to U+FFFD, and the chat logprobs'
+    `bytes` were that text's UTF-8 ([239, 191, 189]), not the token's bytes: a client joining
+    `bytes` to rebuild the text got garbage. The embedded model's tokens are bytes; 0xE2 starts a
+    three-byte character."""
+    from trtgraph.formats import openai as oa
+
+    result = llm.generate("abc", {"max_tokens": 3, "logit_bias": {226: 100}, "logprobs": 2})[0]._result
+    tok = llm.engine.tokenizer
+    body = oa.chat_completion_object(result, "m", token_bytes=tok.token_bytes)
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [e["bytes"] for e in content] == [[t] for t in result.token_ids] and result.token_ids[0] == 226
+    alternatives = [[a["token_id"] for a in e["top_logprobs"]] for e in result.logprobs]
+    assert [[a["bytes"] for a in e["top_logprobs"]] for e in content] == \
+        [[[t] if t < 256 else [] for t in ids] for ids in alternatives]
+    old = oa.chat_completion_object(result, "m")["choices"][0]["logprobs"]["content"][0]
+    assert old["token"] == "\ufffd" and old["bytes"] == [239, 191, 189]  # without the tokenizer: the text's

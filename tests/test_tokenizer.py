@@ -191,3 +191,30 @@ def test_tokenizers_that_can_fold_a_run_into_one_token_set_no_bound(tmp_path):
         hf = HFTokenizer(tmp_path / "tokenizer.json")
         assert hf.max_token_chars is None
         assert len(hf.encode("zzzz " * 10, add_special_tokens=False)) == 10
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "byte-fallback"])
+def test_token_bytes_are_what_the_tokens_stand_for(kind, tmp_path):
+    """OpenAI's log-probability `bytes` of a token: its own bytes, also where the token is part
+    of a character (decoded alone it is U+FFFD, whose UTF-8 was given). Over the corpus the
+    tokens' bytes joined are the text's UTF-8 (the byte-fallback family's normalizer puts ▁, a
+    space, before the text); special tokens stand for none, as decode skips them."""
+    ours, hf = _pair(kind, tmp_path)
+    for text in CORPUS:
+        ids = ours.encode(text, add_special_tokens=False)
+        if any(ours.decode([i]) == "" for i in ids):
+            continue  # a special token's literal in the text: a token of its own that stands for no bytes (below)
+        want = text.encode() if kind == "byte-level" or not text else (" " + text).encode()
+        assert b"".join(ours.token_bytes(i) for i in ids) == want, text
+    parts = [i for i in ours.encode("🦙", add_special_tokens=False) if ours.decode([i]) == "\ufffd"]
+    assert parts and all(ours.token_bytes(i) != "\ufffd".encode() for i in parts)
+    special = hf.convert_tokens_to_ids("<|eot_id|>" if kind == "byte-level" else "</s>")
+    assert ours.token_bytes(special) == b"" and ours.decode([special]) == ""
+
+
+def test_tokenizers_that_spell_no_bytes_give_none(tmp_path):
+    tok = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    assert HFTokenizer(tmp_path / "tokenizer.json").token_bytes(1) is None

@@ -64,19 +64,20 @@ class RequestFile:
                        {k: e for k, e in self.entries.items() if k not in done},
                        refused={k: v for k, v in self.refused.items() if k not in done})
 
-    def lines(self, results: Iterable[Result], token_text: Callable[[int], str] | None = None
-              ) -> Iterator[tuple[str, dict]]:
+    def lines(self, results: Iterable[Result], token_text: Callable[[int], str] | None = None,
+              token_bytes: oa.TokenBytes | None = None) -> Iterator[tuple[str, dict]]:
         """(id, output line) for the refused bodies first, then each result as it comes."""
         yield from self.refused.items()
         for result in results:
-            yield result.id, (self._batch_line(result, token_text) if self.is_batch else result.to_json())
+            yield result.id, (self._batch_line(result, token_text, token_bytes) if self.is_batch else result.to_json())
 
-    def _batch_line(self, result: Result, token_text) -> dict:
+    def _batch_line(self, result: Result, token_text, token_bytes=None) -> dict:
         entry = self.entries[result.id]
         if result.error is not None:
             return output_line(entry, 400, oa.error_from_result(result))
         to_object = URLS[entry.url][1]
-        return output_line(entry, 200, to_object(result, entry.model, response_id=None, token_text=token_text))
+        return output_line(entry, 200, to_object(result, entry.model, response_id=None, token_text=token_text,
+                                                 token_bytes=token_bytes))
 
 
 def read_requests(source: str, vocab_size: int | None = None) -> RequestFile:

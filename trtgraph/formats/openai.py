@@ -57,6 +57,7 @@ _PASSED = ("n", "max_tokens", "top_p", "stop", "seed", "presence_penalty", "freq
 _MESSAGE_FIELDS = ("role", "content")
 _FINISH_OF = {"stop": "stop", "length": "length"}  # native finish_reason -> OpenAI's
 TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], "bytes | None"]  # a token's own bytes (tokenizer.token_bytes), None: its text's UTF-8
 
 
 class OpenAIRequestError(PromptError):
@@ -209,11 +210,11 @@ class Response:
     """The bodies of one response (completion or chat), sharing its id, model and time."""
 
     def __init__(self, chat: bool, model: str, response_id: str | None = None, created: int | None = None,
-                 token_text: TokenText | None = None):
+                 token_text: TokenText | None = None, token_bytes: TokenBytes | None = None):
         self.chat, self.model = chat, model
         self.id = response_id or new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time()) if created is None else created
-        self._token_text = token_text
+        self._token_text, self._token_bytes = token_text, token_bytes
 
     def _head(self, chunk: bool = False) -> dict:
         obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -226,7 +227,7 @@ class Response:
             choice = {"index": i, "finish_reason": _finish(c), "token_ids": list(c.token_ids)}
             if self.chat:
                 choice.update(message={"role": "assistant", "content": c.text},
-                              logprobs=_chat_logprobs(c, self._token_text))
+                              logprobs=_chat_logprobs(c, self._token_text, self._token_bytes))
             else:
                 choice.update(text=c.text, logprobs=_completion_logprobs(c, self._token_text))
             choices.append(choice)
@@ -252,15 +253,15 @@ class Response:
 
 
 def completion_object(result, model: str, created: int | None = None, response_id: str | None = None,
-                      token_text: TokenText | None = None) -> dict:
+                      token_text: TokenText | None = None, token_bytes: TokenBytes | None = None) -> dict:
     """A native Result -> an OpenAI `text_completion` object."""
-    return Response(False, model, response_id, created, token_text).full(result)
+    return Response(False, model, response_id, created, token_text, token_bytes).full(result)
 
 
 def chat_completion_object(result, model: str, created: int | None = None, response_id: str | None = None,
-                           token_text: TokenText | None = None) -> dict:
+                           token_text: TokenText | None = None, token_bytes: TokenBytes | None = None) -> dict:
     """A native Result -> an OpenAI `chat.completion` object."""
-    return Response(True, model, response_id, created, token_text).full(result)
+    return Response(True, model, response_id, created, token_text, token_bytes).full(result)
 
 
 def usage(result) -> dict:
@@ -307,14 +308,17 @@ def _completion_logprobs(choice, token_text: TokenText | None) -> dict | None:
             "text_offset": offsets}
 
 
-def _chat_logprobs(choice, token_text: TokenText | None) -> dict | None:
+def _chat_logprobs(choice, token_text: TokenText | None, token_bytes: TokenBytes | None = None) -> dict | None:
     entries = getattr(choice, "logprobs", None)
     if entries is None:
         return None
 
     def one(entry: dict) -> dict:
+        """`bytes`: the token's own (a token that is part of a character decodes alone to U+FFFD,
+        whose UTF-8 is not what it stands for), else its text's UTF-8."""
         text = _text_of(entry, token_text)
-        return {"token": text, "logprob": entry["logprob"], "bytes": list(text.encode("utf-8"))}
+        raw = None if token_bytes is None else token_bytes(entry["token_id"])
+        return {"token": text, "logprob": entry["logprob"], "bytes": list(text.encode("utf-8") if raw is None else raw)}
 
     return {"content": [{**one(e), "top_logprobs": [one(a) for a in e["top_logprobs"]]} for e in entries],
             "refusal": None}

@@ -13,6 +13,7 @@ chunks as they arrive without ever splitting a UTF-8 character across chunks.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 from ..errors import ConfigError, WeightLoadError
@@ -39,6 +40,10 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
     max_token_chars = 1  # a byte covers at most one character
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The byte a token stands for (none for the ids past the bytes, which decode skips)."""
+        return bytes([token_id]) if 0 <= token_id < BYTE_VOCAB_SIZE else b""
 
 
 class HFTokenizer:
@@ -80,6 +85,53 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         text = self._tok.decode(list(ids), skip_special_tokens=True)
         return _clean_up(text) if self._clean_up else text
+
+    @functools.cached_property
+    def _byte_form(self) -> str | None:
+        """How a BPE model's vocabulary spells bytes: "byte-level" (GPT-2's alphabet, a ByteLevel
+        decoder: Llama-3, Qwen), "byte-fallback" (`<0xNN>` pieces and ▁ for a space: Llama-2,
+        Mistral); None for any other model."""
+        import json
+
+        spec = json.loads(self._tok.to_str())
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE":
+            return None
+        if "ByteLevel" in json.dumps(spec.get("decoder")):
+            return "byte-level"
+        return "byte-fallback" if model.get("byte_fallback") else None
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes one token stands for (OpenAI's log-probability `bytes`): for a token that is
+        part of a character, that part, where decoding it alone gives U+FFFD. Special tokens stand
+        for none (decode skips them). None where the model does not spell bytes (then the UTF-8 of
+        the token's text is all there is)."""
+        form, piece = self._byte_form, self._tok.id_to_token(token_id)
+        if form is None or piece is None:
+            return None
+        if token_id in self._special_ids:
+            return b""
+        if form == "byte-level":
+            table = _byte_level_alphabet()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+            return piece.encode("utf-8")  # an added token written as plain text
+        hexed = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        return bytes([int(hexed.group(1), 16)]) if hexed else piece.replace("\u2581", " ").encode("utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: the printable Latin-1 bytes stand for
+    themselves, every other byte (controls, space, 0x7F-0xA0, 0xAD) for a character from U+0100 on,
+    in byte order."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(0x100 + i): b for i, b in enumerate(moved)}}
 
 
 class StreamDecoder:

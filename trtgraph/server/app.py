@@ -118,7 +118,7 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     if body.get("model", model_name) != model_name:
         raise OpenAIError(404, f"model {short(body.get('model'))} is not served here; this server serves "
                                f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
-    shapes = oa.Response(chat, model_name)
+    shapes = oa.Response(chat, model_name, token_bytes=getattr(thread.engine.tokenizer, "token_bytes", None))
 
     def translate():
         native = (oa.chat_request if chat else oa.completion_request)(body, shapes.id, WHERE, allow_stream=True)

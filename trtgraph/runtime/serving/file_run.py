@@ -33,7 +33,8 @@ def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: b
     ids = requests.ids
     token_text = lambda t: engine.tokenizer.decode([t])  # noqa: E731
     try:
-        for rid, line in requests.lines(_first_token_timed(engine.generate(requests.requests)), token_text):
+        for rid, line in requests.lines(_first_token_timed(engine.generate(requests.requests)), token_text,
+                                        getattr(engine.tokenizer, "token_bytes", None)):
             with _signals_held():  # a line on disk is a line counted: the summary must match the file
                 _write_line(out, json.dumps(line, ensure_ascii=ascii_only), output, len(written), len(ids))
                 written.add(rid)
