@@ -134,7 +134,7 @@ def test_an_interruption_right_after_a_line_is_written_counts_that_line(tmp_path
     engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=str), generate=lambda reqs: iter(
         SimpleNamespace(ttft_ms=1.0, rid=r) for r in reqs), stats=SimpleNamespace(to_json=dict))
     requests = SimpleNamespace(ids=ids, requests=ids,
-                               lines=lambda results, text: ((r.rid, {"id": r.rid}) for r in results))
+                               lines=lambda results, text, raw=None: ((r.rid, {"id": r.rid}) for r in results))
     real_write = file_run._write_line
 
     def write_then_signal(out, line, output, num_written, num_requests):
