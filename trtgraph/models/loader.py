@@ -256,16 +256,22 @@ def _hf_sources(cfg: ModelConfig) -> dict[str, list[str]]:
 
 
 def _open_all(files: list[Path]) -> dict[str, Path]:
-    """HF tensor name -> the file holding it. Corrupt files are named."""
+    """HF tensor name -> the file holding it. Corrupt files are named; a tensor held by two
+    files is refused (which copy is meant is ambiguous: never pick one silently)."""
     where: dict[str, Path] = {}
     for path in files:
         try:
             with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    where[name] = path
+                names = list(f.keys())
         except Exception as exc:  # safetensors raises its own error types; all mean "corrupt"
             raise WeightLoadError(f"{path}: not a readable safetensors file ({exc}). The file may be "
                                   f"truncated or corrupt; download it again.") from None
+        for name in names:
+            if name in where:
+                raise WeightLoadError(f"{path}: tensor {name} is also in {where[name]}; a checkpoint holds each "
+                                      f"tensor once. Remove the stray file (or the duplicate) from "
+                                      f"{path.parent}, or download the checkpoint again.")
+            where[name] = path
     return where
 
 
@@ -320,9 +326,22 @@ def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path],
                 copy_padded(params[ours].data, torch.cat(parts) if len(parts) > 1 else parts[0])
         if bad:
             raise WeightLoadError(f"{ckpt}: mis-shaped or mistyped tensors: {_list(bad)}.")
+        _check_finite(params, sources, where)
     finally:
         for h in handles.values():
             h.__exit__(None, None, None)
+
+
+def _check_finite(params: dict, sources: dict[str, list[str]], where: dict[str, Path]) -> None:
+    """Refuse NaN or infinite weights (a corrupt file) rather than serve garbage tokens. One
+    fp32 sum per parameter on its device (no copy), one sync for them all."""
+    names = list(sources)
+    sums = torch.stack([params[n].data.sum(dtype=torch.float32) for n in names])
+    bad = [n for n, ok in zip(names, torch.isfinite(sums).tolist()) if not ok]
+    if bad:
+        shown = [f"{h} (in {where[h].name})" for n in bad for h in sources[n]]
+        raise WeightLoadError(f"{where[sources[bad[0]][0]].parent}: NaN or infinite values in {_list(shown)}; "
+                              f"the checkpoint is corrupt. Download it again.")
 
 
 def _full_shapes(cfg: ModelConfig) -> dict[str, tuple]:

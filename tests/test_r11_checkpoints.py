@@ -1,0 +1,95 @@
+"""Adversarial checkpoints (eleventh session, R11d): damaged safetensors, shard indexes and
+tokenizer_config.json. Every case is refused with WeightLoadError naming the file and the
+tensor or field, never a traceback or a silently different model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+try:
+    from tests.hf_models import save_tiny
+except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
+    from hf_models import save_tiny
+
+from trtgraph.errors import WeightLoadError
+from trtgraph.kernels import get_kernels
+from trtgraph.models.chat import load_chat_template
+from trtgraph.models.loader import load_checkpoint
+
+pytest.importorskip("transformers")
+
+CPU = torch.device("cpu")
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+DOWN = "model.layers.0.mlp.down_proj.weight"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_torch_thread):
+    """Every test here runs with one intra-op thread (see conftest.one_torch_thread)."""
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pristine")
+    save_tiny("LlamaForCausalLM", path)
+    return path
+
+
+@pytest.fixture
+def ckpt(pristine, tmp_path) -> Path:
+    path = tmp_path / "ckpt"
+    shutil.copytree(pristine, path)
+    return path
+
+
+def load(path: Path):
+    return load_checkpoint(path, "float32", CPU, 64, get_kernels())
+
+
+def test_a_tensor_in_two_files_is_refused_not_picked_silently(ckpt):
+    """A stray shard holding a copy of a tensor (zeros here) was loaded over the real one:
+    the last file in name order won, silently serving other weights."""
+    real = load_file(ckpt / WEIGHTS)[DOWN]
+    save_file({DOWN: torch.zeros_like(real)}, str(ckpt / "zz-stray.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match=rf"zz-stray.safetensors: tensor {DOWN} is also in .*model.safetensors"):
+        load(ckpt)
+
+
+def test_a_shard_index_listing_two_files_with_one_tensor_is_refused(ckpt):
+    sd = load_file(ckpt / WEIGHTS)
+    save_file({DOWN: torch.zeros_like(sd[DOWN])}, str(ckpt / "extra.safetensors"), metadata={"format": "pt"})
+    weight_map = {n: WEIGHTS for n in sd}
+    weight_map[DOWN] = "extra.safetensors"
+    (ckpt / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(WeightLoadError, match=rf"tensor {DOWN} is also in"):
+        load(ckpt)
+    # the index names the stray file for nothing: it is not read, the model loads
+    weight_map[DOWN] = WEIGHTS
+    (ckpt / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    load(ckpt)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weights_are_refused(ckpt, value):
+    """A NaN or inf in a weight loaded, and every token after it was garbage (argmax of NaN)."""
+    sd = load_file(ckpt / WEIGHTS)
+    sd[DOWN][3, 5] = value
+    save_file(sd, str(ckpt / WEIGHTS), metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match=rf"NaN or infinite values in {DOWN} \(in model.safetensors\); "
+                                              r"the checkpoint is corrupt"):
+        load(ckpt)
+
+
+def test_a_chat_template_list_with_an_unhashable_name_is_a_weight_load_error(ckpt):
+    """[{"name": ["x"], ...}] in tokenizer_config.json raised TypeError (unhashable type)."""
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": ["x"], "template": "a"}]}))
+    with pytest.raises(WeightLoadError, match=r"tokenizer_config.json: chat_template lists templates .* none named "
+                                              r"'default'"):
+        load_chat_template(ckpt)
