@@ -103,7 +103,7 @@ def load_chat_template(ckpt: Path | None) -> ChatTemplate | None:
     if raw is None:
         return None
     if isinstance(raw, list):  # [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
-        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict) and isinstance(t.get("name"), str)}
         if "default" not in named:
             raise WeightLoadError(f"{where}: chat_template lists templates {sorted(map(str, named))} but none named "
                                   f"'default'; trtgraph renders the default one.")
