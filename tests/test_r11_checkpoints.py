@@ -93,3 +93,16 @@ def test_a_chat_template_list_with_an_unhashable_name_is_a_weight_load_error(ckp
     with pytest.raises(WeightLoadError, match=r"tokenizer_config.json: chat_template lists templates .* none named "
                                               r"'default'"):
         load_chat_template(ckpt)
+
+
+def test_a_generation_config_top_k_past_the_request_bound_names_generation_config(ckpt):
+    """top_k 10**30 in generation_config.json was accepted at capture; every request that
+    omitted top_k then failed at run with `SamplingParams: field top_k`, blaming the request."""
+    from trtgraph.models.loader import read_generation_config
+
+    (ckpt / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_k": 10**30}))
+    with pytest.raises(WeightLoadError, match=r"generation_config.json: `top_k` = 10{30}; expected an integer in "
+                                              r"\[0, 16777216\]"):
+        read_generation_config(ckpt)
+    (ckpt / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_k": 1 << 24}))
+    assert read_generation_config(ckpt).top_k == 1 << 24

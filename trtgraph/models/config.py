@@ -345,7 +345,8 @@ class GenerationDefaults:
         if top_p is not None:
             top_p = r.number(top_p, "top_p", 0, 1, lo_open=True, expected="a number in (0, 1]")
         if top_k is not None:
-            r.integer(top_k, "top_k", 0, float("inf"), expected="an integer >= 0")
+            # the bound a request's top_k has (sampling_params): a default past it failed every request
+            r.integer(top_k, "top_k", 0, 1 << 24, expected=f"an integer in [0, {1 << 24}] (0 = no top-k)")
         return cls(eos_token_ids=tuple(items), do_sample=do_sample, temperature=temperature, top_p=top_p,
                    top_k=top_k)
 
