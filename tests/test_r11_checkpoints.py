@@ -106,3 +106,25 @@ def test_a_generation_config_top_k_past_the_request_bound_names_generation_confi
         read_generation_config(ckpt)
     (ckpt / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_k": 1 << 24}))
     assert read_generation_config(ckpt).top_k == 1 << 24
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json"])
+@pytest.mark.parametrize("body", ["[" * 100_000, '{"bos_token": ' + "9" * 5000 + ', "chat_template": "x"'],
+                         ids=["nested", "huge-int"])
+def test_hostile_tokenizer_json_files_are_weight_load_errors(ckpt, name, body):
+    """Nesting past Python's recursion limit raised RecursionError, and a 5000-digit integer
+    (when the file is otherwise invalid) ValueError: tracebacks, not a message naming the file."""
+    from trtgraph.models.tokenizer import load_tokenizer
+
+    if name == "special_tokens_map.json":
+        (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": "x"}))
+    (ckpt / name).write_text(body)
+    with pytest.raises(WeightLoadError, match=rf"{name}: not valid JSON"):
+        load_chat_template(ckpt)
+    if name == "tokenizer_config.json":  # the tokenizer reads it too
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+
+        Tokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(ckpt / "tokenizer.json"))
+        with pytest.raises(WeightLoadError, match=rf"{name}: not valid JSON"):
+            load_tokenizer(ckpt, 300, None)
