@@ -128,3 +128,24 @@ def test_hostile_tokenizer_json_files_are_weight_load_errors(ckpt, name, body):
         Tokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(ckpt / "tokenizer.json"))
         with pytest.raises(WeightLoadError, match=rf"{name}: not valid JSON"):
             load_tokenizer(ckpt, 300, None)
+
+
+@pytest.mark.parametrize("archs", [5, True, {"LlamaForCausalLM": 1}], ids=["int", "bool", "object"])
+def test_architectures_of_a_wrong_type_is_exit_2_naming_config_json(ckpt, tmp_path, archs):
+    """`architectures: 5` (or true, or an object) in config.json, max_seq_len auto: position_limit
+    indexed it before the config was checked (TypeError / KeyError: `internal error`, exit 1)."""
+    import yaml
+    from click.testing import CliRunner
+
+    from trtgraph.cli import main
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "architectures": archs}))
+    model_yaml = tmp_path / "model.yaml"
+    model_yaml.write_text(yaml.safe_dump({"model": {"path": str(ckpt)}, "device": "cpu", "dtype": "float32",
+                                          "limits": {"max_batch_size": 1, "max_seq_len": "auto", "max_num_tokens": 64},
+                                          "buckets": {"batch_sizes": [1], "context_batch_sizes": [1],
+                                                      "chunk_sizes": [32], "sampling": ["greedy"]}}))
+    res = CliRunner().invoke(main, ["capture", "--config", str(model_yaml), "--out", str(tmp_path / "art")])
+    assert res.exit_code == 2, res.output
+    assert "config.json" in res.output and "architectures" in res.output, res.output

@@ -121,7 +121,8 @@ def position_limit(source) -> tuple[int, str]:
     if not is_int(limit) or limit < 2:
         raise WeightLoadError(f"{where}: max_position_embeddings = {limit!r}; expected an integer >= 2.")
     reason = f"max_position_embeddings of {where}"
-    arch = (hf.get("architectures") or [hf.get("architecture")])[0]
+    archs = hf.get("architectures")  # any type: ModelConfig.from_hf names a wrong one
+    arch = archs[0] if isinstance(archs, list) and archs else hf.get("architecture")
     window = hf.get("sliding_window")
     if isinstance(window, int) and (arch == "MistralForCausalLM" or hf.get("use_sliding_window")) and window < limit:
         limit, reason = window, f"sliding_window of {where} (sliding-window attention is not implemented)"
