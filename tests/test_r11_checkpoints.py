@@ -149,3 +149,18 @@ def test_architectures_of_a_wrong_type_is_exit_2_naming_config_json(ckpt, tmp_pa
     res = CliRunner().invoke(main, ["capture", "--config", str(model_yaml), "--out", str(tmp_path / "art")])
     assert res.exit_code == 2, res.output
     assert "config.json" in res.output and "architectures" in res.output, res.output
+
+
+@pytest.mark.parametrize("cls", [["LlamaTokenizer"], {"name": "x"}], ids=["list", "object"])
+def test_a_tokenizer_class_that_is_not_a_string_is_a_weight_load_error(ckpt, cls):
+    """tokenizer_config.json `tokenizer_class: [...]` raised TypeError (unhashable type)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from trtgraph.models.tokenizer import load_tokenizer
+
+    Tokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(ckpt / "tokenizer.json"))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": cls}))
+    with pytest.raises(WeightLoadError, match=r"tokenizer_config.json: tokenizer_class = .*; expected a tokenizer "
+                                              r"class name \(a string\)"):
+        load_tokenizer(ckpt, 300, None)

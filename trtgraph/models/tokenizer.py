@@ -57,7 +57,11 @@ class HFTokenizer:
         except Exception as exc:  # the tokenizers library raises its own exception type
             raise WeightLoadError(f"{path}: cannot read the tokenizer ({exc}).") from None
         config = tok_config if tok_config is not None else read_tokenizer_config(path.parent)
-        rebuild = CLASS_PIPELINES.get(config.get("tokenizer_class"))
+        cls = config.get("tokenizer_class")
+        if cls is not None and not isinstance(cls, str):  # a list or object: unhashable, and no class
+            raise WeightLoadError(f"{path.parent / 'tokenizer_config.json'}: tokenizer_class = {str(cls)[:60]!r}; "
+                                  f"expected a tokenizer class name (a string). Fix or remove the field.")
+        rebuild = CLASS_PIPELINES.get(cls)
         if rebuild is not None:
             rebuild(self._tok, config)
         # transformers skips this clean-up for BPE models; others (WordPiece, ...) get it
