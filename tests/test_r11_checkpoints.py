@@ -164,3 +164,15 @@ def test_a_tokenizer_class_that_is_not_a_string_is_a_weight_load_error(ckpt, cls
     with pytest.raises(WeightLoadError, match=r"tokenizer_config.json: tokenizer_class = .*; expected a tokenizer "
                                               r"class name \(a string\)"):
         load_tokenizer(ckpt, 300, None)
+
+
+def test_weights_past_float16s_range_are_refused_at_dtype_float16(ckpt):
+    """A finite 1e5 in an fp32 checkpoint became inf when loaded as float16: inf logits, garbage
+    tokens. Refused naming the tensor and the dtypes that hold it."""
+    sd = load_file(ckpt / WEIGHTS)
+    sd[DOWN][1, 2] = 1e5
+    save_file(sd, str(ckpt / WEIGHTS), metadata={"format": "pt"})
+    load(ckpt)  # float32 holds it
+    with pytest.raises(WeightLoadError, match=rf"{DOWN} hold values too large for torch.float16 .*; load this "
+                                              r"checkpoint with dtype bfloat16 or float32"):
+        load_checkpoint(ckpt, "float16", CPU, 64, get_kernels())

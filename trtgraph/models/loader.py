@@ -327,22 +327,30 @@ def _fill_from_safetensors(model: CausalLM, cfg: ModelConfig, files: list[Path],
                 copy_padded(params[ours].data, torch.cat(parts) if len(parts) > 1 else parts[0])
         if bad:
             raise WeightLoadError(f"{ckpt}: mis-shaped or mistyped tensors: {_list(bad)}.")
-        _check_finite(params, sources, where)
+        _check_finite(params, sources, where, handles)
     finally:
         for h in handles.values():
             h.__exit__(None, None, None)
 
 
-def _check_finite(params: dict, sources: dict[str, list[str]], where: dict[str, Path]) -> None:
-    """Refuse NaN or infinite weights (a corrupt file) rather than serve garbage tokens. One
+def _check_finite(params: dict, sources: dict[str, list[str]], where: dict[str, Path], handles: dict) -> None:
+    """Refuse NaN or infinite weights rather than serve garbage tokens: a corrupt file, or
+    finite values past the range of the dtype they were converted to (float16's 65504). One
     fp32 sum per parameter on its device (no copy), one sync for them all."""
     names = list(sources)
     sums = torch.stack([params[n].data.sum(dtype=torch.float32) for n in names])
     bad = [n for n, ok in zip(names, torch.isfinite(sums).tolist()) if not ok]
-    if bad:
-        shown = [f"{h} (in {where[h].name})" for n in bad for h in sources[n]]
-        raise WeightLoadError(f"{where[sources[bad[0]][0]].parent}: NaN or infinite values in {_list(shown)}; "
+    if not bad:
+        return
+    # only on this error path: which of the culprits' tensors are non-finite in the file itself
+    hf_names = [h for n in bad for h in sources[n]]
+    in_file = [h for h in hf_names if not torch.isfinite(handles[where[h]].get_tensor(h)).all()]
+    ckpt, dtype = where[hf_names[0]].parent, params[bad[0]].dtype
+    if in_file:
+        raise WeightLoadError(f"{ckpt}: NaN or infinite values in {_list([f'{h} (in {where[h].name})' for h in in_file])}; "
                               f"the checkpoint is corrupt. Download it again.")
+    raise WeightLoadError(f"{ckpt}: {_list(hf_names)} hold values too large for {dtype} (they become infinite); "
+                          f"load this checkpoint with dtype bfloat16 or float32.")
 
 
 def _full_shapes(cfg: ModelConfig) -> dict[str, tuple]:
