@@ -176,3 +176,47 @@ def test_weights_past_float16s_range_are_refused_at_dtype_float16(ckpt):
     with pytest.raises(WeightLoadError, match=rf"{DOWN} hold values too large for torch.float16 .*; load this "
                                               r"checkpoint with dtype bfloat16 or float32"):
         load_checkpoint(ckpt, "float16", CPU, 64, get_kernels())
+
+
+def test_a_sharded_hub_snapshot_whose_files_link_into_blobs_loads(tmp_path, monkeypatch, one_torch_thread):
+    """huggingface_hub's cache holds a snapshot's files as symlinks to ../../blobs/<hash>. The
+    shard index check resolved them and refused every sharded snapshot: "shard ... lies outside
+    the checkpoint directory"."""
+    import hashlib
+    import os
+
+    import yaml
+    from click.testing import CliRunner
+
+    from trtgraph.cli import main
+
+    repo = tmp_path / "cache" / "models--org--sharded"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot, blobs = repo / "snapshots" / commit, repo / "blobs"
+    save_tiny("LlamaForCausalLM", snapshot, max_shard_size="20KB")
+    blobs.mkdir()
+    for f in list(snapshot.iterdir()):
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.move(f, blobs / digest)
+        os.symlink(Path("../../blobs") / digest, f)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    assert (snapshot / INDEX).is_symlink()
+    loaded = load(snapshot)  # by path
+    assert [w["name"] for w in loaded.fingerprint["weight_files"]][0] == "model-00001-of-00014.safetensors"
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model_yaml = tmp_path / "model.yaml"
+    model_yaml.write_text(yaml.safe_dump({"model": {"hub": "org/sharded"}, "device": "cpu", "dtype": "float32",
+                                          "limits": {"max_batch_size": 1, "max_seq_len": 64, "max_num_tokens": 64},
+                                          "buckets": {"batch_sizes": [1], "context_batch_sizes": [1],
+                                                      "chunk_sizes": [32], "sampling": ["greedy"]}}))
+    res = CliRunner().invoke(main, ["capture", "--config", str(model_yaml), "--out", str(tmp_path / "art")])
+    assert res.exit_code == 0, res.output
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 3}) + "\n")
+    res = CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--manifest", str(tmp_path / "art"),
+                                    "--output", str(tmp_path / "out.jsonl")])
+    assert res.exit_code == 0, res.output
+    assert len(json.loads((tmp_path / "out.jsonl").read_text())["token_ids"]) == 3

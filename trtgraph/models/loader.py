@@ -171,8 +171,10 @@ def weight_files(ckpt: Path) -> list[Path]:
             raise WeightLoadError(f"{index}: shard name {short(bad)} is not a file name.")
         files = []
         for name in names:
-            path = (ckpt / name).resolve()
-            if ckpt.resolve() not in path.parents:
+            # checked on the name, not through symlinks: a Hugging Face cache snapshot's shards are
+            # links to ../../blobs/<hash>, outside the snapshot directory, and load as they do unsharded
+            path = ckpt / name
+            if Path(name).is_absolute() or ".." in Path(name).parts:
                 raise WeightLoadError(f"{index}: shard {name!r} lies outside the checkpoint directory.")
             if not path.is_file():
                 raise WeightLoadError(f"{index}: shard {name} is listed but missing from {ckpt}.")
