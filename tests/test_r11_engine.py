@@ -137,3 +137,23 @@ def test_mixed_load_with_preemption_aborts_and_id_reuse(small):
         got = outputs[req["id"]][-1].result
         alone = next(iter(small.generate([req])))
         assert [c.token_ids for c in got.choices or [got]] == [c.token_ids for c in alone.choices or [alone]], req["id"]
+
+
+def test_aborted_n_request_counts_no_completion_tokens(small):
+    """n = 3, aborted once one completion has finished: none is handed out, so none counts in
+    the run's completion_tokens (an aborted n = 1 request counts none either)."""
+    small.start_run()
+    small.add_request({"id": "nx", "prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 30, "n": 3,
+                       "temperature": 1.0, "seed": 1, "stop": ["a", "b", "c", "d", "e"]})
+    delivered, aborted = 0, False
+    for _ in range(500):
+        outs = small.step()
+        delivered += sum(len(o.token_ids) for o in outs)
+        done = small._choices.get("nx")
+        if not aborted and done and any(done) and not all(done):
+            aborted = small.abort("nx")
+        if not small.has_unfinished():
+            break
+    assert aborted and delivered == 0
+    assert small.stats.completion_tokens == 0 and small.stats.aborted == 1
+    all_free(small)
