@@ -357,7 +357,8 @@ class Engine(Deliveries):
             if live is None:  # finished; its last output is dropped below
                 continue
             self.stats.aborted += 1
-            self._choices.pop(rid, None)
+            done = self._choices.pop(rid, None) or ()  # its finished completions: never handed out, not counted
+            self.stats.completion_tokens -= sum(len(r.token_ids) for r in done if r is not None)
             self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it
         if self._aborts:
             self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]

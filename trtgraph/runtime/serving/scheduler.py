@@ -197,6 +197,10 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
             if admitting and len(self.running) >= self.plan.max_batch_size:
                 break
             n = min(seq.num_pending, chunk)
+            if n > 1 and seq.num_pending - n == 1 and seq.facts.processors:
+                # Not one token left for a decode step to feed: only prefill chunks set a fed
+                # token's prompt bit or generated count (the penalties' slot counts).
+                n -= 1
             # Admission reserves blocks for every pending token at once, so a prefill never
             # stalls half-way for blocks that older sequences keep taking.
             if not self._reserve(seq, seq.num_pending if admitting else n, protect=chosen,
