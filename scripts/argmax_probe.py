@@ -28,9 +28,11 @@ from trtgraph.kernels.sampling_common import _keys
 
 @triton.jit
 def _head(x_desc, w_desc, out_ptr, best_ptr, M, N, K, out_stride, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          BLOCK_T: tl.constexpr, STAGES: tl.constexpr, PER_TILE: tl.constexpr, PRECISION: tl.constexpr):
+          BLOCK_T: tl.constexpr, STAGES: tl.constexpr, PER_TILE: tl.constexpr, PRECISION: tl.constexpr,
+          TILES=0, ROW_MAJOR: tl.constexpr = False):
     """tma_head's GEMM; the packed maxima (value key, then 2**24 - 1 - column) folded by a relaxed
-    atomic max into best[row] or (PER_TILE) stored as best[tile, row]."""
+    atomic max into best[row] or (PER_TILE) stored as best[tile, row] (ROW_MAJOR: best[row, tile] of
+    TILES tiles a row, scripts/partials_probe.py's layout)."""
     n0 = tl.program_id(1) * BLOCK_N
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
@@ -42,7 +44,9 @@ def _head(x_desc, w_desc, out_ptr, best_ptr, M, N, K, out_stride, BLOCK_N: tl.co
     tl.store(out_ptr + rows[None, :] * out_stride + cols[:, None], acc, mask=col_ok[:, None] & row_ok[None, :])
     key = tl.where(acc != acc, 4294967296, _keys(acc))
     packed = tl.max(tl.where(col_ok[:, None], (key << 24) | (16777215 - cols.to(tl.int64))[:, None], -1), axis=0)
-    if PER_TILE:
+    if ROW_MAJOR:
+        tl.store(best_ptr + rows * TILES + tl.program_id(1), packed, mask=row_ok)
+    elif PER_TILE:
         tl.store(best_ptr + tl.program_id(1) * BLOCK_T + rows, packed, mask=row_ok)
     else:
         tl.atomic_max(best_ptr + rows, packed, mask=row_ok, sem="relaxed")

@@ -38,8 +38,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trtgraph.kernels import tma_head  # noqa: E402
-from trtgraph.kernels.sampling_common import _keys  # noqa: E402
 from trtgraph.kernels.split_residual import partials  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from argmax_probe import _head  # noqa: E402  (tma_head's GEMM with per-tile maxima; ROW_MAJOR: best[row, tile])
 
 
 @triton.jit
@@ -69,24 +71,6 @@ def triton_partials(x, w, splits, cfg, out=None):
 
 
 @triton.jit
-def _head_tiles(x_desc, w_desc, out_ptr, best_ptr, M, N, K, out_stride, TILES, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr):
-    """tma_head's GEMM; the tile's packed row maxima stored as best[row, tile] (no atomics)."""
-    n0 = tl.program_id(1) * BLOCK_N
-    acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        acc = tl.dot(w_desc.load([n0, k0]), tl.trans(x_desc.load([0, k0])), acc, input_precision=PRECISION)
-    rows = tl.arange(0, BLOCK_T)
-    row_ok = rows < M
-    cols = n0 + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    tl.store(out_ptr + rows[None, :] * out_stride + cols[:, None], acc, mask=col_ok[:, None] & row_ok[None, :])
-    key = tl.where(acc != acc, 4294967296, _keys(acc))
-    packed = tl.max(tl.where(col_ok[:, None], (key << 24) | (16777215 - cols.to(tl.int64))[:, None], -1), axis=0)
-    tl.store(best_ptr + rows * TILES + tl.program_id(1), packed, mask=row_ok)
-
-
-@triton.jit
 def _row_tokens(best_ptr, tok_ptr, TILES, BLOCK: tl.constexpr):
     """One program per row: the maximum of its tiles' packed maxima -> the token."""
     row = tl.program_id(0)
@@ -105,10 +89,11 @@ class TileHead:
         bn, bk, stages, warps = self.cfg
         T, K = self.x.shape
         out = torch.empty((T, w.shape[0]), dtype=torch.float32, device=self.x.device)
-        _head_tiles[(1, self.tiles)](
+        _head[(1, self.tiles)](
             TensorDescriptor.from_tensor(self.x, [64, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), out, self.best,
-            T, w.shape[0], K, out.stride(0), self.tiles, BLOCK_N=bn, BLOCK_K=bk, BLOCK_T=64, STAGES=stages,
-            PRECISION="ieee" if w.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+            T, w.shape[0], K, out.stride(0), BLOCK_N=bn, BLOCK_K=bk, BLOCK_T=64, STAGES=stages, PER_TILE=True,
+            PRECISION="ieee" if w.dtype == torch.float32 else "tf32", TILES=self.tiles, ROW_MAJOR=True,
+            num_warps=warps, num_stages=stages)
         _row_tokens[(T,)](self.best, self.tok, self.tiles, BLOCK=triton.next_power_of_2(self.tiles), num_warps=4)
         return out
 
@@ -265,7 +250,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.check:
         return check()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tma_probe import graph_time
 
     dev = torch.device("cuda")

@@ -16,6 +16,7 @@ try:
     from tests.hf_models import save_tiny
 except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
     from hf_models import save_tiny
+from test_weights import ckpt, pristine  # noqa: F401  (fixtures: a tiny Llama checkpoint and a private copy)
 
 from trtgraph.errors import WeightLoadError
 from trtgraph.kernels import get_kernels
@@ -33,20 +34,6 @@ DOWN = "model.layers.0.mlp.down_proj.weight"
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread(one_torch_thread):
     """Every test here runs with one intra-op thread (see conftest.one_torch_thread)."""
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("pristine")
-    save_tiny("LlamaForCausalLM", path)
-    return path
-
-
-@pytest.fixture
-def ckpt(pristine, tmp_path) -> Path:
-    path = tmp_path / "ckpt"
-    shutil.copytree(pristine, path)
-    return path
 
 
 def load(path: Path):

@@ -16,9 +16,9 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import PromptError, WeightLoadError
+from .jsonfiles import read_json, read_json_object
 
 TEMPLATE_FILE = "chat_template.jinja"
-MAX_JSON_BYTES = 64 << 20  # as config.json's bound (loader.MAX_JSON_BYTES)
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -27,28 +27,14 @@ def read_tokenizer_config(ckpt: Path) -> dict:
     path = ckpt / "tokenizer_config.json"
     if not path.is_file():
         return {}
-    data = _read_json(path)
-    if not isinstance(data, dict):
-        raise WeightLoadError(f"{path}: expected a JSON object.")
-    return data
-
-
-def _read_json(path: Path):
-    """A checkpoint's JSON file, bounded and strict: nesting too deep for Python or an integer
-    of thousands of digits is a WeightLoadError naming the file, not a RecursionError."""
-    from ..inputs import InputTooLarge, JSONProblem, loads_json, read_bounded
-
-    try:
-        return loads_json(read_bounded(path, MAX_JSON_BYTES).decode("utf-8"))
-    except (JSONProblem, UnicodeDecodeError, InputTooLarge, OSError) as exc:
-        raise WeightLoadError(f"{path}: not valid JSON ({exc}).") from None
+    return read_json_object(path)
 
 
 def special_tokens(tok_config: dict, ckpt: Path | None = None) -> dict[str, str]:
     """bos_token, eos_token, ... as strings: tokenizer_config.json, then special_tokens_map.json."""
     extra = {}
     if ckpt is not None and (ckpt / "special_tokens_map.json").is_file():
-        extra = _read_json(ckpt / "special_tokens_map.json")
+        extra = read_json(ckpt / "special_tokens_map.json")
     out = {}
     for key in SPECIAL_TOKEN_KEYS:
         val = tok_config.get(key, extra.get(key) if isinstance(extra, dict) else None)

@@ -80,7 +80,7 @@ class HFTokenizer:
         None for the rest (an unknown token can stand for a run of characters)."""
         import json
 
-        spec = json.loads(self._tok.to_str())
+        spec = self._spec
         model = spec.get("model") or {}
         if model.get("type") != "BPE" or not (model.get("byte_fallback") or "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))):
             return None
@@ -91,13 +91,20 @@ class HFTokenizer:
         return _clean_up(text) if self._clean_up else text
 
     @functools.cached_property
+    def _spec(self) -> dict:
+        """tokenizer.json as the library holds it (model, pre-tokenizer, decoder)."""
+        import json
+
+        return json.loads(self._tok.to_str())
+
+    @functools.cached_property
     def _byte_form(self) -> str | None:
         """How a BPE model's vocabulary spells bytes: "byte-level" (GPT-2's alphabet, a ByteLevel
         decoder: Llama-3, Qwen), "byte-fallback" (`<0xNN>` pieces and ▁ for a space: Llama-2,
         Mistral); None for any other model."""
         import json
 
-        spec = json.loads(self._tok.to_str())
+        spec = self._spec
         model = spec.get("model") or {}
         if model.get("type") != "BPE":
             return None
