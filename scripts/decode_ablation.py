@@ -48,8 +48,9 @@ a variant's two results):
   `light` with steps of 17-32 rows as two 16-row m-tiles in the fused GEMVs (decode_linear._ROW_TILES
   (16, 64), not one 32-row tile); `cut16`: `light` with the 33-64-row path (cuBLAS qkv and o,
   RoPE inside attention, hoisted norms, the split down projection, the TMA LM head) from 17 rows
-  (decode_linear.FUSED_MAX_ROWS 16).
-Each replay's logits are checked bitwise against the eager run of the same variant; the kernels
+  (decode_linear.FUSED_MAX_ROWS 16); `logits`: `light` with the greedy LM head writing its fp32
+  logits, as before the twelfth session (the step writes none since).
+Each replay's logits (a greedy key's: its head run again on the step's head input) are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
 """
@@ -122,6 +123,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "nohoist": {**NEW, **LIGHT, "split": {}, "hoist": False, "fused_argmax": False},
             "sep-argmax": {**NEW, **LIGHT, "fused_argmax": False},
             "notma": {**NEW, **LIGHT, "tma": {}},
+            "logits": {**NEW, **LIGHT, "store_logits": True},
             "tma64": {**NEW, **LIGHT, "tma": {LM: (64, 128, 3, 4)}, "batches": (33, 40, 48, 64)},
             "tmak128": {**NEW, **LIGHT, "tma": {LM: (128, 128, 4, 4)}, "batches": (33, 40, 48, 64)},
             "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "batches": (16, 17, 24, 32)},
@@ -162,6 +164,9 @@ def install(ex, v):
     ops = sr.with_split(dl.dispatch(fused), t.rms_norm)
     if not v.get("fused_argmax", True):
         ops = ops._replace(norm_linear_argmax=argmax_op(ops.norm_linear, smp.argmax))  # the dispatched head
+    if v.get("store_logits"):  # the greedy head writes its fp32 logits, as before the twelfth session
+        head = ops.norm_linear_argmax
+        ops = ops._replace(norm_linear_argmax=lambda x, nw, eps, w, tok, store=True: head(x, nw, eps, w, tok))
     ex.loaded.model.ops = dataclasses.replace(ex.loaded.model.ops, **ops._asdict())
 
 
@@ -198,8 +203,8 @@ def measure(ex, key):
     ex.capture(key)
     ex.prepare(key, decode_rows(ex, key.batch_size, 128))
     with torch.inference_mode():
-        replay = ex.execute(key).logits.clone()
-        eager = ex.execute(key, eager=True).logits.clone()
+        replay = ex.logits(ex.execute(key)).clone()
+        eager = ex.logits(ex.execute(key, eager=True)).clone()
         ms = statistics.median(_timed(ex.device, lambda: ex.execute(key), 20) for _ in range(5)) * 1e3
     return ms, bool(torch.equal(replay, eager))
 

@@ -14,11 +14,13 @@
 - `head`: the TMA LM head (kernels/tma_head.py) per config, fp32 logits alone (`plain`), with the
   shipped argmax epilogue (`today`: atomic row maxima + the m-tile's arrival), and with the tile's
   row maxima stored per tile and reduced by a second kernel of one program per row (`tiles`).
+- `nostore` (twelfth session): the greedy head with its fp32 logits stored and with the tokens
+  alone (no logits written): the TMA head at 33-64 rows, the fused GEMV (norm row pass) below.
 
 Each variant is one CUDA graph of 16 calls over weight copies (L2 defeated), passes interleaved;
 us per call, min / median. Partial sums and tokens are checked against the shipped ops first.
 
-    python3 scripts/partials_probe.py [--rows 40,64] [--passes 5] [--only qkv,o,down,layout,seg,head]
+    python3 scripts/partials_probe.py [--rows 40,64] [--passes 5] [--only qkv,o,down,layout,seg,head,nostore]
         [--head-configs 128x64x4x4,...]   (BLOCK_N x BLOCK_K x stages x warps)
     TRITON_INTERPRET=1 python3 scripts/partials_probe.py --check   # the kernels on the CPU
 """
@@ -240,6 +242,33 @@ def segment_fns(m, dev, layers=16, hidden=2048, inter=8192):
             f"seg T={m} o split4+norm": lambda i: split_linear_residual_norm(x, o_ws[i % layers], res, g, 1e-5, splits=4)}
 
 
+def nostore(rows, passes, graph_time, dev):
+    """The greedy LM head with and without its fp32 logits stored: the TMA head at 33-64 rows,
+    the fused GEMV (its norm in a row pass, PRENORM) at fewer."""
+    from trtgraph.kernels import decode_linear as dl
+
+    v, k = 128256, 2048
+    ws = [torch.empty((v, k), device=dev, dtype=torch.bfloat16).normal_(0, k ** -0.5) for _ in range(2)]
+    nw = torch.ones(k, device=dev, dtype=torch.bfloat16)
+    cfg = tuple(dl.decode_tuned.TMA_HEAD[(v, k)])
+    for m in rows:
+        x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+        toks = {s: torch.empty(m, dtype=torch.int64, device=dev) for s in ("store", "tokens only")}
+        out = torch.empty((m, v), dtype=torch.float32, device=dev)
+        if m >= tma_head.TMA_MIN_ROWS:
+            fns = {f"tma T={m} {s}": (lambda s: lambda i: tma_head.linear_argmax(
+                x, ws[i % 2], toks[s], config=cfg, store=s == "store"))(s) for s in toks}
+        else:
+            fns = {f"fused T={m} {s}": (lambda s: lambda i: dl._launch(
+                dl._ARGMAX if s == "store" else dl._ARGMAX_ONLY, x, ws[i % 2], out, v, norm_weight=nw, eps=1e-5,
+                tokens=toks[s]))(s) for s in toks}
+        for fn in fns.values():
+            fn(0)
+        torch.cuda.synchronize()
+        print(f"T={m}: tokens equal: {torch.equal(toks['store'], toks['tokens only'])}", flush=True)
+        timed(fns, passes, graph_time)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="40,64")
@@ -267,6 +296,8 @@ def main() -> None:
     if "seg" in only:
         for m in rows:
             timed(segment_fns(m, dev), args.passes, graph_time)
+    if "nostore" in only:
+        nostore(rows, args.passes, graph_time, dev)
     if "head" in only:
         v, k = 128256, 2048
         ws = [torch.empty((v, k), device=dev, dtype=torch.bfloat16).normal_(0, k ** -0.5) for _ in range(2)]

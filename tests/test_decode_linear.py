@@ -55,6 +55,10 @@ def _check_all(T, dtype, device, shapes, bias, seed=0):
         logits = dl.norm_linear_argmax(x, nw, eps, w, tokens)
         _close(logits, REF.norm_linear(x, nw, eps, w, None, torch.float32), dtype)
         assert torch.equal(tokens, logits.argmax(dim=-1))
+        # a greedy step's head: the same tokens, no logits (the kernel stores none: MODE -2)
+        only = torch.full((T,), -7, dtype=torch.int64, device=device)
+        assert dl.norm_linear_argmax(x, nw, eps, w, only, store=False) is None
+        assert torch.equal(only, tokens)
     # gate_up + SiLU-and-mul
     w = _weight(g, 2 * inter, H, dtype, device)
     _close(dl.norm_gate_up_silu(x, nw, eps, w), REF.norm_gate_up_silu(x, nw, eps, w), dtype)

@@ -159,7 +159,7 @@ def test_one_rows_logits_are_bitwise_equal_in_every_decode_bucket(tmp_path):
             r.token_ids, r.start_pos = [(31 * i + 7) % 1000], 40 + (13 * i) % 250
         ex.prepare(key, rows)
         with torch.inference_mode():
-            seen.append((key, ex.execute(key).logits[0].clone(), ex.execute(key, eager=True).logits[0].clone()))
+            seen.append((key, ex.logits(ex.execute(key))[0].clone(), ex.logits(ex.execute(key, eager=True))[0].clone()))
     for key, replay, eager in seen:
         assert torch.equal(replay, seen[0][1]), key
         assert torch.equal(eager, seen[0][1]), key

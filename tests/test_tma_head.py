@@ -49,13 +49,16 @@ def test_the_argmax_epilogue_writes_each_rows_first_maximal_column():
     again = torch.full((40,), -5, dtype=torch.int64)  # the running maxima and counters were put back
     tma.linear_argmax(x, w, again, config=SMALL)
     assert torch.equal(again, tokens)
+    only = torch.full((40,), -5, dtype=torch.int64)  # a greedy step's head: the tokens, no logits stored
+    assert tma.linear_argmax(x, w, only, config=SMALL, store=False) is None
+    assert torch.equal(only, tokens)
 
 
 def test_dispatch_runs_it_only_for_hoisted_heads_of_33_to_64_rows_on_installed_shapes(monkeypatch):
     calls = []
     monkeypatch.setattr(tma, "_ON", {(192, 64): SMALL})
     monkeypatch.setattr(tma, "linear", lambda x, w: calls.append(("plain", x.shape[0])) or reference.linear(x, w))
-    monkeypatch.setattr(tma, "linear_argmax", lambda x, w, tok: calls.append(("argmax", x.shape[0]))
+    monkeypatch.setattr(tma, "linear_argmax", lambda x, w, tok, store=True: calls.append(("argmax", x.shape[0]))
                         or reference.linear(x, w))
     ref = composed.compose(reference.rms_norm, reference.linear, reference.silu_and_mul, reference.rope_write_kv)
     ref = ref._replace(norm_linear_argmax=composed.argmax_op(ref.norm_linear, sampler_reference.greedy))

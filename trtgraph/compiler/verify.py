@@ -149,12 +149,14 @@ def clear_kv_cache(ex: Executor) -> None:
         kv.zero_()
 
 
-def _real_outputs(key: GraphKey, out, n: int) -> tuple:
+def _real_outputs(ex: Executor, key: GraphKey, out, n: int) -> tuple:
     """The real rows' logits and tokens, and (verify keys only) their accepted counts: other
     keys leave the accepted buffer as the last verify key wrote it, so a replay after another
-    key's would differ from its eager reference there without anything being wrong."""
+    key's would differ from its eager reference there without anything being wrong. A greedy
+    key writes no logits: they are its head run again on the step's head input (Executor.logits),
+    so the comparison covers everything up to the head, and the head's own kernel by the tokens."""
     real = _real_logit_rows(key, n)
-    return out.logits[real], out.tokens[real], out.accepted[:n if key.draft_len else 0]
+    return ex.logits(out)[real], out.tokens[real], out.accepted[:n if key.draft_len else 0]
 
 
 def eager_reference(ex: Executor, key: GraphKey, seed: int) -> Reference:
@@ -173,7 +175,7 @@ def eager_reference(ex: Executor, key: GraphKey, seed: int) -> Reference:
     clock.stop()
     peak = torch.cuda.max_memory_allocated(ex.device) - base if cuda else 0
     before_copy = torch.cuda.memory_allocated(ex.device) if cuda else 0
-    ref = Reference.of(seed, rows, *_real_outputs(key, out, len(rows)), clock)
+    ref = Reference.of(seed, rows, *_real_outputs(ex, key, out, len(rows)), clock)
     copies = torch.cuda.memory_allocated(ex.device) - before_copy if cuda else 0
     del out
     if cuda:  # before the block copies are freed (they were allocated before `base`)
@@ -205,7 +207,7 @@ class PendingParity:
         out = ex.execute(key)
         if self.replay_clock is not None:
             self.replay_clock.stop()
-        logits, tokens, accepted = _real_outputs(key, out, len(rows))
+        logits, tokens, accepted = _real_outputs(ex, key, out, len(rows))
         pair = _compare(logits, tokens, accepted, ref)
         kept.restore()
         self.tolerance = LOGIT_TOLERANCE[ex.config.dtype]

@@ -14,8 +14,10 @@ is small; so the model calls four fused ops, each a matrix multiply with its nei
 - `layer_tail(attn, o_weight, residual, norm_weight, eps, gate_up_weight, down_weight)`: a
   layer after attention, o + residual then the MLP (`tail_op`: the three ops above in order; the
   Triton set runs it as one persistent kernel at 33-64 rows, kernels/decode_persistent.py).
-- `norm_linear_argmax(x, norm_weight, eps, weight, tokens)`: the LM head of a greedy step, the
-  argmax written into `tokens` (`argmax_op`; the Triton set's fused GEMV takes it in its epilogue);
+- `norm_linear_argmax(x, norm_weight, eps, weight, tokens, store=True)`: the LM head of a greedy
+  step, the argmax written into `tokens` (`argmax_op`; the Triton set's fused GEMV and TMA head take
+  it in their epilogue); store=False (the greedy step): the tokens only, no logits returned (the
+  Triton set's kernels then write none: at 64 rows 33 MB of fp32 writes fewer);
 - `linear_residual_norm(x, weight, residual, norm_weight, eps) -> (residual + x @ weight.T, its
   RMSNorm)`: the down projection of a step whose next layer takes its normed input ready (the
   Triton set's two-kernel form at 33-64 rows: kernels/split_residual.py), and `layer_tail_norm`
@@ -104,14 +106,14 @@ def tail_norm_op(ops: FusedOps) -> Callable:
 
 
 def argmax_op(norm_linear: Callable, argmax: Callable) -> Callable:
-    """norm_linear_argmax(x, norm_weight, eps, weight, tokens) -> fp32 logits [T, V], each row's
-    first maximal column written into tokens (int64 [T]): the LM head of a greedy step, as the
-    head then the kernel set's argmax."""
+    """norm_linear_argmax(x, norm_weight, eps, weight, tokens, store=True) -> fp32 logits [T, V]
+    (None with store=False), each row's first maximal column written into tokens (int64 [T]): the
+    LM head of a greedy step, as the head then the kernel set's argmax."""
 
-    def norm_linear_argmax(x, norm_weight, eps, weight, tokens):
+    def norm_linear_argmax(x, norm_weight, eps, weight, tokens, store=True):
         logits = norm_linear(x, norm_weight, eps, weight, None, torch.float32)
         argmax(logits, out=tokens)
-        return logits
+        return logits if store else None
 
     return norm_linear_argmax
 

@@ -4,7 +4,8 @@ squares alongside, split-K merged by the last arriving program, the four epilogu
 programmatic-dependent-launch prologue (an L2 prefetch of the weights before the wait); and
 the row pass that norms x ahead of the GEMV for PRENORM shapes (`_prenorm_kernel`).
 MODE: 0 plain store, 1 residual add, 2 SiLU-and-mul, 3 RoPE + KV write, -1 plain store and the
-greedy argmax (`_argmax_epilogue`: the LM head of a greedy step)."""
+greedy argmax (`_argmax_epilogue`: the LM head of a greedy step), -2 the argmax alone (a greedy
+step's head: its logits are not needed, so none are written)."""
 
 import triton
 import triton.language as tl
@@ -38,8 +39,9 @@ def _epilogue(acc1, acc2, ss, rows, row_ok, cols, col_ok, w_rows1, w_rows2, K, e
     mask = col_ok[:, None] & row_ok[None, :]
     dst = out_ptr + rows[None, :] * out_stride + cols[:, None]
     if MODE <= 0:
-        tl.store(dst, acc1.to(out_ptr.dtype.element_ty), mask=mask)
-        if MODE == -1:
+        if MODE != -2:
+            tl.store(dst, acc1.to(out_ptr.dtype.element_ty), mask=mask)
+        if MODE < 0:
             _argmax_epilogue(acc1, rows, row_ok, cols, col_ok, res_ptr, slot_ptr, kv_ptr)
     elif MODE == 1:
         r = tl.load(res_ptr + rows[None, :] * res_stride + cols[:, None], mask=mask, other=0.0).to(tl.float32)

@@ -63,6 +63,7 @@ WIDE_MAX_ROWS = 64
 FUSED, COMPOSED = "fused", "composed"
 _PLAIN, _RESIDUAL, _SILU, _ROPE = 0, 1, 2, 3
 _ARGMAX = -1  # the plain store and the greedy argmax (decode_kernel._argmax_epilogue)
+_ARGMAX_ONLY = -2  # the greedy argmax, no logits stored
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         norm_weight = None
     cs, pos, slots, kv, hq, hkv = rope if rope is not None else (out, out, out, out, 0, 0)
     if tokens is not None:  # the argmax's running maxima, tokens and m-tile counters in three free pointers
-        assert mode == _ARGMAX and out.dtype == torch.float32 and n_cols < 1 << 24
+        assert mode in (_ARGMAX, _ARGMAX_ONLY) and out.dtype == torch.float32 and n_cols < 1 << 24
         tiles = grid[0] * grid[1]
         residual, slots, kv = argmax_best(T, x.device), tokens, arrival_counters(tiles + grid[0], x.device)[tiles:]
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
@@ -242,11 +243,14 @@ def norm_linear(x, norm_weight, eps, weight, bias=None, out_dtype=None):
     return _launch(_PLAIN, _rows(x), weight, out, weight.shape[0], norm_weight=norm_weight, eps=eps, bias=bias)
 
 
-def norm_linear_argmax(x, norm_weight, eps, weight, tokens):
+def norm_linear_argmax(x, norm_weight, eps, weight, tokens, store=True):
     """norm_linear's fp32 logits, and each row's first maximal column written into `tokens`
-    (int64 [T]) by the same kernel's epilogue (the greedy LM head: no argmax kernel of its own)."""
-    out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32, device=x.device)
-    return _launch(_ARGMAX, _rows(x), weight, out, weight.shape[0], norm_weight=norm_weight, eps=eps, tokens=tokens)
+    (int64 [T]) by the same kernel's epilogue (the greedy LM head: no argmax kernel of its own).
+    store=False: the tokens only, no logits written (None returned)."""
+    out = torch.empty((x.shape[0], weight.shape[0] if store else 1), dtype=torch.float32, device=x.device)
+    _launch(_ARGMAX if store else _ARGMAX_ONLY, _rows(x), weight, out, weight.shape[0], norm_weight=norm_weight,
+            eps=eps, tokens=tokens)
+    return out if store else None
 
 
 def linear_residual(x, weight, residual):
@@ -378,12 +382,12 @@ def dispatch(composed: FusedOps) -> FusedOps:
             return tma.linear(x, weight)
         return pick("norm_linear", weight, x.shape[0])(x, norm_weight, eps, weight, bias, out_dtype)
 
-    def norm_linear_argmax(x, norm_weight, eps, weight, tokens):
+    def norm_linear_argmax(x, norm_weight, eps, weight, tokens, store=True):
         if tma.runs_tma(x, weight, norm_weight, None, torch.float32):
-            return tma.linear_argmax(x, weight, tokens)
+            return tma.linear_argmax(x, weight, tokens, store=store)
         if fused("norm_linear", weight, x.shape[0]) and weight.shape[0] < 1 << 24:
-            return FUSED_ARGMAX(x, norm_weight, eps, weight, tokens)
-        return composed.norm_linear_argmax(x, norm_weight, eps, weight, tokens)
+            return FUSED_ARGMAX(x, norm_weight, eps, weight, tokens, store)
+        return composed.norm_linear_argmax(x, norm_weight, eps, weight, tokens, store)
 
     from . import tma_head as tma
     from .decode_persistent import with_tail

@@ -45,9 +45,10 @@ _ON: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # (V, K) -> config, 
 @triton.jit
 def _tma_head_kernel(x_desc, w_desc, out_ptr, best_ptr, tok_ptr, cnt_ptr, M, N, K, out_stride,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
-                     ARGMAX: tl.constexpr, PRECISION: tl.constexpr):
-    """One [BLOCK_N columns, BLOCK_T rows] tile of x @ W^T over the whole K; fp32 out; ARGMAX: the
-    rows' running maxima folded in (decode_kernel._argmax_epilogue: the last tile writes the tokens)."""
+                     ARGMAX: tl.constexpr, PRECISION: tl.constexpr, STORE: tl.constexpr = True):
+    """One [BLOCK_N columns, BLOCK_T rows] tile of x @ W^T over the whole K; fp32 out (not with
+    STORE off: a greedy step's head); ARGMAX: the rows' running maxima folded in
+    (decode_kernel._argmax_epilogue: the last tile writes the tokens)."""
     n0 = tl.program_id(1) * BLOCK_N
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
@@ -58,20 +59,21 @@ def _tma_head_kernel(x_desc, w_desc, out_ptr, best_ptr, tok_ptr, cnt_ptr, M, N, 
     row_ok = rows < M
     cols = n0 + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    tl.store(out_ptr + rows[None, :] * out_stride + cols[:, None], acc, mask=col_ok[:, None] & row_ok[None, :])
+    if STORE:
+        tl.store(out_ptr + rows[None, :] * out_stride + cols[:, None], acc, mask=col_ok[:, None] & row_ok[None, :])
     if ARGMAX:
         _argmax_epilogue(acc, rows, row_ok, cols, col_ok, best_ptr, tok_ptr, cnt_ptr)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor | None,
-            config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+            config: tuple[int, int, int, int] | None = None, store: bool = True) -> torch.Tensor:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     T, K = x.shape
     V = weight.shape[0]
     bn, bk, stages, warps = config or _ON[(V, K)]
     assert 0 < T <= BLOCK_T and V < 1 << 24, (T, V)
-    out = torch.empty((T, V), dtype=torch.float32, device=x.device)
+    out = torch.empty((T, V) if store else (1, 1), dtype=torch.float32, device=x.device)
     tiles = triton.cdiv(V, bn)
     if tokens is not None:  # the argmax's running maxima and counters, as decode_linear._launch keeps them
         best, cnt = argmax_best(T, x.device), arrival_counters(tiles + 1, x.device)[tiles:]
@@ -80,7 +82,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor | None,
     _tma_head_kernel[(1, tiles)](
         TensorDescriptor.from_tensor(x, [BLOCK_T, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         out, best, tokens, cnt, T, V, K, out.stride(0), BLOCK_N=bn, BLOCK_K=bk, BLOCK_T=BLOCK_T, STAGES=stages,
-        ARGMAX=tokens is not out, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
+        ARGMAX=tokens is not out, STORE=store, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages)
     return out
 
@@ -90,9 +92,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config=None) -> torch.Tensor:
     return _launch(x, weight, None, config)
 
 
-def linear_argmax(x: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, config=None) -> torch.Tensor:
-    """linear's fp32 logits, and each row's first maximal column written into tokens (int64 [T])."""
-    return _launch(x, weight, tokens, config)
+def linear_argmax(x: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, config=None,
+                  store: bool = True) -> torch.Tensor:
+    """linear's fp32 logits, and each row's first maximal column written into tokens (int64 [T]);
+    store=False: the tokens only, no logits written (None returned)."""
+    out = _launch(x, weight, tokens, config, store)
+    return out if store else None
 
 
 def _aligned(t: torch.Tensor) -> bool:

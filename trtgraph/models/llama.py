@@ -3,6 +3,7 @@
 
 forward(input_ids [T], positions [T], meta) -> the residual stream [T, H]
 compute_logits(hidden [R, H]) -> logits [R, V] in fp32 (the final norm, then the LM head)
+greedy_tokens(hidden [R, H], normed, tokens) -> None: a greedy step's head, the tokens only
 
 Each layer is four fused ops of the KernelSet (kernels/composed.py) around attention: norm +
 qkv + RoPE + KV write, o + residual, norm + gate_up + SiLU-mul, down + residual (the last three
@@ -238,3 +239,14 @@ class CausalLM(nn.Module):
         if tokens is not None:
             self.ops.argmax(logits, out=tokens)
         return logits
+
+    def greedy_tokens(self, hidden: torch.Tensor, normed: torch.Tensor | None, tokens: torch.Tensor) -> None:
+        """compute_logits' greedy tokens written into `tokens` (int64 [R]) and no logits: on one GPU
+        the set's head writes none (KernelSet.norm_linear_argmax, store=False: at 64 rows of the
+        1B 33 MB of fp32 writes fewer); with tensor parallelism the gathered logits are dropped."""
+        if self.tp.active:
+            self.compute_logits(hidden, normed, tokens)
+            return
+        n = self.norm
+        x, weight = (hidden, n.weight) if normed is None else (normed, None)
+        self.ops.norm_linear_argmax(x, weight, n.eps, self.lm_head_weight, tokens, store=False)

@@ -32,11 +32,16 @@ from .metadata import AttentionMetadata
 
 @dataclass
 class StepOutputs:
-    logits: torch.Tensor  # [R, V] fp32 (graph-owned: read before the next step)
+    """A step's outputs, graph-owned (read before the next step). Greedy keys write no logits:
+    their LM head writes the tokens alone; `Executor.logits` computes a step's logits from its
+    head input (`hidden`, `normed`) where they are wanted (verification, tests)."""
+    logits: torch.Tensor | None  # [R, V] fp32 (sampled keys; None for greedy keys)
     tokens: torch.Tensor  # [R] int64, on the device
     accepted: torch.Tensor  # [B] int64: drafts accepted per row (verify keys; other keys leave it stale)
     logprob_values: torch.Tensor | None = None  # [R, 1 + K] fp32 (sampled keys; rows that asked)
     logprob_ids: torch.Tensor | None = None  # [R, K] int64
+    hidden: torch.Tensor | None = None  # [R, H]: the LM head's input rows (the residual stream's)
+    normed: torch.Tensor | None = None  # [R, H]: their final norm where the step hoisted it (else None)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -177,8 +182,8 @@ class Executor(StepInputs):
             hidden, normed = model.forward_normed(ids, pos, meta)  # [T, H]; the final norm where hoisted
             if key.is_prefill:
                 hidden, normed = hidden.index_select(0, rows), None  # [B, H]: each sequence's last real token
-            if draw is None:  # greedy: the LM head writes the tokens' buffer itself (its epilogue's argmax)
-                logits, tokens = model.compute_logits(hidden, normed, tokens=out), out  # [R, V]
+            if draw is None:  # greedy: the LM head writes the tokens' buffer itself (its epilogue's argmax), no logits
+                logits, tokens = model.greedy_tokens(hidden, normed, out), out
             else:
                 logits = model.compute_logits(hidden, normed)  # [R, V]
                 tokens = out.copy_(draw(logits))
@@ -190,7 +195,7 @@ class Executor(StepInputs):
                 # is token for token what plain sampling would give.
                 match = ids.view(B, q)[:, 1:] == tokens.view(B, q)[:, :-1]
                 accepted.copy_(match.to(torch.int64).cumprod(dim=1).sum(dim=1))
-            return logits, out, accepted
+            return logits, out, accepted, hidden, normed
 
         return step
 
@@ -257,10 +262,17 @@ class Executor(StepInputs):
         self.before_execute(key)
         if eager:
             self.num_eager_steps += 1
-            logits, tokens, accepted = self.step_fn(key)()
+            logits, tokens, accepted, hidden, normed = self.step_fn(key)()
         else:
-            logits, tokens, accepted = self.runner.replay(key, self.metadata[key], key.num_tokens, pos)
+            logits, tokens, accepted, hidden, normed = self.runner.replay(key, self.metadata[key], key.num_tokens, pos)
         if key.sampling == GREEDY:
-            return StepOutputs(logits, tokens, accepted)
+            return StepOutputs(logits, tokens, accepted, hidden=hidden, normed=normed)
         st, R = self.buffers.state, key.num_logit_rows
-        return StepOutputs(logits, tokens, accepted, st["logprob_values"][:R], st["logprob_ids"][:R])
+        return StepOutputs(logits, tokens, accepted, st["logprob_values"][:R], st["logprob_ids"][:R], hidden, normed)
+
+    def logits(self, out: StepOutputs) -> torch.Tensor:
+        """A step's fp32 logits [R, V]: a sampled key's own, or (greedy keys, which write none)
+        the LM head run again, eagerly, on the step's head input: the values the step's head
+        would have stored (the same kernel's accumulator, or the same composition). Read before
+        the next step, as the outputs are; with tensor parallelism every rank must call it."""
+        return out.logits if out.logits is not None else self.model.compute_logits(out.hidden, out.normed)

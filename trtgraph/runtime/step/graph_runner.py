@@ -167,6 +167,8 @@ def _moved(before: dict, now: dict) -> str:
 def _copy_outputs(new, recorded) -> None:
     """The static backend writes fresh results into the tensors returned at capture, so
     callers hold the same output objects for both backends."""
+    if new is None:  # an output the step does not write (a greedy key's logits)
+        return
     if isinstance(new, torch.Tensor):
         recorded.copy_(new)
     else:
