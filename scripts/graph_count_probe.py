@@ -147,6 +147,17 @@ def upload(g) -> str:
     return f"cudaGraphUpload -> {err}"
 
 
+def next_stream_id() -> int:
+    """The driver's id of a stream made now (cuStreamGetId; ids rise with every stream the process
+    creates, so the difference between two calls counts the streams made in between, plus one)."""
+    rt, cu = _cudart(), ctypes.CDLL("libcuda.so.1")
+    st, sid = ctypes.c_void_p(), ctypes.c_ulonglong()
+    assert rt.cudaStreamCreateWithFlags(ctypes.byref(st), 1) == 0
+    assert cu.cuStreamGetId(st, ctypes.byref(sid)) == 0
+    rt.cudaStreamDestroy(st)
+    return sid.value
+
+
 def after_mallocs(g0) -> None:
     """MALLOCS: device memory allocated (64 MB tensors, kept), no more graphs."""
     held = []
@@ -198,10 +209,12 @@ def after_streams(g0) -> None:
 def after_graphs(g0, kernels: int, graphs: int, pool, shared: bool) -> None:
     """The default: more graphs captured (the same chain), then cudaGraphUpload of the first, the last
     one's own time, and the others destroyed."""
-    others = []
+    others, last_id = [], next_stream_id()
     for n in range(2, graphs + 1):
         others.append(chain_graph(kernels, pool if shared else torch.cuda.graph_pool_handle()))
-        print(f"{n} graphs: {per_replay_us(g0):.1f} us", flush=True)
+        sid = next_stream_id()
+        print(f"{n} graphs: {per_replay_us(g0):.1f} us (streams made meanwhile: {sid - last_id - 1})", flush=True)
+        last_id = next_stream_id()
     print(upload(g0), f"-> {per_replay_us(g0):.1f} us", flush=True)
     last = others[-1][0]
     print(f"the last graph captured: {per_replay_us(last):.1f} us", flush=True)

@@ -12,7 +12,8 @@ again, after one eager step under torch.profiler (CUPTI), then per DRIFT:
   (torch.profiler over 5 replays) before and after;
 - 4 / 6: one more decode key captured at a time (bs 40, 32, 8, 2, 1 / 40, 48, 56, 32, 24, 16, 8);
 - 5: an eager bs-1 step, then its capture;
-- 7: the bs-64 key itself captured again, five times.
+- 7: the bs-64 key itself captured again, five times; 8: the same, counting the streams the
+  process makes meanwhile (the driver's stream ids).
 
 scripts/graph_count_probe.py takes the finding (the fourth capture) to plain torch graphs.
 
@@ -177,7 +178,20 @@ def drift7(p: Probe) -> None:
         p.timing(f"bs 64 captured {n} times")
 
 
-MODES = {"1": drift1, "2": drift2, "3": drift3, "4": one_at_a_time((40, 32, 8, 2, 1)), "5": drift5,
+def drift8(p: Probe) -> None:
+    """DRIFT 7 with the streams the process makes counted (graph_count_probe.next_stream_id)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from graph_count_probe import next_stream_id
+
+    last = next_stream_id()
+    for n in range(2, 7):
+        p.capture(KEY, warm=False)
+        sid = next_stream_id()
+        p.timing(f"bs 64 captured {n} times ({sid - last - 1} streams made)")
+        last = next_stream_id()
+
+
+MODES = {"8": drift8, "1": drift1, "2": drift2, "3": drift3, "4": one_at_a_time((40, 32, 8, 2, 1)), "5": drift5,
          "6": one_at_a_time((40, 48, 56, 32, 24, 16, 8)), "7": drift7}
 
 

@@ -41,7 +41,8 @@ class KernelSet:
     linear_residual_norm: Callable
     layer_tail_norm: Callable
     # the LM head of a greedy step: fp32 logits, each row's argmax written into `tokens` (composed.argmax_op;
-    # the Triton set's fused GEMV takes it in its epilogue, decode_kernel._argmax_epilogue)
+    # the Triton set's fused GEMV and TMA head take it in their epilogue, decode_kernel._argmax_epilogue);
+    # store=False (the greedy step, models/llama.py greedy_tokens): the tokens alone, no logits written
     norm_linear_argmax: Callable
     # decode steps whose qkv is not one fused kernel: norm + qkv (+ Qwen3's q/k norms) not
     # rotated, then RoPE + KV write + attention in one op; rope_in_attention(qkv weight, rows,
