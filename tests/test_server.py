@@ -323,6 +323,48 @@ def test_raw_chat_json_validates_as_openai_types(chat_served):
     assert sum((c.choices[0].token_ids for c in chunks), []) == offline["chat-greedy"]["token_ids"]
 
 
+def test_prompts_are_rendered_and_encoded_off_the_engine_thread(chat_served, monkeypatch):
+    """A chat's template render and a text prompt's encoding ran on the engine thread: 200,000
+    messages held every other request's steps about 1 s. The request handler's worker thread does
+    both now (Admission.prepare); the engine takes the ids as given."""
+    server = chat_served[0]
+    engine, seen = server.engine, []
+    render, encode = engine.chat_template.render, engine.tokenizer.encode
+
+    def rendering(*a, **k):
+        seen.append(("render", threading.current_thread().name))
+        return render(*a, **k)
+
+    def encoding(text, *a, **k):
+        seen.append(("encode " + text, threading.current_thread().name))
+        return encode(text, *a, **k)
+
+    monkeypatch.setattr(engine.chat_template, "render", rendering)
+    monkeypatch.setattr(engine.tokenizer, "encode", encoding)
+    (model,) = [m.id for m in server.client().models.list().data]
+    chat = server.client().chat.completions.create(model=model, messages=chat_served[3], max_tokens=3, temperature=0)
+    text = server.client().completions.create(model=model, prompt="offthread prompt", max_tokens=3, temperature=0)
+    assert chat.choices[0].token_ids and text.choices[0].token_ids
+    kinds = [k.split(" ")[0] for k, _ in seen]
+    assert kinds.count("render") == 1 and kinds.count("encode") == 2, seen  # the chat's text, then the prompt
+    assert ("encode offthread prompt", seen[-1][1]) == seen[-1], seen
+    assert all(name != "trtgraph-engine" for _, name in seen), seen
+
+
+def test_a_chat_too_long_to_serve_is_refused_by_the_handler_with_admissions_message(chat_served):
+    """200,000 messages: refused (the rendered text cannot fit max_seq_len) with the message admission
+    gives, a 400 in OpenAI's shape, counted in /metrics as the engine counts a refusal."""
+    server = chat_served[0]
+    (model,) = [m.id for m in server.client().models.list().data]
+    before = server.metrics().get("trtgraph_requests_total[('outcome', 'error')]", 0)
+    with pytest.raises(openai.BadRequestError) as exc:
+        server.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "a"}] * 200_000,
+                                                max_tokens=2)
+    assert "cannot fit limits.max_seq_len" in error_of(exc.value)["message"]
+    assert server.metrics().get("trtgraph_requests_total[('outcome', 'error')]", 0) == before + 1
+    assert server.idle_and_leak_free()
+
+
 # ---- errors -----------------------------------------------------------------------------------
 
 def error_of(exc: openai.APIStatusError) -> dict:

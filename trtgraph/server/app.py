@@ -122,12 +122,16 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
 
     def translate():
         native = (oa.chat_request if chat else oa.completion_request)(body, shapes.id, WHERE, allow_stream=True)
-        return parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
+        req = parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
+        return thread.engine.admission.prepare(req)  # rendered and encoded here, not on the engine thread
 
     try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
-        req = await asyncio.to_thread(translate)
+        req, refused = await asyncio.to_thread(translate)
     except PromptError as exc:
         raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
+    if refused is not None:  # the prompt's refusal admission would give, counted as the engine counts it
+        thread.metrics.finished(refused)
+        raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, name_request=False))
     stream, include_usage = oa.stream_mode(body)
     rid = req.id
     queue = thread.submit(req)

@@ -127,6 +127,19 @@ class Admission:
                     "temperature 0 without them")
         return self._sampling_refusal(req, speculative)
 
+    def prepare(self, req: Request) -> tuple[Request, Result | None]:
+        """The request with its prompt as token ids (text encoded, chat `messages` rendered with the
+        checkpoint's template and encoded), or (req, the refusal admit would give it). For a caller
+        off the engine thread (the server's request handler): rendering a long conversation or
+        encoding a long text there holds no step of other requests. The template and the tokenizer
+        are only read, so this may run beside the engine; admit then takes the ids as given."""
+        if req.prompt_token_ids is not None:
+            return req, None
+        ids, fail = self._prompt_ids(req)
+        if fail:
+            return req, Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=0)
+        return Request(id=req.id, prompt_token_ids=ids, sampling=req.sampling, n=req.n), None
+
     def _prompt_ids(self, req: Request) -> tuple[list[int], str | None]:
         """The request's prompt as token ids: given, encoded text, or a chat rendered with the
         checkpoint's template. (ids, None) or ([], why not)."""
