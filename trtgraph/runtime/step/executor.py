@@ -241,9 +241,13 @@ class Executor(StepInputs):
 
     def warmup(self, key: GraphKey) -> None:
         """One eager run on padding-only inputs: lazy library state and workspaces reach
-        their size before any capture."""
+        their size before any capture. A greedy key's head also runs as `logits` runs it (the
+        capture's warm-up of the key, its verification reference, runs that too: the kernels
+        and buffers it judges a key by include it, so a start that warms the key must make them)."""
         self.prepare(key, [])
-        self.step_fn(key)()
+        logits, _, _, hidden, normed = self.step_fn(key)()
+        if logits is None:
+            self.model.compute_logits(hidden, normed)
         self.inputs_used()
 
     def capture(self, key: GraphKey) -> CaptureStats:
