@@ -277,6 +277,8 @@ class Executor(StepInputs):
     def logits(self, out: StepOutputs) -> torch.Tensor:
         """A step's fp32 logits [R, V]: a sampled key's own, or (greedy keys, which write none)
         the LM head run again, eagerly, on the step's head input: the values the step's head
-        would have stored (the same kernel's accumulator, or the same composition). Read before
-        the next step, as the outputs are; with tensor parallelism every rank must call it."""
+        would have stored where the plain head runs the greedy head's kernel (the same
+        accumulator, or the same composition; every LM-head shape today: the one-row light kernel,
+        which the greedy head never takes, is installed for layer shapes only). Read before the
+        next step, as the outputs are; with tensor parallelism every rank must call it."""
         return out.logits if out.logits is not None else self.model.compute_logits(out.hidden, out.normed)
