@@ -186,6 +186,23 @@ def use_triton_cache(cache: Path) -> bool:
     return created
 
 
+def check_manifest_target(path: Path) -> None:
+    """A capture replaces DIR/manifest.json: an earlier trtgraph manifest (whole or damaged) may
+    go, but a manifest.json of something else (a browser extension's, a web app's) must not be
+    silently overwritten. Any trtgraph manifest names `format_version` in its first bytes."""
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return  # unreadable: the write itself reports it
+    if b'"format_version"' not in head and b'"trtgraph_version"' not in head:
+        raise OutputPathError(f"{path}: exists and is not a trtgraph manifest; capturing would overwrite it. "
+                              f"Choose another --out (or `output` in the config), or move the file away.")
+
+
 def check_triton_cache(cache: Path) -> None:
     """The Triton cache must be a directory inside the artifacts directory: capture must not
     write a manifest whose cache a run then refuses."""

@@ -45,8 +45,8 @@ from typing import Callable
 import torch
 
 from .. import startup
-from ..artifacts import (TRITON_CACHE_DIR, KeyRecord, Manifest, check_triton_cache, environment, use_triton_cache,
-                         write_manifest)
+from ..artifacts import (MANIFEST_NAME, TRITON_CACHE_DIR, KeyRecord, Manifest, check_manifest_target, check_triton_cache,
+                         environment, use_triton_cache, write_manifest)
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import AUTO, Config
 from ..errors import CaptureError
@@ -101,6 +101,7 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     config, notes = resolve_max_seq_len(config, device, tp)
     plan = BucketPlan.from_config(config)
     check_triton_cache(out_dir / TRITON_CACHE_DIR)  # before any work: a cache a run would refuse
+    check_manifest_target(out_dir / MANIFEST_NAME)  # before any work: never overwrite another tool's file
     misses = uncovered_shapes(plan)
     if misses:
         raise CaptureError(f"{config.source}: the bucket plan does not cover {'; '.join(misses)}. "

@@ -1,0 +1,82 @@
+"""The twelfth session's adversarial pass over `capture`, `inspect` and `bench` (CPU, static
+backend, tiny configs written to YAML). Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from click.testing import CliRunner
+
+from conftest import tiny_config
+from trtgraph.cli import main
+from trtgraph.config import Config
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [*map(str, args)])
+
+
+def write_config(path, **changes) -> str:
+    path.write_text(yaml.safe_dump(tiny_config(**changes).to_dict()), encoding="utf-8")
+    return str(path)
+
+
+# ---- capture --out: a manifest.json that is not trtgraph's ------------------------------------
+
+def test_capture_refuses_to_overwrite_a_manifest_json_of_another_tool(tmp_path):
+    """`--out` at a browser extension's (or web app's) directory replaced its manifest.json."""
+    cfg = write_config(tmp_path / "m.yaml")
+    ext = tmp_path / "extension"
+    ext.mkdir()
+    theirs = '{"manifest_version": 3, "name": "My extension", "version": "1.0"}\n'
+    (ext / "manifest.json").write_text(theirs, encoding="utf-8")
+    res = invoke("capture", "--config", cfg, "--out", ext)
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "manifest.json" in res.stderr and "not a trtgraph manifest" in res.stderr, res.stderr
+    assert "Traceback" not in res.output
+    assert (ext / "manifest.json").read_text(encoding="utf-8") == theirs
+    assert not (ext / "triton-cache").exists()
+
+
+def test_capture_still_replaces_a_damaged_trtgraph_manifest(tmp_path):
+    """The control: a truncated trtgraph manifest is what a recapture is for."""
+    cfg = write_config(tmp_path / "m.yaml")
+    art = tmp_path / "art"
+    assert invoke("capture", "--config", cfg, "--out", art).exit_code == 0
+    text = (art / "manifest.json").read_text(encoding="utf-8")
+    (art / "manifest.json").write_text(text[:200], encoding="utf-8")
+    res = invoke("capture", "--config", cfg, "--out", art)
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert json.loads((art / "manifest.json").read_text(encoding="utf-8"))["digest"]
+
+
+# ---- output: ~/... ------------------------------------------------------------------------------
+
+def test_a_config_output_under_the_home_directory_is_not_a_directory_named_tilde(tmp_path, monkeypatch):
+    """`output: ~/art` made a directory named `~` in the current directory (model.path expands ~)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    cfg = write_config(tmp_path / "m.yaml", output="~/art")
+    assert Config.from_yaml(cfg).output == str(home / "art")
+
+
+# ---- bench --attention-batch / --attention-context past memory ---------------------------------
+
+def test_bench_attention_options_past_memory_name_the_options(default_artifacts, tmp_path, monkeypatch):
+    """An --attention-context the host cannot hold blamed the capture ("capture a smaller plan
+    (kv_cache.num_blocks, ...)"), not the options that sized the allocation."""
+    import trtgraph.bench
+
+    def no_memory(*a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 25600008192 bytes.")
+
+    monkeypatch.setattr(trtgraph.bench, "attention_alone", no_memory)
+    res = invoke("bench", "--manifest", default_artifacts, "--out", tmp_path / "b", "--context-len", 0,
+                 "--prompts", 0, "--mixed", 0, "--no-hf", "--attention-batch", 1,
+                 "--attention-context", 100000000)
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "--attention-context 100000000" in res.stderr and "capture a smaller plan" not in res.stderr, res.stderr
+    assert "Traceback" not in res.output
