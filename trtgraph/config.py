@@ -183,6 +183,8 @@ class Config:
         output = top["output"]
         if path_problem(output):
             v.fail("output", output, f"a directory: {path_problem(output)}")
+        if output.startswith("~"):  # as model.path: `~/art` is the home directory's, never a directory named ~
+            output = str(Path(output).expanduser())
         return cls(model=model, dtype=dtype, device=device, kernels=kernels, deterministic=deterministic,
                    limits=limits, kv_cache=kv_cache, buckets=buckets, output=output, speculative=speculative,
                    parallel=parallel, source=source)
