@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -80,3 +81,30 @@ def test_bench_attention_options_past_memory_name_the_options(default_artifacts,
     assert res.exit_code == 2, (res.output, res.exception)
     assert "--attention-context 100000000" in res.stderr and "capture a smaller plan" not in res.stderr, res.stderr
     assert "Traceback" not in res.output
+
+
+# ---- empty path options (an unset shell variable) -----------------------------------------------
+
+EMPTY = [
+    (["bench", "--manifest", "", "--out", "{tmp}/b"], "--manifest is empty"),  # read the current directory's manifest
+    (["bench", "--manifest", "{art}", "--out", ""], "--out is empty"),  # wrote bench.* into the current directory
+    (["bench", "--manifest", "{art}", "--config", "", "--out", "{tmp}/b"], "--config is empty"),  # ignored
+    (["serve", "--manifest", ""], "--manifest is empty"),  # served the current directory's manifest
+    (["serve", "--manifest", "{art}", "--model", ""], "--model is empty"),
+    (["run", "--prompts", "{tmp}/p.jsonl", "--manifest", "{art}", "--model", ""], "--model is empty"),
+]
+
+
+@pytest.mark.parametrize("args,says", EMPTY, ids=[" ".join(a[:3]) + "..." + says for a, says in EMPTY])
+def test_an_empty_path_option_is_refused_not_read_as_the_current_directory(args, says, default_artifacts, tmp_path,
+                                                                          monkeypatch):
+    import trtgraph.bench
+    import trtgraph.server.app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "hi", "max_tokens": 2}\n', encoding="utf-8")
+    monkeypatch.setattr(trtgraph.bench, "run_bench", lambda *a, **k: pytest.fail("bench started"))
+    monkeypatch.setattr(trtgraph.server.app, "serve", lambda *a, **k: pytest.fail("serve started"))
+    res = invoke(*[a.format(tmp=tmp_path, art=default_artifacts) for a in args])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert says in res.stderr, res.stderr
