@@ -108,3 +108,41 @@ def test_an_empty_path_option_is_refused_not_read_as_the_current_directory(args,
     res = invoke(*[a.format(tmp=tmp_path, art=default_artifacts) for a in args])
     assert res.exit_code == 2, (res.output, res.exception)
     assert says in res.stderr, res.stderr
+
+
+# ---- forged manifests (digest recomputed) that inspect passed ------------------------------------
+
+def forge(default_artifacts, tmp_path, edit):
+    import shutil
+
+    from trtgraph.artifacts import _digest
+
+    art = tmp_path / "art"
+    shutil.copytree(default_artifacts, art)
+    body = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
+    edit(body)
+    body["digest"] = _digest(body)
+    (art / "manifest.json").write_text(json.dumps(body), encoding="utf-8")
+    return art
+
+
+FORGED = {
+    # inspect and inspect --check passed it ("this machine matches"); only a run's start refused it
+    "warmup-key-not-a-key": (lambda b: b["totals"].__setitem__("warmup_keys", ["(bs=99, decode draft=0, greedy)"]),
+                             "totals.warmup_keys"),
+    # a run refused it telling the user to "move the file away": the manifest itself
+    "triton-cache-is-the-manifest": (lambda b: b["paths"].__setitem__("triton_cache", "manifest.json"),
+                                     "paths.triton_cache"),
+    "triton-cache-is-the-directory": (lambda b: b["paths"].__setitem__("triton_cache", "."), "paths.triton_cache"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_a_forged_manifest_inspect_passed_is_refused_by_inspect_and_check(case, default_artifacts, tmp_path):
+    edit, field = FORGED[case]
+    art = forge(default_artifacts, tmp_path, edit)
+    for args in (["inspect", art], ["inspect", art, "--check"]):
+        res = invoke(*args)
+        assert res.exit_code == 2, (args, res.output, res.exception)
+        assert field in res.stderr and "Move the file away" not in res.stderr, res.stderr
+    assert (art / "manifest.json").is_file()

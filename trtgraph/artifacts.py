@@ -253,6 +253,9 @@ def load_manifest(path: "str | Path | Manifest") -> Manifest:
     paths = _paths(v, mpath, body["paths"])
     keys = _keys(v, mpath, body["keys"], config)
     schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
+    unknown = [n for n in body["totals"].get("warmup_keys") or () if n not in {str(k.key) for k in keys}]
+    if unknown:  # inspect (and inspect --check) passed it; only a run's start refused it
+        v.fail("totals.warmup_keys", unknown[0], "names of the manifest's keys (the keys a start warms up)")
     schema.check_parallel(v, body["parallel"], config)
     manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
                         kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
@@ -314,6 +317,10 @@ def _paths(v: FieldReader, mpath: Path, raw) -> dict[str, Path]:
         if path_problem(rel):
             v.fail(f"paths.{name}", rel, f"a path relative to the artifacts directory: {path_problem(rel)}")
         paths[name] = artifact_path(mpath.parent, rel)
+        if os.path.realpath(paths[name]) in (os.path.realpath(mpath), os.path.realpath(mpath.parent)):
+            # a run told to "move the file away" would have moved the manifest
+            v.fail(f"paths.{name}", rel, "a directory of its own inside the artifacts directory (not the manifest, "
+                                         "not the artifacts directory itself)")
     return paths
 
 
