@@ -255,7 +255,8 @@ def load_manifest(path: "str | Path | Manifest") -> Manifest:
     schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
     unknown = [n for n in body["totals"].get("warmup_keys") or () if n not in {str(k.key) for k in keys}]
     if unknown:  # inspect (and inspect --check) passed it; only a run's start refused it
-        v.fail("totals.warmup_keys", unknown[0], "names of the manifest's keys (the keys a start warms up)")
+        raise ManifestError(f"{mpath}: totals.warmup_keys names {unknown[0]!r}, which is not one of the manifest's "
+                            f"keys. {RECAPTURE}")
     schema.check_parallel(v, body["parallel"], config)
     manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
                         kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
