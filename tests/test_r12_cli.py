@@ -146,3 +146,21 @@ def test_a_forged_manifest_inspect_passed_is_refused_by_inspect_and_check(case, 
         assert res.exit_code == 2, (args, res.output, res.exception)
         assert field in res.stderr and "Move the file away" not in res.stderr, res.stderr
     assert (art / "manifest.json").is_file()
+
+
+# ---- a failed capture into --out a/b/c ----------------------------------------------------------------
+
+def test_a_failed_capture_removes_the_parent_directories_it_created(tmp_path):
+    """Only the innermost directory was removed: `--out a/b/c` left a/b behind."""
+    cfg = write_config(tmp_path / "m.yaml", kv_cache={"block_size": 4096, "num_blocks": 2})  # fails at start-up
+    res = invoke("capture", "--config", cfg, "--out", tmp_path / "a" / "b" / "c")
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "kv_cache.num_blocks" in res.stderr, res.stderr
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_failed_capture_keeps_parent_directories_that_were_there(tmp_path):
+    cfg = write_config(tmp_path / "m.yaml", kv_cache={"block_size": 4096, "num_blocks": 2})
+    (tmp_path / "a").mkdir()
+    assert invoke("capture", "--config", cfg, "--out", tmp_path / "a" / "b").exit_code == 2
+    assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b").exists()

@@ -108,15 +108,16 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
                            f"Add those sizes to buckets.batch_sizes / context_batch_sizes, or lower the limits.")
     # Before any collective: every rank must be about to capture the same keys.
     agree(tp, "the config and its bucket plan", json.dumps([config.to_dict(), [str(k) for k in plan.keys]]))
-    made_dir = not out_dir.exists()
+    made_dirs = [d for d in (out_dir, *out_dir.parents) if not d.exists()]  # --out a/b/c: a and b too
     made_cache = use_triton_cache(out_dir / TRITON_CACHE_DIR)
     try:
         return _capture(config, plan, out_dir, device, progress, timing_repeats, tp, notes)
     except BaseException:  # a failed or interrupted capture leaves nothing behind
         if made_cache:
             shutil.rmtree(out_dir / TRITON_CACHE_DIR, ignore_errors=True)
-        if made_dir and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()
+        for d in made_dirs:  # innermost first
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
         raise
 
 
