@@ -164,3 +164,28 @@ def test_a_failed_capture_keeps_parent_directories_that_were_there(tmp_path):
     (tmp_path / "a").mkdir()
     assert invoke("capture", "--config", cfg, "--out", tmp_path / "a" / "b").exit_code == 2
     assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b").exists()
+
+
+# ---- inspect --check on a checkpoint that moved ----------------------------------------------------
+
+def test_inspect_check_on_a_moved_checkpoint_reports_a_difference(tmp_path):
+    """It exited 2 with "ckpt: checkpoint directory does not exist." (no advice; --check's
+    promise is exit 3 naming what differs), while plain `inspect` works wherever the checkpoint is."""
+    from hf_models import save_tiny
+
+    save_tiny("LlamaForCausalLM", tmp_path / "ckpt")
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("model: {path: ./ckpt}\ndtype: float32\ndevice: cpu\n"
+                   "limits: {max_batch_size: 1, max_seq_len: 64, max_num_tokens: 16}\n"
+                   "kv_cache: {block_size: 16, num_blocks: 8}\n"
+                   "buckets: {batch_sizes: [1], context_batch_sizes: [1], chunk_sizes: [16], sampling: [greedy]}\n",
+                   encoding="utf-8")
+    art = tmp_path / "art"
+    assert invoke("capture", "--config", cfg, "--out", art).exit_code == 0
+    (tmp_path / "ckpt").rename(tmp_path / "moved")
+    assert invoke("inspect", art).exit_code == 0
+    res = invoke("inspect", art, "--check")
+    assert res.exit_code == 3, (res.output, res.exception)
+    assert "config.model.path" in res.output and str(tmp_path / "ckpt") in res.output and "absent" in res.output
+    res = invoke("inspect", art, "--check", "--json")
+    assert res.exit_code == 3 and json.loads(res.output)["check"]["ok"] is False
