@@ -189,3 +189,22 @@ def test_inspect_check_on_a_moved_checkpoint_reports_a_difference(tmp_path):
     assert "config.model.path" in res.output and str(tmp_path / "ckpt") in res.output and "absent" in res.output
     res = invoke("inspect", art, "--check", "--json")
     assert res.exit_code == 3 and json.loads(res.output)["check"]["ok"] is False
+
+
+# ---- bench options past any sensible bound -----------------------------------------------------------
+
+HUGE = [("--attention-context", "4611686018427387904"),  # internal error: "Storage size calculation overflowed"
+        ("--attention-batch", "100000000000"),
+        ("--prompts", "1000000000000"),  # built a list of 10**12 requests before the run
+        ("--mixed", "1000000000000")]
+
+
+@pytest.mark.parametrize("option,value", HUGE, ids=[o for o, _ in HUGE])
+def test_bench_options_past_their_bounds_exit_2_before_any_work(option, value, default_artifacts, tmp_path,
+                                                                 monkeypatch):
+    import trtgraph.bench
+
+    monkeypatch.setattr(trtgraph.bench.Engine, "__init__", lambda *a, **k: pytest.fail("bench started"))
+    res = invoke("bench", "--manifest", default_artifacts, "--out", tmp_path / "b", option, value)
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert option in res.stderr and "not in the range" in res.stderr, res.stderr

@@ -285,14 +285,14 @@ def serve(manifest, host, port, max_waiting, api_key, model):
               help="Where bench.md, bench.json and bench.png go (and the capture, with --config).")
 @click.option("--context-len", default=128, show_default=True, type=click.IntRange(min=0),
               help="Cached tokens per sequence in the decode timings (below limits.max_seq_len).")
-@click.option("--prompts", "num_prompts", default=256, show_default=True, type=click.IntRange(min=0),
+@click.option("--prompts", "num_prompts", default=256, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Prompts in the end-to-end run (0 skips it).")
 @click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
-@click.option("--attention-batch", default=64, show_default=True, type=click.IntRange(min=0),
+@click.option("--attention-batch", default=64, show_default=True, type=click.IntRange(0, 1 << 16),
               help="Batch of the attention-alone timing (0 skips it).")
-@click.option("--attention-context", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--mixed", "mixed_prompts", default=512, show_default=True, type=click.IntRange(min=0),
+@click.option("--attention-context", default=4096, show_default=True, type=click.IntRange(1, 1 << 24))
+@click.option("--mixed", "mixed_prompts", default=512, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Requests of the mixed workload (prompts 8-1500, outputs 16-256, a third sampled; 0 skips it).")
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face transformers baseline.")
 def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, max_tokens, attention_batch,
