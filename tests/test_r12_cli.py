@@ -208,3 +208,16 @@ def test_bench_options_past_their_bounds_exit_2_before_any_work(option, value, d
     res = invoke("bench", "--manifest", default_artifacts, "--out", tmp_path / "b", option, value)
     assert res.exit_code == 2, (res.output, res.exception)
     assert option in res.stderr and "not in the range" in res.stderr, res.stderr
+
+
+# ---- --config that exists but is not a file ---------------------------------------------------------
+
+def test_a_config_that_is_a_fifo_is_not_called_missing(tmp_path):
+    """`--config <(envsubst < m.yaml)` (a pipe) was refused as "no such config file"."""
+    import os
+
+    fifo = tmp_path / "m.yaml"
+    os.mkfifo(fifo)
+    res = invoke("capture", "--config", fifo, "--out", tmp_path / "art")
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "not a regular file" in res.stderr and "no such config file" not in res.stderr, res.stderr
