@@ -77,9 +77,9 @@ def test_bench_attention_options_past_memory_name_the_options(default_artifacts,
     monkeypatch.setattr(trtgraph.bench, "attention_alone", no_memory)
     res = invoke("bench", "--manifest", default_artifacts, "--out", tmp_path / "b", "--context-len", 0,
                  "--prompts", 0, "--mixed", 0, "--no-hf", "--attention-batch", 1,
-                 "--attention-context", 100000000)
+                 "--attention-context", 10000000)
     assert res.exit_code == 2, (res.output, res.exception)
-    assert "--attention-context 100000000" in res.stderr and "capture a smaller plan" not in res.stderr, res.stderr
+    assert "--attention-context 10000000" in res.stderr and "capture a smaller plan" not in res.stderr, res.stderr
     assert "Traceback" not in res.output
 
 

@@ -121,7 +121,7 @@ class Config:
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Config":
         path = Path(path)
-        if path.exists() and not path.is_file():  # a FIFO, `<(...)`, a device: it exists, so not "no such file"
+        if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO, `<(...)`, a device: it exists, so not "no such file"
             raise ConfigError(f"{path}: cannot read the config file (not a regular file); write the config to a "
                               f"file and pass that to --config.")
         if not path.is_file():
