@@ -186,6 +186,23 @@ def use_triton_cache(cache: Path) -> bool:
     return created
 
 
+def check_manifest_target(path: Path) -> None:
+    """A capture replaces DIR/manifest.json: an earlier trtgraph manifest (whole or damaged) may
+    go, but a manifest.json of something else (a browser extension's, a web app's) must not be
+    silently overwritten. Any trtgraph manifest names `format_version` in its first bytes."""
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return  # unreadable: the write itself reports it
+    if b'"format_version"' not in head and b'"trtgraph_version"' not in head:
+        raise OutputPathError(f"{path}: exists and is not a trtgraph manifest; capturing would overwrite it. "
+                              f"Choose another --out (or `output` in the config), or move the file away.")
+
+
 def check_triton_cache(cache: Path) -> None:
     """The Triton cache must be a directory inside the artifacts directory: capture must not
     write a manifest whose cache a run then refuses."""
@@ -236,6 +253,10 @@ def load_manifest(path: "str | Path | Manifest") -> Manifest:
     paths = _paths(v, mpath, body["paths"])
     keys = _keys(v, mpath, body["keys"], config)
     schema.check_totals(v, body["totals"], [k.pool_bytes for k in keys])
+    unknown = [n for n in body["totals"].get("warmup_keys") or () if n not in {str(k.key) for k in keys}]
+    if unknown:  # inspect (and inspect --check) passed it; only a run's start refused it
+        raise ManifestError(f"{mpath}: totals.warmup_keys names {unknown[0]!r}, which is not one of the manifest's "
+                            f"keys. {RECAPTURE}")
     schema.check_parallel(v, body["parallel"], config)
     manifest = Manifest(environment=body["environment"], model=body["model"], config=body["config"],
                         kv_cache=body["kv_cache"], buffers=body["buffers"], keys=keys, totals=body["totals"],
@@ -297,6 +318,10 @@ def _paths(v: FieldReader, mpath: Path, raw) -> dict[str, Path]:
         if path_problem(rel):
             v.fail(f"paths.{name}", rel, f"a path relative to the artifacts directory: {path_problem(rel)}")
         paths[name] = artifact_path(mpath.parent, rel)
+        if os.path.realpath(paths[name]) in (os.path.realpath(mpath), os.path.realpath(mpath.parent)):
+            # a run told to "move the file away" would have moved the manifest
+            v.fail(f"paths.{name}", rel, "a directory of its own inside the artifacts directory (not the manifest, "
+                                         "not the artifacts directory itself)")
     return paths
 
 

@@ -332,7 +332,17 @@ def _against_floor(rows: list[dict], bw: float) -> list[dict]:
 
 
 def _attention_vs_bandwidth(ex, opts: BenchOptions, bw: float, log: Log) -> dict:
-    att = attention_alone(ex.device, DTYPES[ex.config.dtype], ex.loaded.config, opts, ex.loaded.model.ops)
+    from .compiler.pipeline import out_of_memory
+
+    try:
+        att = attention_alone(ex.device, DTYPES[ex.config.dtype], ex.loaded.config, opts, ex.loaded.model.ops)
+    except Exception as exc:  # its own KV cache, sized by the two options alone (not by the manifest)
+        if not out_of_memory(exc):
+            raise
+        raise ConfigError(f"--attention-batch {opts.attention_batch} x --attention-context {opts.attention_context}: "
+                          f"out of memory allocating the attention-alone timing's KV cache "
+                          f"({str(exc).splitlines()[0]}). Give smaller values, or --attention-batch 0 to "
+                          f"skip it.") from None
     att["fraction_of_hbm"] = att["bytes_per_second"] / bw
     log(f"attention bs={att['batch_size']} ctx={att['context_len']}: {att['ms']:.3f} ms, "
         f"{100 * att['fraction_of_hbm']:.1f}% of HBM bandwidth")

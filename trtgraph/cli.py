@@ -212,6 +212,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .runtime.serving.requests import finished_ids
 
     _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
+    _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
     output = None if output == "-" else output
     if resume and not output:
         raise click.UsageError("--resume needs --output: the results file of the interrupted run")
@@ -268,6 +269,8 @@ def serve(manifest, host, port, max_waiting, api_key, model):
     """
     from .server.app import serve as run_server
 
+    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
+    _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
     if api_key is not None and (not api_key or api_key != api_key.strip()):
         # (HTTP strips a header's surrounding spaces: no client could send such a key; every call would get 401)
         raise click.UsageError(f"--api-key (or TRTGRAPH_API_KEY) = {api_key!r}: give a non-empty key without "
@@ -282,14 +285,14 @@ def serve(manifest, host, port, max_waiting, api_key, model):
               help="Where bench.md, bench.json and bench.png go (and the capture, with --config).")
 @click.option("--context-len", default=128, show_default=True, type=click.IntRange(min=0),
               help="Cached tokens per sequence in the decode timings (below limits.max_seq_len).")
-@click.option("--prompts", "num_prompts", default=256, show_default=True, type=click.IntRange(min=0),
+@click.option("--prompts", "num_prompts", default=256, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Prompts in the end-to-end run (0 skips it).")
 @click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
-@click.option("--attention-batch", default=64, show_default=True, type=click.IntRange(min=0),
+@click.option("--attention-batch", default=64, show_default=True, type=click.IntRange(0, 1 << 16),
               help="Batch of the attention-alone timing (0 skips it).")
-@click.option("--attention-context", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--mixed", "mixed_prompts", default=512, show_default=True, type=click.IntRange(min=0),
+@click.option("--attention-context", default=4096, show_default=True, type=click.IntRange(1, 1 << 24))
+@click.option("--mixed", "mixed_prompts", default=512, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Requests of the mixed workload (prompts 8-1500, outputs 16-256, a third sampled; 0 skips it).")
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face transformers baseline.")
 def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, max_tokens, attention_batch,
@@ -306,6 +309,9 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
     """
     from .bench import BenchOptions, check_options, run_bench
 
+    _not_empty("--config", config_path, "a YAML file, or leave --config out to use the embedded default")
+    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out to capture the config")
+    _not_empty("--out", out_dir, "a directory, or leave --out out for trtgraph-bench")
     if config_path and manifest:
         raise click.UsageError("give --config or --manifest, not both")
     opts = BenchOptions(context_len=context_len, run_prompts=num_prompts, run_prompt_len=prompt_len,

@@ -121,6 +121,9 @@ class Config:
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Config":
         path = Path(path)
+        if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO, `<(...)`, a device: it exists, so not "no such file"
+            raise ConfigError(f"{path}: cannot read the config file (not a regular file); write the config to a "
+                              f"file and pass that to --config.")
         if not path.is_file():
             raise ConfigError(f"{path}: no such config file. Pass an existing YAML file to "
                               f"--config, or leave --config out to use the embedded default.")
@@ -183,6 +186,8 @@ class Config:
         output = top["output"]
         if path_problem(output):
             v.fail("output", output, f"a directory: {path_problem(output)}")
+        if output.startswith("~"):  # as model.path: `~/art` is the home directory's, never a directory named ~
+            output = str(Path(output).expanduser())
         return cls(model=model, dtype=dtype, device=device, kernels=kernels, deterministic=deterministic,
                    limits=limits, kv_cache=kv_cache, buckets=buckets, output=output, speculative=speculative,
                    parallel=parallel, source=source)

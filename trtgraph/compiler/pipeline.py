@@ -45,8 +45,8 @@ from typing import Callable
 import torch
 
 from .. import startup
-from ..artifacts import (TRITON_CACHE_DIR, KeyRecord, Manifest, check_triton_cache, environment, use_triton_cache,
-                         write_manifest)
+from ..artifacts import (MANIFEST_NAME, TRITON_CACHE_DIR, KeyRecord, Manifest, check_manifest_target, check_triton_cache,
+                         environment, use_triton_cache, write_manifest)
 from ..buckets import BucketPlan, GraphKey, uncovered_shapes
 from ..config import AUTO, Config
 from ..errors import CaptureError
@@ -101,21 +101,23 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
     config, notes = resolve_max_seq_len(config, device, tp)
     plan = BucketPlan.from_config(config)
     check_triton_cache(out_dir / TRITON_CACHE_DIR)  # before any work: a cache a run would refuse
+    check_manifest_target(out_dir / MANIFEST_NAME)  # before any work: never overwrite another tool's file
     misses = uncovered_shapes(plan)
     if misses:
         raise CaptureError(f"{config.source}: the bucket plan does not cover {'; '.join(misses)}. "
                            f"Add those sizes to buckets.batch_sizes / context_batch_sizes, or lower the limits.")
     # Before any collective: every rank must be about to capture the same keys.
     agree(tp, "the config and its bucket plan", json.dumps([config.to_dict(), [str(k) for k in plan.keys]]))
-    made_dir = not out_dir.exists()
+    made_dirs = [d for d in (out_dir, *out_dir.parents) if not d.exists()]  # --out a/b/c: a and b too
     made_cache = use_triton_cache(out_dir / TRITON_CACHE_DIR)
     try:
         return _capture(config, plan, out_dir, device, progress, timing_repeats, tp, notes)
     except BaseException:  # a failed or interrupted capture leaves nothing behind
         if made_cache:
             shutil.rmtree(out_dir / TRITON_CACHE_DIR, ignore_errors=True)
-        if made_dir and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()
+        for d in made_dirs:  # innermost first
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
         raise
 
 

@@ -28,7 +28,10 @@ def check_manifest(manifest: Manifest, device: torch.device | None = None, weigh
     config = manifest.app_config()
     device = device or resolve_device(config.device)
     diffs = [Difference(*d) for d in compare_environment(manifest, environment(device, backend_for(device)))]
-    if weights:
+    ckpt = config.model.path
+    if weights and ckpt is not None and not os.path.isdir(ckpt):  # moved or deleted: a difference, not an error
+        diffs.append(Difference("config.model.path (the checkpoint)", ckpt, "absent"))
+    elif weights:
         fp = model_fingerprint(config.model, config.dtype, config.limits.max_seq_len, rehash=True)
         diffs += [Difference(*d) for d in compare_model(manifest, fp)]
     need, have = memory_need(manifest), memory_available(device)
