@@ -20,8 +20,8 @@ import yaml
 
 from .config_sections import (AUTO, DEVICES, DTYPE_NAMES, KERNELS, SAMPLING_MODES,  # noqa: F401 (importers' names)
                               BucketConfig, KVCacheConfig, Limits, ModelSource, ParallelConfig, SpeculativeConfig,
-                              _parse_buckets, _parse_kv_cache, _parse_limits, _parse_model, _parse_speculative,
-                              _section, _Validator)
+                              parse_buckets, parse_kv_cache, parse_limits, parse_model, parse_speculative,
+                              Validator, section)
 from .errors import ConfigError
 from .fields import defaults
 from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, key_lines, load_yaml, path_problem, read_bounded,
@@ -91,7 +91,7 @@ class Config:
                   check_paths: bool = True) -> "Config":
         """check_paths=False: a manifest's config, whose checkpoint may have moved since
         (the runtime says so, and `run --model` names the new place)."""
-        v = _Validator(source)
+        v = Validator(source)
         top = {**defaults(cls), **v.mapping(data, "", {"model", "dtype", "device", "kernels", "deterministic",
                                                      "limits", "kv_cache", "buckets", "output", "speculative",
                                                      "parallel"})}
@@ -100,15 +100,15 @@ class Config:
         kernels = v.choice(top["kernels"], "kernels", KERNELS)
         deterministic = v.flag(top["deterministic"], "deterministic",
                                expected="true (batch-invariant GEMMs) or false (the fastest GEMM per shape)")
-        limits = _parse_limits(v, top["limits"])
-        model = _parse_model(v, top.get("model"), base_dir,
+        limits = parse_limits(v, top["limits"])
+        model = parse_model(v, top.get("model"), base_dir,
                              None if limits.max_seq_len == AUTO else limits.max_seq_len, check_paths)
 
-        kv_cache = _parse_kv_cache(v, top["kv_cache"], limits)
-        par = _section(v, top["parallel"], "parallel", ParallelConfig)
+        kv_cache = parse_kv_cache(v, top["kv_cache"], limits)
+        par = section(v, top["parallel"], "parallel", ParallelConfig)
         parallel = ParallelConfig(v.integer(par["tensor_parallel_size"], "parallel.tensor_parallel_size", lo=1, hi=64))
-        speculative = _parse_speculative(v, top["speculative"])
-        buckets = _parse_buckets(v, top["buckets"], limits, speculative)
+        speculative = parse_speculative(v, top["speculative"])
+        buckets = parse_buckets(v, top["buckets"], limits, speculative)
         output = top["output"]
         if path_problem(output):
             v.fail("output", output, f"a directory: {path_problem(output)}")

@@ -1,6 +1,6 @@
 """The config's sections: model source, limits, KV cache, buckets, speculative decoding and
 parallelism as frozen dataclasses, and their parsers, each a strict check that names the key
-path, the value and what is allowed (`_Validator`). `Config` (trtgraph/config.py) puts them
+path, the value and what is allowed (`Validator`). `Config` (trtgraph/config.py) puts them
 together and reads the YAML."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class ParallelConfig:
 
 
 
-def _section(v: "_Validator", raw: Any, path: str, cls) -> dict:
+def section(v: "Validator", raw: Any, path: str, cls) -> dict:
     """A mapping of `cls`'s fields, the omitted ones at their dataclass defaults."""
     if dataclasses.is_dataclass(raw):  # the default_factory's value: nothing given
         return defaults(cls)
@@ -109,8 +109,8 @@ def _listed(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _parse_limits(v: "_Validator", raw: Any) -> Limits:
-    lim = _section(v, raw, "limits", Limits)
+def parse_limits(v: "Validator", raw: Any) -> Limits:
+    lim = section(v, raw, "limits", Limits)
     max_seq_len = lim["max_seq_len"]
     if max_seq_len != AUTO:
         max_seq_len = v.integer(max_seq_len, "limits.max_seq_len", lo=2, hi=1 << 20,
@@ -125,8 +125,8 @@ def _parse_limits(v: "_Validator", raw: Any) -> Limits:
     return limits
 
 
-def _parse_kv_cache(v: "_Validator", raw: Any, limits: Limits) -> KVCacheConfig:
-    kv = _section(v, raw, "kv_cache", KVCacheConfig)
+def parse_kv_cache(v: "Validator", raw: Any, limits: Limits) -> KVCacheConfig:
+    kv = section(v, raw, "kv_cache", KVCacheConfig)
     block_size = v.integer(kv["block_size"], "kv_cache.block_size", lo=1, hi=4096)
     if block_size & (block_size - 1):
         v.fail("kv_cache.block_size", block_size, "a power of two (8, 16, 32, ...)")
@@ -142,7 +142,7 @@ def _parse_kv_cache(v: "_Validator", raw: Any, limits: Limits) -> KVCacheConfig:
     return KVCacheConfig(block_size=block_size, num_blocks=num_blocks)
 
 
-def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: int | None,
+def parse_model(v: "Validator", raw: Any, base_dir: Path | None, max_seq_len: int | None,
                  check_paths: bool = True) -> ModelSource:
     if raw is None:
         v.fail("model", None, "a mapping with `path` (a Hugging Face checkpoint directory), `hub` (a Hub "
@@ -183,10 +183,10 @@ def _parse_model(v: "_Validator", raw: Any, base_dir: Path | None, max_seq_len: 
     return ModelSource(synthetic=copy.deepcopy(syn))
 
 
-def _parse_speculative(v: "_Validator", raw: Any) -> SpeculativeConfig | None:
+def parse_speculative(v: "Validator", raw: Any) -> SpeculativeConfig | None:
     if raw is None:
         return None
-    sp = _section(v, raw, "speculative", SpeculativeConfig)
+    sp = section(v, raw, "speculative", SpeculativeConfig)
     method = v.choice(sp["method"], "speculative.method", ("ngram",))
     k = v.integer(sp["draft_len"], "speculative.draft_len", lo=1, hi=64)
     lo = v.integer(sp["ngram_min"], "speculative.ngram_min", lo=1, hi=64)
@@ -196,8 +196,8 @@ def _parse_speculative(v: "_Validator", raw: Any) -> SpeculativeConfig | None:
     return SpeculativeConfig(method=method, draft_len=k, ngram_min=lo, ngram_max=hi)
 
 
-def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: SpeculativeConfig | None) -> BucketConfig:
-    b = _section(v, raw, "buckets", BucketConfig)
+def parse_buckets(v: "Validator", raw: Any, limits: Limits, speculative: SpeculativeConfig | None) -> BucketConfig:
+    b = section(v, raw, "buckets", BucketConfig)
     batch_sizes = b["batch_sizes"]
     if batch_sizes != AUTO:
         batch_sizes = v.int_list(batch_sizes, "buckets.batch_sizes", lo=1, hi=limits.max_batch_size,
@@ -238,7 +238,7 @@ def _parse_buckets(v: "_Validator", raw: Any, limits: Limits, speculative: Specu
                         draft_lens=drafts, sampling=tuple(sampling))
 
 
-class _Validator(FieldChecker):
+class Validator(FieldChecker):
     """The config's checks: ConfigError naming the key path (Config.from_text adds its line)."""
 
     def __init__(self, source: str):
