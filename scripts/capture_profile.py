@@ -25,7 +25,10 @@ capture, each prefill key's manifest replay_ms (tenth session: its verification 
 graph's first launch) against 3 later replays on the same rows (the verification's, from its
 seed) and against the median of 2 on padding-only inputs (what replay_ms was before);
 `--hold`: the pacer launches nothing before the last recording (the device idle while the
-host records: a recording that stalls only while the device works waits for the device)."""
+host records: a recording that stalls only while the device works waits for the device).
+Since the thirteenth session the runner records through the driver (runtime/step/cuda_graph.py),
+not torch.cuda.CUDAGraph: a recording's `capture_begin` / `capture_end` parts are then absent
+(within `recording` and `step`)."""
 
 from __future__ import annotations
 

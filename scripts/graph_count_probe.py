@@ -7,7 +7,9 @@ tensor), after cudaGraphUpload of the first graph again, and after the others ar
 Knobs (environment): CHAIN (the chain's kernel: `_chain_op`), ONESTREAM=1 (every capture on one
 side stream; by default each graph is captured on a new stream), POOL=own (a memory pool per
 graph), FLAGS=N (instantiated here by cudaGraphInstantiateWithFlags, `Instantiated`); instead of
-more graphs: MALLOCS, PINNED, EVENTS or STREAMS=1 (the `after_*` functions).
+more graphs: MALLOCS, PINNED, EVENTS or STREAMS=1 (the `after_*` functions). Thirteenth session:
+EXTRA_KERNELS=N (the further graphs' chain length), DESTROY=1 (each further graph destroyed right
+after its capture).
 
     [KNOB=...] python3 scripts/graph_count_probe.py [KERNELS] [GRAPHS]
 """
@@ -210,8 +212,12 @@ def after_graphs(g0, kernels: int, graphs: int, pool, shared: bool) -> None:
     """The default: more graphs captured (the same chain), then cudaGraphUpload of the first, the last
     one's own time, and the others destroyed."""
     others, last_id = [], next_stream_id()
+    extra = int(os.environ.get("EXTRA_KERNELS", kernels))
     for n in range(2, graphs + 1):
-        others.append(chain_graph(kernels, pool if shared else torch.cuda.graph_pool_handle()))
+        others.append(chain_graph(extra, pool if shared else torch.cuda.graph_pool_handle()))
+        if os.environ.get("DESTROY"):
+            others.pop()
+            gc.collect()
         sid = next_stream_id()
         print(f"{n} graphs: {per_replay_us(g0):.1f} us (streams made meanwhile: {sid - last_id - 1})", flush=True)
         last_id = next_stream_id()

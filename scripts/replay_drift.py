@@ -16,6 +16,8 @@ again, after one eager step under torch.profiler (CUPTI), then per DRIFT:
   process makes meanwhile (the driver's stream ids).
 
 scripts/graph_count_probe.py takes the finding (the fourth capture) to plain torch graphs.
+Thirteenth session: the runtime records through the driver (runtime/step/cuda_graph.py);
+TORCH_CAPTURE=1 records through torch.cuda.CUDAGraph as the runtime did before, for comparison.
 
     [DRIFT=N] python3 scripts/replay_drift.py [CONFIG.yaml]
 """
@@ -195,7 +197,28 @@ MODES = {"8": drift8, "1": drift1, "2": drift2, "3": drift3, "4": one_at_a_time(
          "6": one_at_a_time((40, 48, 56, 32, 24, 16, 8)), "7": drift7}
 
 
+def _torch_capture(self, step):
+    """GraphRunner._capture_cuda before the thirteenth session: torch.cuda.CUDAGraph."""
+    before = torch.cuda.memory_reserved(self.device)
+    graph = torch.cuda.CUDAGraph()
+    self._stream.wait_stream(torch.cuda.current_stream(self.device))
+    with torch.cuda.stream(self._stream):
+        graph.capture_begin(pool=self.pool)
+        try:
+            outputs = step()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream(self.device).wait_stream(self._stream)
+    self._graphs_alive.append(graph)
+    return outputs, torch.cuda.memory_reserved(self.device) - before, graph.replay
+
+
 def main() -> None:
+    if os.environ.get("TORCH_CAPTURE"):
+        from trtgraph.runtime.step.graph_runner import GraphRunner
+
+        GraphRunner._capture_cuda = _torch_capture
+    print(f"recorded by {'torch.cuda.CUDAGraph' if os.environ.get('TORCH_CAPTURE') else 'the driver (DriverGraph)'}")
     p = Probe(sys.argv[1] if len(sys.argv) > 1 else "examples/llama-3.2-1b-synthetic.yaml")
     p.timing("fresh")
     p.timing("again")

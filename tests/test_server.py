@@ -182,9 +182,13 @@ def test_completion_gives_run_tokens(server, offline, rid):
 
 
 @pytest.mark.parametrize("rid", ["greedy-text", "seeded"])
-def test_streamed_completion_gives_run_tokens_and_usage(server, offline, rid):
+def test_streamed_completion_gives_run_tokens_and_usage(server, offline, rid, monkeypatch):
     want = offline[rid]
     req = next(r for r in BASIC if r["id"] == rid)
+    # A reader slower than the engine gets merged chunks (app._merged): steps 50 ms apart, so
+    # that on a loaded machine the stream is still seen arriving token by token.
+    step = server.engine.step
+    monkeypatch.setattr(server.engine, "step", lambda *a, **k: (time.sleep(0.05), step(*a, **k))[1])
     chunks = list(server.client().completions.create(model=MODEL, stream=True,
                                                       stream_options={"include_usage": True}, **body_of(req)))
     *deltas, last = chunks

@@ -1,6 +1,7 @@
 """The graph runner: one interface, two backends.
 
-- `cuda`: torch.cuda.CUDAGraph, every graph in one shared memory pool.
+- `cuda`: CUDA graphs recorded by the driver's stream capture (`cuda_graph.DriverGraph`, not
+  torch.cuda.CUDAGraph: its module says why), every graph in torch's one shared memory pool.
 - `static` (CPU): "captures" the step closure and replays it by calling it.
 
 Both keep the same strict replay checks, always on: the key was recorded; the metadata
@@ -20,6 +21,7 @@ import torch
 
 from ...buckets import GraphKey
 from ...errors import CaptureError, ReplayMismatchError
+from .cuda_graph import DriverGraph
 
 BACKENDS = ("cuda", "static")
 
@@ -57,7 +59,7 @@ class GraphRunner:
         self._locked = False
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
         self._stream = torch.cuda.Stream(device) if backend == "cuda" else None
-        self._graphs_alive: list = []  # CUDAGraph objects must outlive their replays
+        self._graphs_alive: list = []  # the graphs must outlive their replays
         self._cache_emptied = False
         self.num_captures = 0
         self.replays: Counter = Counter()
@@ -98,25 +100,18 @@ class GraphRunner:
         return CaptureStats(seconds, pool_bytes)
 
     def _capture_cuda(self, step):
-        """capture_begin/end on a side stream into the shared pool. Unlike torch.cuda.graph()
-        this skips a gc.collect() and empty_cache() per key; the cache is emptied once,
-        before the first capture, so the growth of reserved memory is the pool's growth. Nor
-        does it synchronise: recording runs nothing on the device, so work queued before it
-        (a capture's verification of the key recorded before) runs while the host records
-        (the side stream waits for that work before the recording, not after)."""
+        """Record on a side stream into the shared pool. Unlike torch.cuda.graph() this skips a
+        gc.collect() and empty_cache() per key; the cache is emptied once, before the first
+        capture, so the growth of reserved memory is the pool's growth. Nor does it synchronise:
+        recording runs nothing on the device, so work queued before it (a capture's verification
+        of the key recorded before) runs while the host records (the side stream waits for that
+        work before the recording, not after)."""
         if not self._cache_emptied:
             torch.cuda.empty_cache()
             self._cache_emptied = True
         before = torch.cuda.memory_reserved(self.device)
-        graph = torch.cuda.CUDAGraph()
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream):
-            graph.capture_begin(pool=self.pool)
-            try:
-                outputs = step()
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        graph = DriverGraph(self.device, self.pool, self._stream)
+        outputs = graph.record(step)
         self._graphs_alive.append(graph)
         return outputs, torch.cuda.memory_reserved(self.device) - before, graph.replay
 

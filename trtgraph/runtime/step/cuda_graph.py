@@ -1,0 +1,135 @@
+"""CUDA graphs recorded and launched through the driver API (libcuda, by ctypes), with torch's
+caching allocator serving the recording's allocations from the runner's shared pool.
+
+Why not torch.cuda.CUDAGraph: on the H200 (driver 580, torch 2.11; docs/performance.md, thirteenth
+session) every kernel of every graph in a process launches 0.2-0.45 us later once a few graphs over
+distinct tensors have been recorded by torch's capture_begin / capture_end — the same graphs recorded
+by the driver's stream capture (this module) never put the process in that state, whatever the
+capture mode, instantiation flags, stream waits or allocator pool. torch.cuda.CUDAGraph remains the
+reference: the recording is the same stream capture, so replays compute the same thing.
+
+What torch's capture does that this one does not: register RNG generator states (no step of this
+project draws from torch's generators inside a graph) and route pinned host allocations to the pool
+(steps make none).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from ...errors import CaptureError
+
+_CAPTURE_MODE_GLOBAL = 0  # as torch's default: other threads' unsafe CUDA calls fail the capture
+_INSTANTIATE_FLAGS = 1 | 8  # as torch's: auto-free on launch, node priorities
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _driver():
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            for name, args in (("cuStreamBeginCapture_v2", (ctypes.c_void_p, ctypes.c_int)),
+                               ("cuStreamEndCapture", (ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))),
+                               ("cuGraphInstantiateWithFlags", (ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                                                ctypes.c_ulonglong)),
+                               ("cuGraphLaunch", (ctypes.c_void_p, ctypes.c_void_p)),
+                               ("cuGraphExecDestroy", (ctypes.c_void_p,)),
+                               ("cuGraphDestroy", (ctypes.c_void_p,)),
+                               ("cuGraphGetNodes", (ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t))),
+                               ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, ctypes.c_int
+            _lib = lib
+    return _lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        _driver().cuGetErrorName(rc, ctypes.byref(name))
+        raise CaptureError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")
+
+
+def _begin_pool(device: int, pool) -> None:
+    """This thread's allocations go to `pool` (torch's private graph pool) until `_end_pool`."""
+    begin = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
+    if begin is None:  # an older torch: every stream's allocations
+        torch._C._cuda_beginAllocateToPool(device, pool)
+    else:
+        begin(device, pool)
+
+
+class DriverGraph:
+    """One executable graph: `record(step)` captures it on `stream`, `replay()` launches it on the
+    device's current stream, `close()` (or collection) destroys it and releases its hold on the pool.
+    Once every graph recorded into a pool is closed, that pool takes no further recording (torch's
+    allocator rule): a runner's graphs live as long as the runner."""
+
+    def __init__(self, device: torch.device, pool, stream: torch.cuda.Stream):
+        self.device_index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", self.device_index)
+        self.pool = pool
+        self.stream = stream
+        self._exec = ctypes.c_void_p()
+        self._holds_pool = False
+
+    def record(self, step):
+        """Capture `step()` (which must only launch work on the current stream) and instantiate it;
+        returns what `step` returned. On failure nothing is left capturing and the error is raised."""
+        lib = _driver()
+        handle = ctypes.c_void_p(self.stream.cuda_stream)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        _begin_pool(self.device_index, self.pool)  # holds the pool (its use count) from here
+        graph = ctypes.c_void_p()
+        try:
+            with torch.cuda.stream(self.stream):
+                _check(lib.cuStreamBeginCapture_v2(handle, _CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture")
+                try:
+                    outputs = step()
+                except BaseException:
+                    if lib.cuStreamEndCapture(handle, ctypes.byref(graph)) == 0 and graph.value:
+                        lib.cuGraphDestroy(graph)
+                    raise
+                ended = lib.cuStreamEndCapture(handle, ctypes.byref(graph))
+            _check(ended, "cuStreamEndCapture (the recording was invalidated: a step called something "
+                          "that is not allowed while capturing, or launched work on another stream)")
+        finally:
+            torch._C._cuda_endAllocateToPool(self.device_index, self.pool)
+        try:
+            count = ctypes.c_size_t()
+            _check(lib.cuGraphGetNodes(graph, None, ctypes.byref(count)), "cuGraphGetNodes")
+            if count.value == 0:
+                raise CaptureError("the recording holds no work: the step launched nothing on the capture stream")
+            _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), graph, _INSTANTIATE_FLAGS),
+                   "cuGraphInstantiateWithFlags")
+        finally:
+            lib.cuGraphDestroy(graph)
+        # Released at close(). A failed recording keeps its hold, as torch's capture does: torch's
+        # allocator refuses a pool whose holders all released it, and the runner's next key records
+        # into the same pool.
+        self._holds_pool = True
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return outputs
+
+    def replay(self) -> None:
+        _check(_driver().cuGraphLaunch(self._exec, ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)),
+               "cuGraphLaunch")
+
+    def close(self) -> None:
+        if self._exec.value:
+            _driver().cuGraphExecDestroy(self._exec)
+            self._exec = ctypes.c_void_p()
+        if self._holds_pool:
+            self._holds_pool = False
+            torch._C._cuda_releasePool(self.device_index, self.pool)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown: the driver may be gone already)
+            pass
