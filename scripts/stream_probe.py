@@ -125,9 +125,7 @@ def main() -> None:
             x.add_(1)
 
     length = int(os.environ.get("EXTRA_KERNELS", "4"))
-    targets = [x]
-
-    scalar = [1]
+    targets, scalar = [x], [1]
 
     def small():
         if os.environ.get("SCALARS"):  # distinct parameters on the same tensor
@@ -138,21 +136,27 @@ def main() -> None:
             torch.mm(a, a, out=out)
 
     if mode == "gdb":
-        print("MARK first capture", flush=True)
-        capture(method, side, small, pool)
-        torch.cuda.synchronize()
-        print("MARK second capture", flush=True)
-        capture(method, side, small, pool)
-        torch.cuda.synchronize()
-        print("MARK third capture", flush=True)
-        capture(method, side, small, pool)
-        torch.cuda.synchronize()
-        print("MARK end", flush=True)
-        return
+        return gdb_marks(method, side, small, pool)
     upfront = [torch.zeros(1024, device="cuda") for _ in range(12)] if os.environ.get("UPFRONT") else []
     g0 = capture("torch", side, chain, pool)
     torch.cuda.synchronize()
     print(f"METHOD={method}: fresh {per_replay_us(g0):.1f} us", flush=True)
+    further(method, side, small, pool, g0, targets, upfront)
+
+
+def gdb_marks(method, side, small, pool) -> None:
+    """MODE=gdb: three captures between MARK lines (the graphs kept: torch's allocator refuses a pool
+    whose graphs are all gone)."""
+    held = []
+    for name in ("first", "second", "third"):
+        print(f"MARK {name} capture", flush=True)
+        held.append(capture(method, side, small, pool))
+        torch.cuda.synchronize()
+    print("MARK end", flush=True)
+
+
+def further(method, side, small, pool, g0, targets, upfront) -> None:
+    """12 further graphs (or tensors, NOGRAPHS), g0 timed after each."""
     held = []
     for n in range(1, 13):
         if os.environ.get("ALLOC"):  # a new tensor for each graph, as graph_count_probe.py does
