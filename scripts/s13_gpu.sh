@@ -14,14 +14,16 @@
 #  7 (nvidia-h200-x2): the tree's figures: the GPU suite on GPU 1 (CPUs 16-31) while GPU 0 runs the
 #    bench and the step profile, then the same bench with torch-recorded graphs (torch_capture.py);
 #  8 (one H200): the recording's GPU tests again (after a change to its failure path) and the step
-#    profile of the example config's three profiled keys (call 7's did not come back).
+#    profile of the example config's three profiled keys (call 7's did not come back);
+#  9 (one H200): the example config captured, then 256 greedy prompts (128 in, 128 out) run replayed
+#    and --eager, compared token for token (scripts/compare_outputs.py).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s); END=${END:-560}
 note() { echo "$(( $(date +%s) - T0 ))s $*" >> "$LOG"; }
 probe() { echo "## $*" >> "$OUT/probe.txt"; env "$@" timeout 90 python3 "$SCRIPT" $ARGS >> "$OUT/probe.txt" 2>&1; }
 GDB="cuda-gdb -batch -x scripts/gdb/stream_create.gdb --args python3"
-case ${CALL:?CALL=1..8} in
+case ${CALL:?CALL=1..9} in
 1) for m in torch raw torchmm rawmm; do
      MODE=ids METHOD=$m timeout 60 python3 scripts/stream_probe.py > "$OUT/ids_$m.txt" 2>&1; note "ids $m rc=$?"
    done
@@ -73,4 +75,12 @@ case ${CALL:?CALL=1..8} in
    note "pytest rc=$?"
    timeout 240 python3 scripts/profile_step.py examples/llama-3.2-1b-synthetic.yaml 25 > "$OUT/profile.txt" 2>&1
    note "profile rc=$?" ;;
+9) python3 -m trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml --out /tmp/art > "$OUT/capture.txt" 2>&1
+   note "capture rc=$?"
+   python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
+   for m in replay eager; do
+     python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest /tmp/art --output /tmp/$m.jsonl \
+       --summary-json "$OUT/run_$m.json" $([ $m = eager ] && echo --eager) > "$OUT/run_$m.txt" 2>&1; note "run $m rc=$?"
+   done
+   python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?" ;;
 esac
