@@ -1,12 +1,16 @@
 """CUDA graphs recorded and launched through the driver API (libcuda, by ctypes), with torch's
 caching allocator serving the recording's allocations from the runner's shared pool.
 
-Why not torch.cuda.CUDAGraph: on the H200 (driver 580, torch 2.11; docs/performance.md, thirteenth
-session) every kernel of every graph in a process launches 0.2-0.45 us later once a few graphs over
-distinct tensors have been recorded by torch's capture_begin / capture_end — the same graphs recorded
-by the driver's stream capture (this module) never put the process in that state, whatever the
-capture mode, instantiation flags, stream waits or allocator pool. torch.cuda.CUDAGraph remains the
-reference: the recording is the same stream capture, so replays compute the same thing.
+Why not torch.cuda.CUDAGraph: on the H200 (driver 580, torch 2.11; docs/performance.md, twelfth
+and thirteenth sessions) every kernel of every graph in a process launches 0.2-0.45 us later once
+torch's capture_begin / capture_end have recorded a few graphs over distinct tensors (the bs-64 step
+of the 1B: +32 us). Graphs recorded by the driver's stream capture did not bring that state on in
+the runtime (the bs-64 key recorded six times; the bench after its 92 keys) nor in the probes,
+whatever the capture mode, instantiation flags, stream waits or allocator pool — except one probe
+case (a kernel on the capture stream before each recording, scripts/stream_probe.py WARM=1
+ALLOC=1), so the state is a
+driver behaviour this path avoids in practice, not by construction. The recording is the same
+stream capture as torch's, so replays compute the same thing.
 
 What torch's capture does that this one does not: register RNG generator states (no step of this
 project draws from torch's generators inside a graph) and route pinned host allocations to the pool
