@@ -39,7 +39,7 @@ from trtgraph.buckets import BucketPlan, GraphKey  # noqa: E402
 from trtgraph.config import Config  # noqa: E402
 from trtgraph.runtime.step.executor import Executor  # noqa: E402
 
-KEY = GraphKey(64, 0, 0, "greedy")
+KEY = GraphKey(int(os.environ.get("BS", 64)), 0, 0, "greedy")  # BS=N: another batch size (thirteenth session)
 
 
 def nvml():
@@ -177,7 +177,7 @@ def drift5(p: Probe) -> None:
 def drift7(p: Probe) -> None:
     for n in range(2, 7):
         p.capture(KEY, warm=False)
-        p.timing(f"bs 64 captured {n} times")
+        p.timing(f"bs {KEY.batch_size} captured {n} times")
 
 
 def drift8(p: Probe) -> None:

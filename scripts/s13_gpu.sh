@@ -16,14 +16,16 @@
 #  8 (one H200): the recording's GPU tests again (after a change to its failure path) and the step
 #    profile of the example config's three profiled keys (call 7's did not come back);
 #  9 (one H200): the example config captured, then 256 greedy prompts (128 in, 128 out) run replayed
-#    and --eager, compared token for token (scripts/compare_outputs.py).
+#    and --eager, compared token for token (scripts/compare_outputs.py);
+#  10 (one H200): the bs-1 and bs-64 keys each captured six times (replay_drift.py DRIFT=7 BS=N),
+#    recorded by the driver and by torch, alternating.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s); END=${END:-560}
 note() { echo "$(( $(date +%s) - T0 ))s $*" >> "$LOG"; }
 probe() { echo "## $*" >> "$OUT/probe.txt"; env "$@" timeout 90 python3 "$SCRIPT" $ARGS >> "$OUT/probe.txt" 2>&1; }
 GDB="cuda-gdb -batch -x scripts/gdb/stream_create.gdb --args python3"
-case ${CALL:?CALL=1..9} in
+case ${CALL:?CALL=1..10} in
 1) for m in torch raw torchmm rawmm; do
      MODE=ids METHOD=$m timeout 60 python3 scripts/stream_probe.py > "$OUT/ids_$m.txt" 2>&1; note "ids $m rc=$?"
    done
@@ -83,4 +85,11 @@ case ${CALL:?CALL=1..9} in
        --summary-json "$OUT/run_$m.json" $([ $m = eager ] && echo --eager) > "$OUT/run_$m.txt" 2>&1; note "run $m rc=$?"
    done
    python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?" ;;
+10) for bs in 1 64; do
+      for t in "" 1 "" 1; do
+        echo "## BS=$bs TORCH_CAPTURE=$t" >> "$OUT/drift.txt"
+        BS=$bs TORCH_CAPTURE=$t DRIFT=7 timeout 100 python3 scripts/replay_drift.py 2>&1 | grep -E "recorded|ms \(" >> "$OUT/drift.txt"
+        note "bs $bs torch=$t rc=$?"
+      done
+    done ;;
 esac
