@@ -18,14 +18,16 @@
 #  9 (one H200): the example config captured, then 256 greedy prompts (128 in, 128 out) run replayed
 #    and --eager, compared token for token (scripts/compare_outputs.py);
 #  10 (one H200): the bs-1 and bs-64 keys each captured six times (replay_drift.py DRIFT=7 BS=N),
-#    recorded by the driver and by torch, alternating.
+#    recorded by the driver and by torch, alternating;
+#  11 (one H200): the recording's GPU tests and the capture / replay tests of tests/test_gpu.py after
+#    record() made the device current.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s); END=${END:-560}
 note() { echo "$(( $(date +%s) - T0 ))s $*" >> "$LOG"; }
 probe() { echo "## $*" >> "$OUT/probe.txt"; env "$@" timeout 90 python3 "$SCRIPT" $ARGS >> "$OUT/probe.txt" 2>&1; }
 GDB="cuda-gdb -batch -x scripts/gdb/stream_create.gdb --args python3"
-case ${CALL:?CALL=1..10} in
+case ${CALL:?CALL=1..11} in
 1) for m in torch raw torchmm rawmm; do
      MODE=ids METHOD=$m timeout 60 python3 scripts/stream_probe.py > "$OUT/ids_$m.txt" 2>&1; note "ids $m rc=$?"
    done
@@ -92,4 +94,7 @@ case ${CALL:?CALL=1..10} in
         note "bs $bs torch=$t rc=$?"
       done
     done ;;
+11) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graph.py tests/test_gpu.py \
+      -k "cuda_graph or capture_parity or replay_equals_eager or out_of_memory" > "$OUT/pytest.txt" 2>&1
+    note "pytest rc=$?" ;;
 esac

@@ -83,7 +83,13 @@ class DriverGraph:
 
     def record(self, step):
         """Capture `step()` (which must only launch work on the current stream) and instantiate it;
-        returns what `step` returned. On failure nothing is left capturing and the error is raised."""
+        returns what `step` returned. On failure nothing is left capturing and the error is raised.
+        The graph is instantiated in this device's context (made current here, as torch's capture
+        does), where replay() launches it."""
+        with torch.cuda.device(self.device_index):
+            return self._record(step)
+
+    def _record(self, step):
         lib = _driver()
         handle = ctypes.c_void_p(self.stream.cuda_stream)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
