@@ -77,6 +77,18 @@ def test_every_native_line_records_its_request_fingerprint(native_run):
     assert {rid: row.get("request_sha256") for rid, row in full.items()} == {p["id"]: fingerprint(p) for p in PROMPTS}
 
 
+def test_n_and_refused_native_lines_carry_the_fingerprint_too(default_artifacts, tmp_path):
+    rows = [{"id": "n2", "prompt": "x", "n": 2, "max_tokens": 2, "seed": 1},
+            {"id": "long", "prompt_token_ids": [1] * 250, "max_tokens": 10}]  # refused: past max_seq_len
+    out = tmp_path / "out.jsonl"
+    res = cli("run", "--prompts", write_jsonl(tmp_path / "p.jsonl", rows), "--manifest", default_artifacts,
+              "--output", out)
+    assert res.exit_code == 0, res.output
+    got = {r["id"]: r for r in read_jsonl(out)}
+    assert len(got["n2"]["choices"]) == 2 and got["long"]["finish_reason"] == "error"
+    assert {i: r["request_sha256"] for i, r in got.items()} == {r["id"]: fingerprint(r) for r in rows}
+
+
 @pytest.mark.parametrize("edit", [{"prompt": "another prompt"}, {"max_tokens": 9}, {"temperature": 0.5, "seed": 3},
                                   {"stop": ["x"]}], ids=["prompt", "max_tokens", "temperature", "stop"])
 def test_resume_refuses_a_result_of_a_request_edited_since(edit, native_run, default_artifacts, tmp_path, no_model):
