@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from trtgraph.cli import main
 from trtgraph.runtime.serving.engine import Engine
 
-RESULT_FIELDS = {"id", "text", "token_ids", "finish_reason", "error", "usage", "ttft_ms", "tpot_ms"}
+RESULT_FIELDS = {"id", "text", "token_ids", "finish_reason", "error", "usage", "ttft_ms", "tpot_ms", "request_sha256"}
 
 PROMPTS = [
     {"id": "a", "prompt": "Hello, world", "max_tokens": 12},

@@ -186,7 +186,8 @@ def inspect(path, as_json, check):
               help="Write results JSONL here ('-' or not given: standard output).")
 @click.option("--eager", is_flag=True, help="Run the same scheduler eagerly instead of replaying graphs (A/B checks).")
 @click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
-@click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append the rest.")
+@click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append "
+                                              "the rest; a result whose request was edited since is refused.")
 @click.option("--no-speculative", is_flag=True, help="Plain decode steps even if the manifest has verify keys.")
 @click.option("--model", "model", type=click.Path(file_okay=False),
               help="The checkpoint directory, where it has moved since capture (checked against the manifest's sha256).")
@@ -209,7 +210,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
     from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
-    from .runtime.serving.requests import finished_ids
+    from .runtime.serving.requests import resume_point
 
     _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
     _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
@@ -227,9 +228,14 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     config = loaded.app_config()
     with output_locked("--output", output) as release:  # a second run on the same file is refused, not interleaved
         if resume:
-            done = finished_ids(output, key=requests.id_field, expected=set(requests.ids), prompts=requests.name)
-            requests = requests.without(done)
-            click.echo(f"resume: {len(done)} requests already in {output}, {len(requests.ids)} to run", err=True)
+            found = resume_point(output, key=requests.id_field, expected=set(requests.ids), prompts=requests.name,
+                                 sources=requests.sources)  # refuses results of requests edited since
+            requests = requests.without(found.done)
+            click.echo(f"resume: {len(found.done)} requests already in {output}, {len(requests.ids)} to run", err=True)
+            if found.unchecked:
+                click.echo(f"resume: {found.unchecked} of them written by an older trtgraph, without a request "
+                           f"fingerprint: not checked against {requests.name} (an edited request keeps its old "
+                           f"result)", err=True)
         if config.parallel.tensor_parallel_size > 1:
             release()  # rank 0 writes; the launcher holds nothing open (its SIGKILL must leave no writer)
         args = (requests, loaded, output, eager, summary_json, resume, not no_speculative, model, verbose, _PROGRAM)

@@ -19,7 +19,8 @@ from typing import Callable, Iterable, Iterator
 
 from ..errors import PromptError
 from ..inputs import short, text_problem
-from ..runtime.serving.requests import Request, Result, json_lines, parse_prompts, parse_request, read_input
+from ..runtime.serving.requests import (Request, Result, json_lines, parse_prompts, parse_request, read_input,
+                                        BATCH_PREFIX, request_fingerprint)
 from . import openai as oa
 
 BATCH_FIELDS = ("custom_id", "method", "url", "body")
@@ -34,6 +35,7 @@ class BatchEntry:
     url: str
     line: int  # in the input file
     model: str
+    fingerprint: str  # request_fingerprint of the whole input line (each response's request_id: `req_sha256_` + it)
 
 
 @dataclass
@@ -43,6 +45,7 @@ class RequestFile:
     requests: list[Request]  # what the engine serves
     entries: dict[str, BatchEntry] | None = None  # batch files: by custom_id, in file order
     refused: dict[str, dict] = field(default_factory=dict)  # batch files: output lines of refused bodies
+    sources: dict[str, tuple[int, str]] = field(default_factory=dict)  # id -> (input line, request_fingerprint)
 
     @property
     def is_batch(self) -> bool:
@@ -69,7 +72,14 @@ class RequestFile:
         """(id, output line) for the refused bodies first, then each result as it comes."""
         yield from self.refused.items()
         for result in results:
-            yield result.id, (self._batch_line(result, token_text, token_bytes) if self.is_batch else result.to_json())
+            yield result.id, (self._batch_line(result, token_text, token_bytes) if self.is_batch else
+                              self._native_line(result))
+
+    def _native_line(self, result: Result) -> dict:
+        line = result.to_json()
+        if result.id in self.sources:  # the fingerprint of the request line that produced it (--resume checks it)
+            line["request_sha256"] = self.sources[result.id][1]
+        return line
 
     def _batch_line(self, result: Result, token_text, token_bytes=None) -> dict:
         entry = self.entries[result.id]
@@ -92,7 +102,9 @@ def read_requests(source: str, vocab_size: int | None = None) -> RequestFile:
             raise PromptError(f"{name} line {n}: {_a(kinds[not first])} in a file of {kinds[first]}s (line "
                               f"{rows[0][0]} is {_a(kinds[first])}); one file holds one kind of line.")
     if not first:
-        return RequestFile(name, parse_prompts(rows, name, vocab_size))
+        requests = parse_prompts(rows, name, vocab_size)  # one request per row, in order
+        return RequestFile(name, requests, sources={r.id: (n, request_fingerprint(raw))
+                                                    for r, (n, raw) in zip(requests, rows)})
     return _read_batch(rows, name, vocab_size)
 
 
@@ -115,7 +127,8 @@ def _read_batch(rows, name: str, vocab_size: int | None) -> RequestFile:
             requests.append(parse_request(translate(raw["body"], entry.custom_id, where), where, vocab_size))
         except PromptError as exc:  # a bad body: this line's response says so, the rest runs
             refused[entry.custom_id] = output_line(entry, 400, oa.error_from_exception(exc))
-    return RequestFile(name, requests, entries, refused)
+    sources = {cid: (e.line, e.fingerprint) for cid, e in entries.items()}
+    return RequestFile(name, requests, entries, refused, sources)
 
 
 def _entry(raw: dict, where: str, line: int, seen: dict[str, BatchEntry]) -> BatchEntry:
@@ -142,15 +155,17 @@ def _entry(raw: dict, where: str, line: int, seen: dict[str, BatchEntry]) -> Bat
     model = body.get("model") if isinstance(body, dict) else None
     if isinstance(model, str) and text_problem(model):  # echoed in the response body, which cannot hold it
         raise PromptError(f"{where}: `body.model` = {short(model)} is not allowed; expected {text_problem(model)}.")
-    return BatchEntry(cid, raw["url"], line, model if isinstance(model, str) and model else DEFAULT_MODEL)
+    return BatchEntry(cid, raw["url"], line, model if isinstance(model, str) and model else DEFAULT_MODEL,
+                      request_fingerprint(raw))
 
 
 def output_line(entry: BatchEntry, status_code: int, body: dict) -> dict:
-    """One line of OpenAI's batch output format."""
+    """One line of OpenAI's batch output format. Its `response.request_id` (an opaque string in
+    OpenAI's format) is `req_sha256_` + the fingerprint of the input line, which --resume checks."""
     error = None
     if status_code != 200:
         err = body["error"]
         error = {"code": err["type"], "message": err["message"], "param": err["param"], "line": entry.line}
     return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": entry.custom_id,
-            "response": {"status_code": status_code, "request_id": uuid.uuid4().hex, "body": body},
+            "response": {"status_code": status_code, "request_id": BATCH_PREFIX + entry.fingerprint, "body": body},
             "error": error}

@@ -46,7 +46,8 @@ class Timings:
 
 @dataclass(frozen=True)
 class Completion:
-    """One finished request. `to_json()` is its line in `trtgraph run`'s output."""
+    """One finished request. `to_json()` is its line in `trtgraph run`'s output, less
+    `request_sha256` (the fingerprint of the request's line in a prompts file, which only `run` reads)."""
     id: str
     text: str
     token_ids: list[int]
