@@ -6,7 +6,8 @@ list of {name, template} of which `default` is used. It renders in jinja2's immu
 sandbox with what HF templates expect: trim_blocks and lstrip_blocks, loop controls,
 `raise_exception`, `strftime_now`, a `tojson` that does not escape HTML, the special
 tokens as strings (`bos_token`, `eos_token`, ...) and `add_generation_prompt`. A template
-is code from the checkpoint: the sandbox keeps it from reaching anything else.
+is code from the checkpoint: the sandbox keeps it from reaching anything else, and
+chat_bounds from running or growing without end.
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ class ChatTemplate:
 
     def __init__(self, source: str, where: str, tokens: dict[str, str]):
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        from .chat_bounds import BoundedSandbox, bound_filters
 
         self.source, self.where, self.tokens = source, where, tokens
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
+        bound_filters(env)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
@@ -67,9 +69,14 @@ class ChatTemplate:
         """The prompt text; tokenize it without adding special tokens (the template has them)."""
         import jinja2
 
+        from .chat_bounds import RenderLimit, render_bounded
+
         try:
-            return self._template.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **self.tokens)
+            return render_bounded(self._template, messages=messages, tools=None, documents=None,
+                                  add_generation_prompt=add_generation_prompt, **self.tokens)
+        except RenderLimit as exc:  # a template that loops or grows without end, or messages too many for it
+            raise PromptError(f"the chat template of {self.where} went past a render bound on these messages: "
+                              f"{exc}") from None
         except jinja2.TemplateError as exc:  # raise_exception() in the template, or a sandbox refusal
             raise PromptError(f"the chat template of {self.where} refused these messages: {exc}") from None
         except Exception as exc:  # the template's own code failed on these messages (a ZeroDivisionError, a

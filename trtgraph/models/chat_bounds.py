@@ -1,0 +1,207 @@
+"""Bounds on rendering a checkpoint's chat template: time and size, beside the sandbox's bounds
+on what a template can reach.
+
+A template is code from the checkpoint. jinja2's sandbox keeps it from Python's internals and
+from mutating its inputs, but not from looping for hours or building a string of gigabytes —
+either would hold a `run` or a server worker for good. Here a render gets:
+
+- a deadline (`RENDER_SECONDS`): a watchdog thread raises `RenderTimeout` in the rendering
+  thread when it passes (no trace function: a render within its bounds costs its registration);
+- a size limit (`MAX_CHARS` characters or items) on every value the template reads, calls,
+  filters or computes with an operator, and on its output; operations that would build a
+  value past the limit in one step — repetition (`*`), powers, `%`- and `format`-widths,
+  `center` / `ljust` / `rjust` / `zfill` / `expandtabs` / `replace`, the `center` / `indent`
+  filters — are refused before they run.
+
+A limit reached raises `RenderLimit` (a jinja2 SecurityError), which chat.ChatTemplate turns into
+the request's refusal. Real templates stay far inside both: a render takes microseconds to
+milliseconds, and a prompt past `MAX_CHARS` is past every context length.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+import time
+
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+RENDER_SECONDS = 5.0
+MAX_CHARS = 1 << 24  # 16,777,216 characters (or items of a list)
+_WIDE = re.compile(r"\d{8,}|\*")  # a width or precision of 10^7+ (or taken from the arguments)
+_PERCENT = re.compile(r"%[-+ #0]*(\d+|\*)?(?:\.(\d+|\*))?")
+_FORMAT_SPEC = re.compile(r"\{[^{}]*:[^{}]*?(\d{8,})[^{}]*\}")
+_WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
+
+
+class RenderLimit(SecurityError):
+    """A chat template's render went past a bound."""
+
+
+def _size(value) -> int:
+    return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set)) else 0
+
+
+def checked(value, what: str):
+    """`value` if its size is within the limit, else RenderLimit naming `what`."""
+    if _size(value) > MAX_CHARS:
+        raise RenderLimit(f"{what} made a value of {_size(value):,} characters or items (the limit is "
+                          f"{MAX_CHARS:,})")
+    return value
+
+
+def _int_arg(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with the size bounds above (the deadline is `render`'s)."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if _size(seq) and _int_arg(times) * _size(seq) > MAX_CHARS:
+                    raise RenderLimit(f"repeating a value of {_size(seq):,} items {times:,} times is over the "
+                                      f"limit of {MAX_CHARS:,}")
+        elif operator == "**":
+            base, exp = _int_arg(left), _int_arg(right)
+            if exp > 64 and abs(base) > 1 and exp * abs(base).bit_length() > 64 * MAX_CHARS:
+                raise RenderLimit(f"{base} ** {exp} is over the size limit")
+        elif operator == "+" and _size(left) + _size(right) > MAX_CHARS:
+            raise RenderLimit(f"joining values of {_size(left):,} and {_size(right):,} items is over the limit "
+                              f"of {MAX_CHARS:,}")
+        elif operator == "%" and isinstance(left, str):
+            _check_percent(left)
+        return checked(super().call_binop(context, operator, left, right), f"the operator {operator}")
+
+    def getattr(self, obj, attribute):
+        return checked(super().getattr(obj, attribute), f"reading .{attribute}")
+
+    def getitem(self, obj, argument):
+        return checked(super().getitem(obj, argument), "reading an item")
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
+        name = getattr(__obj, "__name__", "")
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):
+            if name in _WIDTH_METHODS and any(_int_arg(a) > MAX_CHARS for a in args):
+                raise RenderLimit(f"str.{name} with a width over {MAX_CHARS:,}")
+            if name == "expandtabs" and owner.count("\t") * max((_int_arg(a) for a in args), default=8) > MAX_CHARS:
+                raise RenderLimit("str.expandtabs past the size limit")
+            if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str) \
+                    and len(owner) + owner.count(args[0]) * len(args[1]) > MAX_CHARS:
+                raise RenderLimit("str.replace past the size limit")
+        return checked(super().call(__context, __obj, *args, **kwargs), f"calling {name or 'a function'}")
+
+    def wrap_str_format(self, value):
+        wrapped = super().wrap_str_format(value)
+        if wrapped is not None and _FORMAT_SPEC.search(value.__self__):
+            raise RenderLimit("a str.format width over the size limit")
+        return wrapped
+
+
+def _check_percent(fmt: str) -> None:
+    for m in _PERCENT.finditer(fmt):
+        for part in m.groups():
+            if part and _WIDE.fullmatch(part):
+                raise RenderLimit(f"a %-format width {part!r} over the size limit")
+
+
+def bound_filters(env: BoundedSandbox) -> None:
+    """Every filter's result size-checked; `center`'s and `indent`'s widths and `format`'s
+    %-widths checked before they run."""
+    def sized(name, fn):
+        def run(*args, **kwargs):
+            if name == "center" and _int_arg(args[1] if len(args) > 1 else kwargs.get("width")) > MAX_CHARS:
+                raise RenderLimit(f"the center filter with a width over {MAX_CHARS:,}")
+            if name == "indent":
+                width = args[1] if len(args) > 1 else kwargs.get("width", 4)
+                text = args[0] if args and isinstance(args[0], str) else ""
+                if _int_arg(width) * (text.count("\n") + 1) > MAX_CHARS or _size(width) > MAX_CHARS:
+                    raise RenderLimit("the indent filter past the size limit")
+            if name == "format" and args and isinstance(args[0], str):
+                _check_percent(args[0])
+            return checked(fn(*args, **kwargs), f"the {name} filter")
+
+        for attr in ("jinja_pass_arg",):  # keep jinja2's pass_context / pass_environment marks
+            if hasattr(fn, attr):
+                setattr(run, attr, getattr(fn, attr))
+        return run
+
+    env.filters = {name: sized(name, fn) for name, fn in env.filters.items()}
+
+
+class RenderTimeout(RenderLimit):
+    """Raised in a rendering thread by the watchdog once its deadline has passed."""
+
+    def __init__(self, *args):
+        super().__init__(*(args or (f"the render did not finish within {RENDER_SECONDS:g} s",)))
+
+
+class _Watchdog:
+    """One daemon thread for every render under way: at a render's deadline it raises RenderTimeout
+    in the rendering thread (PyThreadState_SetAsyncExc: delivered at that thread's next bytecode, so
+    a template's loop stops there; a single long C call ends first, and the size bounds keep those
+    short). Costs a render nothing but its registration: no trace function."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._renders: dict[int, tuple[int, float]] = {}  # token -> (thread id, deadline)
+        self._next = 0
+        self._thread: threading.Thread | None = None
+
+    def begin(self, seconds: float) -> int:
+        with self._cond:
+            self._next += 1
+            self._renders[self._next] = (threading.get_ident(), time.monotonic() + seconds)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trtgraph-chat-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._next
+
+    def end(self, token: int) -> bool:
+        """True if the deadline fired for this render (its exception is then cleared if still pending)."""
+        with self._cond:  # the watchdog removes an entry and raises in its thread under this lock too
+            fired = self._renders.pop(token, None) is None
+            if fired:  # delivered already (then raised in this thread), or still pending: cleared here
+                _set_async_exc(threading.get_ident(), None)
+        return fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for token, (tid, deadline) in list(self._renders.items()):
+                    if deadline <= now:
+                        del self._renders[token]
+                        _set_async_exc(tid, RenderTimeout)
+                soonest = min((d for _, d in self._renders.values()), default=None)
+                self._cond.wait(None if soonest is None else max(soonest - now, 0.001))
+
+
+def _set_async_exc(thread_id: int, exc) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                               ctypes.py_object(exc) if exc is not None else None)
+
+
+_WATCHDOG = _Watchdog()
+
+
+def render_bounded(template, **context) -> str:
+    """`template` rendered within the deadline and the output size limit."""
+    token = _WATCHDOG.begin(RENDER_SECONDS)
+    try:
+        parts, total = [], 0
+        for chunk in template.generate(**context):
+            total += len(chunk)
+            if total > MAX_CHARS:
+                raise RenderLimit(f"the rendered prompt passed {MAX_CHARS:,} characters")
+            parts.append(chunk)
+        return "".join(parts)
+    finally:
+        _WATCHDOG.end(token)
