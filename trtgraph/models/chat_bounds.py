@@ -7,11 +7,11 @@ either would hold a `run` or a server worker for good. Here a render gets:
 
 - a deadline (`RENDER_SECONDS`): a watchdog thread raises `RenderTimeout` in the rendering
   thread when it passes (no trace function: a render within its bounds costs its registration);
-- a size limit (`MAX_CHARS` characters or items) on every value the template reads, calls,
-  filters or computes with an operator, and on its output; operations that would build a
-  value past the limit in one step — repetition (`*`), powers, `%`- and `format`-widths,
-  `center` / `ljust` / `rjust` / `zfill` / `expandtabs` / `replace`, the `center` / `indent`
-  filters — are refused before they run.
+- a size limit (`MAX_CHARS` characters or items, `MAX_INT_BYTES` for an integer) on every
+  value the template reads, calls, filters or computes with an operator, and on its output;
+  operations that would build a value past the limit in one step — repetition (`*`), products
+  and powers of integers, `%`- and `format`-widths, `center` / `ljust` / `rjust` / `zfill` /
+  `expandtabs` / `replace`, the `center` / `indent` filters — are refused before they run.
 
 A limit reached raises `RenderLimit` (a jinja2 SecurityError), which chat.ChatTemplate turns into
 the request's refusal. Real templates stay far inside both: a render takes microseconds to
@@ -30,8 +30,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_SECONDS = 5.0
 MAX_CHARS = 1 << 24  # 16,777,216 characters (or items of a list)
+MAX_INT_BYTES = 1 << 16  # an integer of 524,288 bits: arithmetic on it stays in milliseconds
 _WIDE = re.compile(r"\d{8,}|\*")  # a width or precision of 10^7+ (or taken from the arguments)
-_PERCENT = re.compile(r"%[-+ #0]*(\d+|\*)?(?:\.(\d+|\*))?")
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d+|\*)?(?:\.(\d+|\*))?")
 _FORMAT_SPEC = re.compile(r"\{[^{}]*:[^{}]*?(\d{8,})[^{}]*\}")
 _WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
 
@@ -44,11 +45,17 @@ def _size(value) -> int:
     return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set)) else 0
 
 
+def _int_bytes(value) -> int:
+    return value.bit_length() // 8 if isinstance(value, int) else 0
+
+
 def checked(value, what: str):
-    """`value` if its size is within the limit, else RenderLimit naming `what`."""
+    """`value` if its size is within the limits, else RenderLimit naming `what`."""
     if _size(value) > MAX_CHARS:
         raise RenderLimit(f"{what} made a value of {_size(value):,} characters or items (the limit is "
                           f"{MAX_CHARS:,})")
+    if _int_bytes(value) > MAX_INT_BYTES:
+        raise RenderLimit(f"{what} made an integer of {_int_bytes(value):,} bytes (the limit is {MAX_INT_BYTES:,})")
     return value
 
 
@@ -62,15 +69,18 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def call_binop(self, context, operator, left, right):
-        if operator == "*":
+        if operator == "*" and _int_arg(left) and _int_arg(right):
+            if _int_bytes(left) + _int_bytes(right) > MAX_INT_BYTES:
+                raise RenderLimit("a product of integers over the size limit")
+        elif operator == "*":
             for seq, times in ((left, right), (right, left)):
                 if _size(seq) and _int_arg(times) * _size(seq) > MAX_CHARS:
                     raise RenderLimit(f"repeating a value of {_size(seq):,} items {times:,} times is over the "
                                       f"limit of {MAX_CHARS:,}")
         elif operator == "**":
             base, exp = _int_arg(left), _int_arg(right)
-            if exp > 64 and abs(base) > 1 and exp * abs(base).bit_length() > 64 * MAX_CHARS:
-                raise RenderLimit(f"{base} ** {exp} is over the size limit")
+            if abs(base) > 1 and exp * abs(base).bit_length() > 8 * MAX_INT_BYTES:
+                raise RenderLimit(f"a power of {exp:,} over the size limit")
         elif operator == "+" and _size(left) + _size(right) > MAX_CHARS:
             raise RenderLimit(f"joining values of {_size(left):,} and {_size(right):,} items is over the limit "
                               f"of {MAX_CHARS:,}")
@@ -93,7 +103,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             if name == "expandtabs" and owner.count("\t") * max((_int_arg(a) for a in args), default=8) > MAX_CHARS:
                 raise RenderLimit("str.expandtabs past the size limit")
             if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str) \
-                    and len(owner) + owner.count(args[0]) * len(args[1]) > MAX_CHARS:
+                    and len(owner) + (owner.count(args[0]) if args[0] else len(owner) + 1) * len(args[1]) > MAX_CHARS:
                 raise RenderLimit("str.replace past the size limit")
         return checked(super().call(__context, __obj, *args, **kwargs), f"calling {name or 'a function'}")
 
@@ -112,8 +122,8 @@ def _check_percent(fmt: str) -> None:
 
 
 def bound_filters(env: BoundedSandbox) -> None:
-    """Every filter's result size-checked; `center`'s and `indent`'s widths and `format`'s
-    %-widths checked before they run."""
+    """Every filter's result size-checked; `center`'s and `indent`'s widths, `format`'s %-widths,
+    `tojson`'s indent and what `join` and `replace` would build checked before they run."""
     def sized(name, fn):
         def run(*args, **kwargs):
             if name == "center" and _int_arg(args[1] if len(args) > 1 else kwargs.get("width")) > MAX_CHARS:
@@ -125,6 +135,18 @@ def bound_filters(env: BoundedSandbox) -> None:
                     raise RenderLimit("the indent filter past the size limit")
             if name == "format" and args and isinstance(args[0], str):
                 _check_percent(args[0])
+            if name == "tojson" and _int_arg(args[2] if len(args) > 2 else kwargs.get("indent")) > 1024:
+                raise RenderLimit("tojson with an indent over 1,024")
+            values = [a for a in args if isinstance(a, (str, list, tuple))]  # (past a context jinja passes first)
+            if name == "join" and values and isinstance(values[0], (list, tuple)):
+                items, sep = values[0], (args[args.index(values[0]) + 1] if len(args) > args.index(values[0]) + 1
+                                         else kwargs.get("d", ""))
+                if sum(_size(i) for i in items) + _size(sep) * len(items) > MAX_CHARS:
+                    raise RenderLimit("the join filter past the size limit")
+            if name == "replace" and len(values) >= 3 and all(isinstance(v, str) for v in values[:3]):
+                text, old, new = values[:3]
+                if len(text) + text.count(old) * len(new) > MAX_CHARS if old else len(text) * (len(new) + 1) > MAX_CHARS:
+                    raise RenderLimit("the replace filter past the size limit")
             return checked(fn(*args, **kwargs), f"the {name} filter")
 
         for attr in ("jinja_pass_arg",):  # keep jinja2's pass_context / pass_environment marks
