@@ -55,6 +55,7 @@ def test_a_template_that_never_ends_is_refused_at_the_deadline(source, short_dea
     ("{{ messages | tojson(indent=1000000000) }}", "indent"),
     ("{{ (range(100000) | list) | join('x' * 10000) }}", "join"),
     ("{{ ('a' * 20000) | replace('a', 'a' * 20000) }}", "replace"),
+    ("{{ ('x' * 200000).join(range(100000) | map('string') | list) }}", "str.join"),
     ("{% set ns = namespace(x=3) %}{% for i in range(100) %}{% set ns.x = ns.x * ns.x %}{% endfor %}", "integers"),
     ("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
      "characters or items"),

@@ -105,6 +105,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str) \
                     and len(owner) + (owner.count(args[0]) if args[0] else len(owner) + 1) * len(args[1]) > MAX_CHARS:
                 raise RenderLimit("str.replace past the size limit")
+            if name == "join" and args and isinstance(args[0], (list, tuple)) \
+                    and sum(_size(i) for i in args[0]) + len(owner) * len(args[0]) > MAX_CHARS:
+                raise RenderLimit("str.join past the size limit")
         return checked(super().call(__context, __obj, *args, **kwargs), f"calling {name or 'a function'}")
 
     def wrap_str_format(self, value):
