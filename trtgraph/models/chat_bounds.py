@@ -25,7 +25,10 @@ import re
 import threading
 import time
 
+from jinja2.compiler import CodeGenerator, operators, optimizeconst
 from jinja2.exceptions import SecurityError
+from jinja2.filters import make_attrgetter
+from jinja2.utils import pass_environment
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_SECONDS = 5.0
@@ -59,6 +62,71 @@ def checked(value, what: str):
     return value
 
 
+def _text_size(value) -> int:
+    """What str(), repr() or JSON of `value` spells out, at least (characters): a list holding one
+    string a million times spells it a million times. Counted only until past MAX_CHARS, so the
+    count costs at most MAX_CHARS steps (a real template's values take a few)."""
+    total, stack = 0, [value]
+    while stack and total <= MAX_CHARS:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, (list, tuple, set, frozenset, dict)):
+            total += len(item) + 1
+            if total <= MAX_CHARS:
+                stack.extend(item.items() if isinstance(item, dict) else item)
+        else:
+            total += 1 + _int_bytes(item) * 3
+    return total
+
+
+def text_checked(value, what: str):
+    """`value` if its text (`_text_size`) is within MAX_CHARS, else RenderLimit naming `what`: for a value
+    about to be turned into text, compared or sorted whole in one C call the deadline cannot stop."""
+    if isinstance(value, (list, tuple, set, frozenset, dict, int)) and _text_size(value) > MAX_CHARS:
+        raise RenderLimit(f"{what} a value whose text is over {MAX_CHARS:,} characters or items (one value "
+                          f"held many times counts each time)")
+    return value
+
+
+def _texts_checked(values, what: str):
+    if _text_size(list(values)) > MAX_CHARS:
+        raise RenderLimit(f"{what} values whose text is over {MAX_CHARS:,} characters or items (one value held "
+                          f"many times counts each time)")
+    return values
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    """jinja2's code generator with `~` (Concat) and comparisons (`in`, `==`, `<`, ...) bounded: the
+    sandbox intercepts neither, and both run as one C call on whole values."""
+
+    @optimizeconst
+    def visit_Concat(self, node, frame) -> None:
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("), context)")
+
+    @optimizeconst
+    def visit_Compare(self, node, frame) -> None:
+        self.write("(environment.operand(")
+        self.visit(node.expr, frame)
+        self.write(")")
+        for op in node.ops:
+            self.visit(op, frame)
+        self.write(")")
+
+    def visit_Operand(self, node, frame) -> None:
+        self.write(f" {operators[node.op]} environment.operand(")
+        self.visit(node.expr, frame)
+        self.write(")")
+
+
+def _output(value):
+    return text_checked(value, "writing out")
+
+
 def _int_arg(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -67,6 +135,21 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with the size bounds above (the deadline is `render`'s)."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _BoundedCodeGenerator
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("finalize", _output)  # every {{ value }} before it is made text
+        super().__init__(*args, **kwargs)
+
+    def bounded_concat(self, parts, context):
+        from jinja2.runtime import markup_join, str_join
+
+        _texts_checked(parts, "joining with ~")
+        return (markup_join if context.eval_ctx.autoescape else str_join)(parts)
+
+    @staticmethod
+    def operand(value):
+        return text_checked(value, "comparing")
 
     def call_binop(self, context, operator, left, right):
         if operator == "*" and _int_arg(left) and _int_arg(right):
@@ -86,6 +169,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                               f"of {MAX_CHARS:,}")
         elif operator == "%" and isinstance(left, str):
             _check_percent(left)
+            _check_fields(left.count("%"), [right], "the operator %")
         return checked(super().call_binop(context, operator, left, right), f"the operator {operator}")
 
     def getattr(self, obj, attribute):
@@ -97,6 +181,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
         name = getattr(__obj, "__name__", "")
         owner = getattr(__obj, "__self__", None)
+        _texts_checked([owner, *args, *kwargs.values()], f"calling {name or 'a function'} with")
         if isinstance(owner, str):
             if name in _WIDTH_METHODS and any(_int_arg(a) > MAX_CHARS for a in args):
                 raise RenderLimit(f"str.{name} with a width over {MAX_CHARS:,}")
@@ -111,7 +196,38 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         wrapped = super().wrap_str_format(value)
         if wrapped is not None and _FORMAT_SPEC.search(value.__self__):
             raise RenderLimit("a str.format width over the size limit")
-        return wrapped
+        if wrapped is None:
+            return None
+        fields = value.__self__.count("{")
+
+        def bounded(*args, **kwargs):
+            _check_fields(fields, [*args, *kwargs.values()], "str.format")
+            return wrapped(*args, **kwargs)
+        return bounded
+
+
+def _check_fields(fields: int, values, what: str) -> None:
+    """A format with `fields` fields may spell each of `values` that many times."""
+    if fields and fields * _text_size(list(values)) > MAX_CHARS:
+        raise RenderLimit(f"{what} with {fields:,} fields of values that would spell over {MAX_CHARS:,} characters")
+
+
+def _bounded_sum(environment, iterable, attribute=None, start=0):
+    """jinja2's sum filter as a loop of its own: builtins.sum is one C call the deadline cannot stop
+    (a sum of lists is quadratic), and each partial sum is size-checked."""
+    if attribute is not None:
+        iterable = map(make_attrgetter(environment, attribute), iterable)
+    if isinstance(start, (str, bytes, bytearray)):  # as builtins.sum
+        raise TypeError(f"sum() can't sum {type(start).__name__} [use ''.join(seq) instead]")
+    total = start
+    for item in iterable:
+        if _size(total) + _size(item) > MAX_CHARS:
+            raise RenderLimit(f"the sum filter past the size limit of {MAX_CHARS:,}")
+        total = checked(total + item, "the sum filter")
+    return total
+
+
+_bounded_sum = pass_environment(_bounded_sum)
 
 
 def _check_percent(fmt: str) -> None:
@@ -133,8 +249,10 @@ def bound_filters(env: BoundedSandbox) -> None:
                 text = args[0] if args and isinstance(args[0], str) else ""
                 if _int_arg(width) * (text.count("\n") + 1) > MAX_CHARS or _size(width) > MAX_CHARS:
                     raise RenderLimit("the indent filter past the size limit")
+            _texts_checked([*args, *kwargs.values()], f"the {name} filter on")
             if name == "format" and args and isinstance(args[0], str):
                 _check_percent(args[0])
+                _check_fields(args[0].count("%"), [*args[1:], *kwargs.values()], "the format filter")
             if name == "tojson" and _int_arg(args[2] if len(args) > 2 else kwargs.get("indent")) > 1024:
                 raise RenderLimit("tojson with an indent over 1,024")
             values = [a for a in args if isinstance(a, (str, list, tuple))]  # (past a context jinja passes first)
@@ -154,7 +272,18 @@ def bound_filters(env: BoundedSandbox) -> None:
                 setattr(run, attr, getattr(fn, attr))
         return run
 
-    env.filters = {name: sized(name, fn) for name, fn in env.filters.items()}
+    env.filters = {name: sized(name, _bounded_sum if name == "sum" else fn) for name, fn in env.filters.items()}
+
+    def tested(name, fn):
+        def run(*args, **kwargs):
+            _texts_checked([*args, *kwargs.values()], f"the test {name} on")
+            return fn(*args, **kwargs)
+
+        if hasattr(fn, "jinja_pass_arg"):
+            run.jinja_pass_arg = fn.jinja_pass_arg
+        return run
+
+    env.tests = {name: tested(name, fn) for name, fn in env.tests.items()}
 
 
 class RenderTimeout(RenderLimit):

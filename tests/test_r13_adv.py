@@ -1,0 +1,106 @@
+"""Adversarial pass over the thirteenth session's features: the chat template's render bounds
+(models/chat_bounds.py) and --resume's request fingerprints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from trtgraph.errors import PromptError
+from trtgraph.models import chat_bounds
+from trtgraph.models.chat import ChatTemplate
+
+ROOT = Path(__file__).resolve().parents[1]
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def template(source: str) -> ChatTemplate:
+    return ChatTemplate(source, "ckpt/chat_template.jinja", {"bos_token": "<s>", "eos_token": "</s>"})
+
+
+@pytest.fixture()
+def small_limit(monkeypatch):
+    monkeypatch.setattr(chat_bounds, "MAX_CHARS", 1000)
+    monkeypatch.setattr(chat_bounds, "RENDER_SECONDS", 2.0)
+
+
+def test_sum_of_lists_stops_at_the_deadline():
+    """`|sum(start=[])` ran as one C call (builtins.sum): quadratic, never reaching a bytecode
+    where the watchdog's exception lands; the render held its thread for hours."""
+    code = textwrap.dedent("""
+        from trtgraph.models import chat_bounds
+        from trtgraph.models.chat import ChatTemplate
+        from trtgraph.errors import PromptError
+        chat_bounds.RENDER_SECONDS = 0.5
+        t = ChatTemplate("{{ ([[1]] * 200000) | sum(start=[]) | length }}", "ckpt", {})
+        try:
+            t.render([{"role": "user", "content": "hi"}])
+        except PromptError as exc:
+            print("refused:", exc)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=15,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert "refused:" in proc.stdout and "render bound" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_sum_of_numbers_and_strings_still_sums():
+    assert template("{{ [1, 2, 3] | sum }}|{{ [{'n': 2}, {'n': 5}] | sum(attribute='n') }}|"
+                    "{{ [[1], [2]] | sum(start=[]) }}").render(MESSAGES) == "6|7|[1, 2]"
+
+
+@pytest.mark.parametrize("source", [
+    "{% set a = 'x' * 1000 %}{{ (a ~ a ~ a) | length }}",  # `~` joined past the limit, unchecked
+    "{% set a = 'x' * 1000 %}{{ a[:-1] ~ 'y' in [a] * 1000 }}",  # `in`: 1000 compares of the whole string
+    "{% set a = 'x' * 1000 %}{{ ([a] * 1000).count(a[:-1] ~ 'y') }}",  # the same through a method
+    "{% set a = 'x' * 1000 %}{{ a[:-1] ~ 'y' is in [a] * 1000 }}",  # the same through a test
+    "{% set a = 'x' * 1000 %}{{ ([a] * 1000) | sort | length }}",  # sorting compares the whole strings
+])
+def test_values_past_the_limit_are_refused_where_they_are_used(source, small_limit):
+    with pytest.raises(PromptError, match="render bound"):
+        template(source).render(MESSAGES)
+
+
+@pytest.mark.parametrize("source", [
+    "{% set a = 'x' * 1000 %}{{ ([a] * 1000) | string | length }}",
+    "{% set a = 'x' * 1000 %}{{ ([a] * 1000) | tojson | length }}",
+    "{% set a = 'x' * 1000 %}{{ [a] * 1000 }}",
+    "{% set a = 'x' * 1000 %}{% set b = [a, a] %}{% set c = [b, b, b, b] %}{% set d = [c, c, c, c] %}"
+    "{% set e = [d, d, d, d] %}{{ e ~ '' }}",  # nested literals: no `*` at all
+    "{% set a = 'x' * 1000 %}{{ ('%(a)s' * 190) % {'a': a} }}",
+    "{% set a = 'x' * 1000 %}{{ ('%(a)s' * 190) | format(a=a) }}",
+    "{% set a = 'x' * 1000 %}{{ ('{0}' * 300).format(a) }}",
+])
+def test_a_huge_text_of_a_value_is_refused_before_it_is_built(source, small_limit):
+    """str(), repr() or JSON of a list holding one string many times is that string many times:
+    it was built whole (in C, past the deadline's reach) and only then found too long."""
+    compiled = template(source)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PromptError, match="render bound"):
+            compiled.render(MESSAGES)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100_000, peak
+
+
+@pytest.mark.parametrize("source", [
+    "{{ messages | length }}{{ messages[0].content in ['hello', 'x'] }}{{ messages == messages }}"
+    "{{ messages | tojson }}{{ messages[0] }}{{ 'a' ~ messages[0].content ~ 1 }}{{ '%s-%d' % ('a', 2) }}"
+    "{{ '{}-{}'.format('a', 'b') }}{{ ('hello' is in (messages | map(attribute='content') | list)) }}"
+    "{{ [[1], [2]] | sum(start=[]) }}{{ messages | sum(attribute='role', start=[]) if false }}{{ 2 < 3 < 4 }}"
+    "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}{{ (messages | sort(attribute='role'))[0] }}",
+])
+def test_ordinary_constructs_render_as_the_plain_sandbox_renders_them(source):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from trtgraph.models.chat import _tojson
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = _tojson
+    expected = env.from_string(source).render(messages=MESSAGES, add_generation_prompt=True)
+    assert template(source).render(MESSAGES) == expected
