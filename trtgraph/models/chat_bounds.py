@@ -293,9 +293,15 @@ class RenderTimeout(RenderLimit):
         super().__init__(*(args or (f"the render did not finish within {RENDER_SECONDS:g} s",)))
 
 
+class _Expired(BaseException):
+    """What the watchdog raises in a rendering thread: a BaseException, so that no `except Exception`
+    on the way (jinja2's `is sequence` test, its getitem's fallbacks) swallows it and lets the render
+    run on with no deadline left; render_bounded turns it into RenderTimeout."""
+
+
 class _Watchdog:
-    """One daemon thread for every render under way: at a render's deadline it raises RenderTimeout
-    in the rendering thread (PyThreadState_SetAsyncExc: delivered at that thread's next bytecode, so
+    """One daemon thread for every render under way: at a render's deadline it raises _Expired
+    (RenderTimeout once out of the render) in the rendering thread (PyThreadState_SetAsyncExc: delivered at that thread's next bytecode, so
     a template's loop stops there; a single long C call ends first, and the size bounds keep those
     short). Costs a render nothing but its registration: no trace function."""
 
@@ -330,7 +336,7 @@ class _Watchdog:
                 for token, (tid, deadline) in list(self._renders.items()):
                     if deadline <= now:
                         del self._renders[token]
-                        _set_async_exc(tid, RenderTimeout)
+                        _set_async_exc(tid, _Expired)
                 soonest = min((d for _, d in self._renders.values()), default=None)
                 self._cond.wait(None if soonest is None else max(soonest - now, 0.001))
 
@@ -347,12 +353,15 @@ def render_bounded(template, **context) -> str:
     """`template` rendered within the deadline and the output size limit."""
     token = _WATCHDOG.begin(RENDER_SECONDS)
     try:
-        parts, total = [], 0
-        for chunk in template.generate(**context):
-            total += len(chunk)
-            if total > MAX_CHARS:
-                raise RenderLimit(f"the rendered prompt passed {MAX_CHARS:,} characters")
-            parts.append(chunk)
-        return "".join(parts)
-    finally:
-        _WATCHDOG.end(token)
+        try:
+            parts, total = [], 0
+            for chunk in template.generate(**context):
+                total += len(chunk)
+                if total > MAX_CHARS:
+                    raise RenderLimit(f"the rendered prompt passed {MAX_CHARS:,} characters")
+                parts.append(chunk)
+            return "".join(parts)
+        finally:
+            _WATCHDOG.end(token)
+    except _Expired:
+        raise RenderTimeout() from None
