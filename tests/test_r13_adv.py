@@ -149,3 +149,34 @@ def test_the_deadline_is_not_swallowed_by_an_except_exception_on_the_way(monkeyp
     for _ in range(20):
         out = _render_in_thread(real)
         assert isinstance(out[0], PromptError), out
+
+
+def test_deadlines_passing_as_renders_end_do_not_deadlock_the_watchdog():
+    """A deadline passing just as a render ended raised in Condition.__enter__ (Python code) after it
+    took the watchdog's lock and before the `with` owned it: the lock stayed held, and every later
+    render (a server's every chat request) and the watchdog waited on it for good."""
+    code = textwrap.dedent("""
+        import threading
+        from trtgraph.models import chat_bounds
+        from trtgraph.models.chat import ChatTemplate
+        from trtgraph.errors import PromptError
+        chat_bounds.RENDER_SECONDS = 0.0001
+        t = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", "ckpt", {})
+        counts = {"ok": 0, "refused": 0}
+        def go():
+            for _ in range(1500):
+                try:
+                    t.render([{"role": "user", "content": "hi"}])
+                    counts["ok"] += 1
+                except PromptError:
+                    counts["refused"] += 1
+        threads = [threading.Thread(target=go) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        print("done", counts["ok"] + counts["refused"])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=20,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert "done 6000" in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr

@@ -301,18 +301,21 @@ class _Expired(BaseException):
 
 class _Watchdog:
     """One daemon thread for every render under way: at a render's deadline it raises _Expired
-    (RenderTimeout once out of the render) in the rendering thread (PyThreadState_SetAsyncExc: delivered at that thread's next bytecode, so
-    a template's loop stops there; a single long C call ends first, and the size bounds keep those
+    (RenderTimeout once out of the render) in the rendering thread (PyThreadState_SetAsyncExc:
+    delivered at that thread's next bytecode, so a template's loop stops there; a single long C call ends first, and the size bounds keep those
     short). Costs a render nothing but its registration: no trace function."""
 
     def __init__(self):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # rendering threads take this one: its __enter__ is C, so the exception cannot
+        #   land between taking it and the `with` that releases it (Condition.__enter__ is Python: it did, and
+        #   the lock stayed held for good, every later render and the watchdog waiting on it)
+        self._cond = threading.Condition(self._lock)  # the watchdog's, which no exception is raised in
         self._renders: dict[int, tuple[int, float]] = {}  # token -> (thread id, deadline)
         self._next = 0
         self._thread: threading.Thread | None = None
 
     def begin(self, seconds: float) -> int:
-        with self._cond:
+        with self._lock:
             self._next += 1
             self._renders[self._next] = (threading.get_ident(), time.monotonic() + seconds)
             if self._thread is None:
@@ -323,7 +326,7 @@ class _Watchdog:
 
     def end(self, token: int) -> bool:
         """True if the deadline fired for this render (its exception is then cleared if still pending)."""
-        with self._cond:  # the watchdog removes an entry and raises in its thread under this lock too
+        with self._lock:  # the watchdog removes an entry and raises in its thread under this lock too
             fired = self._renders.pop(token, None) is None
             if fired:  # delivered already (then raised in this thread), or still pending: cleared here
                 _set_async_exc(threading.get_ident(), None)
@@ -351,8 +354,8 @@ _WATCHDOG = _Watchdog()
 
 def render_bounded(template, **context) -> str:
     """`template` rendered within the deadline and the output size limit."""
-    token = _WATCHDOG.begin(RENDER_SECONDS)
     try:
+        token = _WATCHDOG.begin(RENDER_SECONDS)  # (inside: a deadline short enough to pass within begin)
         try:
             parts, total = [], 0
             for chunk in template.generate(**context):
