@@ -180,3 +180,29 @@ def test_deadlines_passing_as_renders_end_do_not_deadlock_the_watchdog():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=20,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert "done 6000" in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+
+
+LOOPING = ("{% if messages[0].content == 'loop' %}{% for i in range(100000) %}{% for j in range(100000) %}"
+           "{% endfor %}{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+
+
+def test_a_server_refuses_a_chat_its_template_loops_on_with_a_400_and_serves_the_next(default_artifacts,
+                                                                                      one_torch_thread, monkeypatch):
+    import openai
+
+    from test_server import error_of, serving
+
+    monkeypatch.setattr(chat_bounds, "RENDER_SECONDS", 0.5)
+    with serving(default_artifacts) as server:
+        server.engine.admission.chat_template = template(LOOPING)
+        (model,) = [m.id for m in server.client().models.list().data]
+        start = time.monotonic()
+        with pytest.raises(openai.BadRequestError) as exc:
+            server.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "loop"}],
+                                                    max_tokens=2)
+        assert time.monotonic() - start < 10
+        assert "did not finish within 0.5 s" in error_of(exc.value)["message"]
+        chat = server.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                       max_tokens=2, temperature=0)
+        assert chat.choices[0].finish_reason in ("length", "stop")
+        assert server.idle_and_leak_free()
