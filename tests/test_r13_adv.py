@@ -206,3 +206,14 @@ def test_a_server_refuses_a_chat_its_template_loops_on_with_a_400_and_serves_the
                                                        max_tokens=2, temperature=0)
         assert chat.choices[0].finish_reason in ("length", "stop")
         assert server.idle_and_leak_free()
+
+
+def test_a_long_chat_with_whole_message_lists_in_its_loop_renders_as_fast_as_before():
+    """The text bounds walk a value only where it is made text, compared or handed to a C method:
+    `messages | length`, `messages is defined` or a macro taking `messages` on every turn stay O(1)."""
+    t = template("{% macro show(m, all) %}{{ m.role }}{% endmacro %}{% for m in messages %}"
+                 "{% if loop.index0 < messages | length and messages is defined %}{{ show(m, messages) }}"
+                 "{% if m is mapping %}:{% endif %}{% endif %}{% endfor %}")
+    start = time.monotonic()
+    assert t.render([{"role": "user", "content": "hello there " * 10}] * 2000) == "user:" * 2000
+    assert time.monotonic() - start < 1.5

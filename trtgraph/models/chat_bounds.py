@@ -181,7 +181,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
         name = getattr(__obj, "__name__", "")
         owner = getattr(__obj, "__self__", None)
-        _texts_checked([owner, *args, *kwargs.values()], f"calling {name or 'a function'} with")
+        if isinstance(owner, (str, list, tuple, set, frozenset, dict)):  # a C method: join, count, index, ...
+            _texts_checked([owner, *args, *kwargs.values()], f"calling {name or 'a function'} with")
         if isinstance(owner, str):
             if name in _WIDTH_METHODS and any(_int_arg(a) > MAX_CHARS for a in args):
                 raise RenderLimit(f"str.{name} with a width over {MAX_CHARS:,}")
@@ -237,6 +238,15 @@ def _check_percent(fmt: str) -> None:
                 raise RenderLimit(f"a %-format width {part!r} over the size limit")
 
 
+# Filters that neither make text of a value nor compare its items (their results are size-checked; what
+# they hand on is checked where it is used): not walked, so `messages | length` in a loop stays cheap.
+_STRUCTURAL_FILTERS = frozenset({"length", "count", "first", "last", "list", "batch", "slice", "map", "select",
+                                 "reject", "selectattr", "rejectattr", "items", "default", "d", "attr", "random",
+                                 "reverse", "abs", "int", "float", "round", "sum"})
+_COMPARING_TESTS = frozenset({"in", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
+                              "greaterthan", ">", "ge", ">="})
+
+
 def bound_filters(env: BoundedSandbox) -> None:
     """Every filter's result size-checked; `center`'s and `indent`'s widths, `format`'s %-widths,
     `tojson`'s indent and what `join` and `replace` would build checked before they run."""
@@ -249,7 +259,8 @@ def bound_filters(env: BoundedSandbox) -> None:
                 text = args[0] if args and isinstance(args[0], str) else ""
                 if _int_arg(width) * (text.count("\n") + 1) > MAX_CHARS or _size(width) > MAX_CHARS:
                     raise RenderLimit("the indent filter past the size limit")
-            _texts_checked([*args, *kwargs.values()], f"the {name} filter on")
+            if name not in _STRUCTURAL_FILTERS:
+                _texts_checked([*args, *kwargs.values()], f"the {name} filter on")
             if name == "format" and args and isinstance(args[0], str):
                 _check_percent(args[0])
                 _check_fields(args[0].count("%"), [*args[1:], *kwargs.values()], "the format filter")
@@ -276,7 +287,8 @@ def bound_filters(env: BoundedSandbox) -> None:
 
     def tested(name, fn):
         def run(*args, **kwargs):
-            _texts_checked([*args, *kwargs.values()], f"the test {name} on")
+            if name in _COMPARING_TESTS:
+                _texts_checked([*args, *kwargs.values()], f"the test {name} on")
             return fn(*args, **kwargs)
 
         if hasattr(fn, "jinja_pass_arg"):
