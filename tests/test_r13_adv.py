@@ -217,3 +217,36 @@ def test_a_long_chat_with_whole_message_lists_in_its_loop_renders_as_fast_as_bef
     start = time.monotonic()
     assert t.render([{"role": "user", "content": "hello there " * 10}] * 2000) == "user:" * 2000
     assert time.monotonic() - start < 1.5
+
+
+# ---- --resume --------------------------------------------------------------------------------
+
+def test_resume_of_escaped_unicode_and_integer_ids_and_a_refusal_leaving_the_summary(default_artifacts, tmp_path):
+    """Held: the same requests written with \\u escapes and reordered keys resume (integer ids too);
+    an edited one is refused with --summary-json's file and the output untouched."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtgraph.cli import main
+
+    rows = [{"id": 7, "prompt": "ünï €", "max_tokens": 2, "temperature": 0},
+            {"id": "b", "prompt": "x\ty", "max_tokens": 3, "temperature": 1.0, "seed": 5}]
+    prompts, out, summary = tmp_path / "p.jsonl", tmp_path / "out.jsonl", tmp_path / "s.json"
+    prompts.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    run = lambda *extra: CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--manifest",  # noqa: E731
+                                                   str(default_artifacts), "--output", str(out), *extra])
+    assert run().exit_code == 0
+    full = out.read_text(encoding="utf-8").splitlines()
+    out.write_text(full[0] + "\n", encoding="utf-8")  # interrupted after the first
+    prompts.write_text("".join(json.dumps(dict(reversed(list(r.items()))), ensure_ascii=True, indent=None) + "\n"
+                               for r in rows), encoding="utf-8")
+    res = run("--resume")
+    assert res.exit_code == 0, res.output
+    assert [json.loads(x)["id"] for x in out.read_text(encoding="utf-8").splitlines()] == ["7", "b"]
+    summary.write_text("earlier", encoding="utf-8")
+    before = out.read_bytes()
+    prompts.write_text("".join(json.dumps({**r, "max_tokens": 4}) + "\n" for r in rows), encoding="utf-8")
+    res = run("--resume", "--summary-json", str(summary))
+    assert res.exit_code == 2 and "the result for id '7'" in res.stderr and f"{prompts} line 1" in res.stderr
+    assert out.read_bytes() == before and summary.read_text(encoding="utf-8") == "earlier"

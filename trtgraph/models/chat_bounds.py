@@ -6,7 +6,8 @@ from mutating its inputs, but not from looping for hours or building a string of
 either would hold a `run` or a server worker for good. Here a render gets:
 
 - a deadline (`RENDER_SECONDS`): a watchdog thread raises `RenderTimeout` in the rendering
-  thread when it passes (no trace function: a render within its bounds costs its registration);
+  thread when it passes (no trace function: a render within its bounds costs its registration;
+  raised as a BaseException, so no `except Exception` on the way swallows it);
 - a size limit (`MAX_CHARS` characters or items, `MAX_INT_BYTES` for an integer) on every
   value the template reads, calls, filters or computes with an operator, and on its output;
   operations that would build a value past the limit in one step — repetition (`*`), products
