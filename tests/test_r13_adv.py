@@ -182,6 +182,37 @@ def test_deadlines_passing_as_renders_end_do_not_deadlock_the_watchdog():
     assert "done 6000" in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
 
 
+
+def test_deadlines_landing_as_failing_renders_import_do_not_deadlock():
+    """jinja2 imports jinja2.debug when a render first fails (its traceback rewrite): a deadline landing
+    in that first import left importlib's module lock held, and every later failing render waited on it
+    for good. (A fresh interpreter: the module must not be imported yet.)"""
+    code = textwrap.dedent("""
+        import threading
+        from trtgraph.models import chat_bounds
+        from trtgraph.models.chat import ChatTemplate
+        from trtgraph.errors import PromptError
+        chat_bounds.RENDER_SECONDS = 0.0001
+        t = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}{{ raise_exception('no') }}", "ckpt", {})
+        refused = []
+        def go():
+            for _ in range(1500):
+                try:
+                    t.render([{"role": "user", "content": "hi"}])
+                except PromptError:
+                    refused.append(1)
+        threads = [threading.Thread(target=go) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        print("done", len(refused))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=20,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert "done 6000" in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+
+
 LOOPING = ("{% if messages[0].content == 'loop' %}{% for i in range(100000) %}{% for j in range(100000) %}"
            "{% endfor %}{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
 

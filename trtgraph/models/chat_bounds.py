@@ -26,7 +26,12 @@ import re
 import threading
 import time
 
+import jinja2.constants  # noqa: F401 -- the modules jinja2 imports inside a render (an error's traceback rewrite,
+import jinja2.debug  # noqa: F401     lipsum, pprint, wordwrap), imported here: a deadline landing in a first import
+import pprint  # noqa: F401           left importlib's module lock held, every later import of it (every erroring
+import textwrap  # noqa: F401         render) waiting for good
 from jinja2.compiler import CodeGenerator, operators, optimizeconst
+from jinja2.runtime import markup_join, str_join
 from jinja2.exceptions import SecurityError
 from jinja2.filters import make_attrgetter
 from jinja2.utils import pass_environment
@@ -143,8 +148,6 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         super().__init__(*args, **kwargs)
 
     def bounded_concat(self, parts, context):
-        from jinja2.runtime import markup_join, str_join
-
         _texts_checked(parts, "joining with ~")
         return (markup_join if context.eval_ctx.autoescape else str_join)(parts)
 
