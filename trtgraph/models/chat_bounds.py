@@ -6,7 +6,8 @@ from mutating its inputs, but not from looping for hours or building a string of
 either would hold a `run` or a server worker for good. Here a render gets:
 
 - a deadline (`RENDER_SECONDS`): a watchdog thread raises `RenderTimeout` in the rendering
-  thread when it passes (no trace function: a render within its bounds costs its registration);
+  thread when it passes (no trace function: a render within its bounds costs its registration;
+  raised as a BaseException, so no `except Exception` on the way swallows it);
 - a size limit (`MAX_CHARS` characters or items, `MAX_INT_BYTES` for an integer) on every
   value the template reads, calls, filters or computes with an operator, and on its output;
   operations that would build a value past the limit in one step — repetition (`*`), products
@@ -25,7 +26,15 @@ import re
 import threading
 import time
 
+import jinja2.constants  # noqa: F401 -- the modules jinja2 imports inside a render (an error's traceback rewrite,
+import jinja2.debug  # noqa: F401     lipsum, pprint, wordwrap), imported here: a deadline landing in a first import
+import pprint  # noqa: F401           left importlib's module lock held, every later import of it (every erroring
+import textwrap  # noqa: F401         render) waiting for good
+from jinja2.compiler import CodeGenerator, operators, optimizeconst
+from jinja2.runtime import markup_join, str_join
 from jinja2.exceptions import SecurityError
+from jinja2.filters import make_attrgetter
+from jinja2.utils import pass_environment
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_SECONDS = 5.0
@@ -59,6 +68,71 @@ def checked(value, what: str):
     return value
 
 
+def _text_size(value) -> int:
+    """What str(), repr() or JSON of `value` spells out, at least (characters): a list holding one
+    string a million times spells it a million times. Counted only until past MAX_CHARS, so the
+    count costs at most MAX_CHARS steps (a real template's values take a few)."""
+    total, stack = 0, [value]
+    while stack and total <= MAX_CHARS:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, (list, tuple, set, frozenset, dict)):
+            total += len(item) + 1
+            if total <= MAX_CHARS:
+                stack.extend(item.items() if isinstance(item, dict) else item)
+        else:
+            total += 1 + _int_bytes(item) * 3
+    return total
+
+
+def text_checked(value, what: str):
+    """`value` if its text (`_text_size`) is within MAX_CHARS, else RenderLimit naming `what`: for a value
+    about to be turned into text, compared or sorted whole in one C call the deadline cannot stop."""
+    if isinstance(value, (list, tuple, set, frozenset, dict, int)) and _text_size(value) > MAX_CHARS:
+        raise RenderLimit(f"{what} a value whose text is over {MAX_CHARS:,} characters or items (one value "
+                          f"held many times counts each time)")
+    return value
+
+
+def _texts_checked(values, what: str):
+    if _text_size(list(values)) > MAX_CHARS:
+        raise RenderLimit(f"{what} values whose text is over {MAX_CHARS:,} characters or items (one value held "
+                          f"many times counts each time)")
+    return values
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    """jinja2's code generator with `~` (Concat) and comparisons (`in`, `==`, `<`, ...) bounded: the
+    sandbox intercepts neither, and both run as one C call on whole values."""
+
+    @optimizeconst
+    def visit_Concat(self, node, frame) -> None:
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("), context)")
+
+    @optimizeconst
+    def visit_Compare(self, node, frame) -> None:
+        self.write("(environment.operand(")
+        self.visit(node.expr, frame)
+        self.write(")")
+        for op in node.ops:
+            self.visit(op, frame)
+        self.write(")")
+
+    def visit_Operand(self, node, frame) -> None:
+        self.write(f" {operators[node.op]} environment.operand(")
+        self.visit(node.expr, frame)
+        self.write(")")
+
+
+def _output(value):
+    return text_checked(value, "writing out")
+
+
 def _int_arg(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -67,6 +141,19 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with the size bounds above (the deadline is `render`'s)."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _BoundedCodeGenerator
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("finalize", _output)  # every {{ value }} before it is made text
+        super().__init__(*args, **kwargs)
+
+    def bounded_concat(self, parts, context):
+        _texts_checked(parts, "joining with ~")
+        return (markup_join if context.eval_ctx.autoescape else str_join)(parts)
+
+    @staticmethod
+    def operand(value):
+        return text_checked(value, "comparing")
 
     def call_binop(self, context, operator, left, right):
         if operator == "*" and _int_arg(left) and _int_arg(right):
@@ -86,6 +173,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                               f"of {MAX_CHARS:,}")
         elif operator == "%" and isinstance(left, str):
             _check_percent(left)
+            _check_fields(left.count("%"), [right], "the operator %")
         return checked(super().call_binop(context, operator, left, right), f"the operator {operator}")
 
     def getattr(self, obj, attribute):
@@ -97,6 +185,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
         name = getattr(__obj, "__name__", "")
         owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, (str, list, tuple, set, frozenset, dict)):  # a C method: join, count, index, ...
+            _texts_checked([owner, *args, *kwargs.values()], f"calling {name or 'a function'} with")
         if isinstance(owner, str):
             if name in _WIDTH_METHODS and any(_int_arg(a) > MAX_CHARS for a in args):
                 raise RenderLimit(f"str.{name} with a width over {MAX_CHARS:,}")
@@ -114,7 +204,38 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         wrapped = super().wrap_str_format(value)
         if wrapped is not None and _FORMAT_SPEC.search(value.__self__):
             raise RenderLimit("a str.format width over the size limit")
-        return wrapped
+        if wrapped is None:
+            return None
+        fields = value.__self__.count("{")
+
+        def bounded(*args, **kwargs):
+            _check_fields(fields, [*args, *kwargs.values()], "str.format")
+            return wrapped(*args, **kwargs)
+        return bounded
+
+
+def _check_fields(fields: int, values, what: str) -> None:
+    """A format with `fields` fields may spell each of `values` that many times."""
+    if fields and fields * _text_size(list(values)) > MAX_CHARS:
+        raise RenderLimit(f"{what} with {fields:,} fields of values that would spell over {MAX_CHARS:,} characters")
+
+
+def _bounded_sum(environment, iterable, attribute=None, start=0):
+    """jinja2's sum filter as a loop of its own: builtins.sum is one C call the deadline cannot stop
+    (a sum of lists is quadratic), and each partial sum is size-checked."""
+    if attribute is not None:
+        iterable = map(make_attrgetter(environment, attribute), iterable)
+    if isinstance(start, (str, bytes, bytearray)):  # as builtins.sum
+        raise TypeError(f"sum() can't sum {type(start).__name__} [use ''.join(seq) instead]")
+    total = start
+    for item in iterable:
+        if _size(total) + _size(item) > MAX_CHARS:
+            raise RenderLimit(f"the sum filter past the size limit of {MAX_CHARS:,}")
+        total = checked(total + item, "the sum filter")
+    return total
+
+
+_bounded_sum = pass_environment(_bounded_sum)
 
 
 def _check_percent(fmt: str) -> None:
@@ -122,6 +243,15 @@ def _check_percent(fmt: str) -> None:
         for part in m.groups():
             if part and _WIDE.fullmatch(part):
                 raise RenderLimit(f"a %-format width {part!r} over the size limit")
+
+
+# Filters that neither make text of a value nor compare its items (their results are size-checked; what
+# they hand on is checked where it is used): not walked, so `messages | length` in a loop stays cheap.
+_STRUCTURAL_FILTERS = frozenset({"length", "count", "first", "last", "list", "batch", "slice", "map", "select",
+                                 "reject", "selectattr", "rejectattr", "items", "default", "d", "attr", "random",
+                                 "reverse", "abs", "int", "float", "round", "sum"})
+_COMPARING_TESTS = frozenset({"in", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
+                              "greaterthan", ">", "ge", ">="})
 
 
 def bound_filters(env: BoundedSandbox) -> None:
@@ -136,8 +266,11 @@ def bound_filters(env: BoundedSandbox) -> None:
                 text = args[0] if args and isinstance(args[0], str) else ""
                 if _int_arg(width) * (text.count("\n") + 1) > MAX_CHARS or _size(width) > MAX_CHARS:
                     raise RenderLimit("the indent filter past the size limit")
+            if name not in _STRUCTURAL_FILTERS:
+                _texts_checked([*args, *kwargs.values()], f"the {name} filter on")
             if name == "format" and args and isinstance(args[0], str):
                 _check_percent(args[0])
+                _check_fields(args[0].count("%"), [*args[1:], *kwargs.values()], "the format filter")
             if name == "tojson" and _int_arg(args[2] if len(args) > 2 else kwargs.get("indent")) > 1024:
                 raise RenderLimit("tojson with an indent over 1,024")
             values = [a for a in args if isinstance(a, (str, list, tuple))]  # (past a context jinja passes first)
@@ -157,7 +290,19 @@ def bound_filters(env: BoundedSandbox) -> None:
                 setattr(run, attr, getattr(fn, attr))
         return run
 
-    env.filters = {name: sized(name, fn) for name, fn in env.filters.items()}
+    env.filters = {name: sized(name, _bounded_sum if name == "sum" else fn) for name, fn in env.filters.items()}
+
+    def tested(name, fn):
+        def run(*args, **kwargs):
+            if name in _COMPARING_TESTS:
+                _texts_checked([*args, *kwargs.values()], f"the test {name} on")
+            return fn(*args, **kwargs)
+
+        if hasattr(fn, "jinja_pass_arg"):
+            run.jinja_pass_arg = fn.jinja_pass_arg
+        return run
+
+    env.tests = {name: tested(name, fn) for name, fn in env.tests.items()}
 
 
 class RenderTimeout(RenderLimit):
@@ -167,20 +312,29 @@ class RenderTimeout(RenderLimit):
         super().__init__(*(args or (f"the render did not finish within {RENDER_SECONDS:g} s",)))
 
 
+class _Expired(BaseException):
+    """What the watchdog raises in a rendering thread: a BaseException, so that no `except Exception`
+    on the way (jinja2's `is sequence` test, its getitem's fallbacks) swallows it and lets the render
+    run on with no deadline left; render_bounded turns it into RenderTimeout."""
+
+
 class _Watchdog:
-    """One daemon thread for every render under way: at a render's deadline it raises RenderTimeout
-    in the rendering thread (PyThreadState_SetAsyncExc: delivered at that thread's next bytecode, so
-    a template's loop stops there; a single long C call ends first, and the size bounds keep those
+    """One daemon thread for every render under way: at a render's deadline it raises _Expired
+    (RenderTimeout once out of the render) in the rendering thread (PyThreadState_SetAsyncExc:
+    delivered at that thread's next bytecode, so a template's loop stops there; a single long C call ends first, and the size bounds keep those
     short). Costs a render nothing but its registration: no trace function."""
 
     def __init__(self):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # rendering threads take this one: its __enter__ is C, so the exception cannot
+        #   land between taking it and the `with` that releases it (Condition.__enter__ is Python: it did, and
+        #   the lock stayed held for good, every later render and the watchdog waiting on it)
+        self._cond = threading.Condition(self._lock)  # the watchdog's, which no exception is raised in
         self._renders: dict[int, tuple[int, float]] = {}  # token -> (thread id, deadline)
         self._next = 0
         self._thread: threading.Thread | None = None
 
     def begin(self, seconds: float) -> int:
-        with self._cond:
+        with self._lock:
             self._next += 1
             self._renders[self._next] = (threading.get_ident(), time.monotonic() + seconds)
             if self._thread is None:
@@ -191,7 +345,7 @@ class _Watchdog:
 
     def end(self, token: int) -> bool:
         """True if the deadline fired for this render (its exception is then cleared if still pending)."""
-        with self._cond:  # the watchdog removes an entry and raises in its thread under this lock too
+        with self._lock:  # the watchdog removes an entry and raises in its thread under this lock too
             fired = self._renders.pop(token, None) is None
             if fired:  # delivered already (then raised in this thread), or still pending: cleared here
                 _set_async_exc(threading.get_ident(), None)
@@ -204,7 +358,7 @@ class _Watchdog:
                 for token, (tid, deadline) in list(self._renders.items()):
                     if deadline <= now:
                         del self._renders[token]
-                        _set_async_exc(tid, RenderTimeout)
+                        _set_async_exc(tid, _Expired)
                 soonest = min((d for _, d in self._renders.values()), default=None)
                 self._cond.wait(None if soonest is None else max(soonest - now, 0.001))
 
@@ -219,14 +373,17 @@ _WATCHDOG = _Watchdog()
 
 def render_bounded(template, **context) -> str:
     """`template` rendered within the deadline and the output size limit."""
-    token = _WATCHDOG.begin(RENDER_SECONDS)
     try:
-        parts, total = [], 0
-        for chunk in template.generate(**context):
-            total += len(chunk)
-            if total > MAX_CHARS:
-                raise RenderLimit(f"the rendered prompt passed {MAX_CHARS:,} characters")
-            parts.append(chunk)
-        return "".join(parts)
-    finally:
-        _WATCHDOG.end(token)
+        token = _WATCHDOG.begin(RENDER_SECONDS)  # (inside: a deadline short enough to pass within begin)
+        try:
+            parts, total = [], 0
+            for chunk in template.generate(**context):
+                total += len(chunk)
+                if total > MAX_CHARS:
+                    raise RenderLimit(f"the rendered prompt passed {MAX_CHARS:,} characters")
+                parts.append(chunk)
+            return "".join(parts)
+        finally:
+            _WATCHDOG.end(token)
+    except _Expired:
+        raise RenderTimeout() from None
