@@ -321,8 +321,9 @@ class _Expired(BaseException):
 class _Watchdog:
     """One daemon thread for every render under way: at a render's deadline it raises _Expired
     (RenderTimeout once out of the render) in the rendering thread (PyThreadState_SetAsyncExc:
-    delivered at that thread's next bytecode, so a template's loop stops there; a single long C call ends first, and the size bounds keep those
-    short). Costs a render nothing but its registration: no trace function."""
+    delivered at that thread's next bytecode, so a template's loop stops there; a single long C
+    call ends first, and the size bounds keep those short). Costs a render nothing but its
+    registration: no trace function."""
 
     def __init__(self):
         self._lock = threading.Lock()  # rendering threads take this one: its __enter__ is C, so the exception cannot
