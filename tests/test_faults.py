@@ -156,23 +156,23 @@ def test_an_interruption_right_after_a_line_is_written_counts_that_line(tmp_path
 
 
 def test_resume_repairs_a_line_cut_short_by_a_hard_kill(tmp_path):
-    from trtgraph.runtime.serving.requests import finished_ids
+    from trtgraph.runtime.serving.requests import resume_point
 
     out = tmp_path / "out.jsonl"
     out.write_bytes(b'{"id": "a", "token_ids": [1], "finish_reason": "length"}\n'
                     b'{"id": "b", "token_ids": [2], "finish_reason": "stop"}\n{"id": "c", "tok')
-    assert finished_ids(out) == {"a", "b"}
+    assert resume_point(out).done == {"a", "b"}
     assert out.read_bytes().endswith(b'"stop"}\n')  # valid JSONL again; "c" runs again
 
 
 def test_resume_refuses_a_file_that_is_not_run_output(tmp_path):
     from trtgraph.errors import PromptError
-    from trtgraph.runtime.serving.requests import finished_ids
+    from trtgraph.runtime.serving.requests import resume_point
 
     out = tmp_path / "notes.txt"
     out.write_text("hello\nworld\n")
     with pytest.raises(PromptError, match="line 1: not a result line"):
-        finished_ids(out)
+        resume_point(out)
 
 
 def test_resume_needs_an_output_file(default_artifacts, tmp_path):

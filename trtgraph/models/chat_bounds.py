@@ -137,6 +137,25 @@ def _int_arg(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _check_join(items, sep, what: str) -> None:
+    """`sep.join(items)`'s size, refused before it is built (the str method and the join filter)."""
+    if sum(_size(i) for i in items) + _size(sep) * len(items) > MAX_CHARS:
+        raise RenderLimit(f"{what} past the size limit")
+
+
+def _check_replace(text: str, old: str, new: str, what: str) -> None:
+    """`text.replace(old, new)`'s size (an empty `old` inserts `new` at every position), refused before it is built."""
+    if len(text) + (text.count(old) if old else len(text) + 1) * len(new) > MAX_CHARS:
+        raise RenderLimit(f"{what} past the size limit")
+
+
+def _keep_pass_arg(fn, wrapper):
+    """`wrapper` with jinja2's pass_context / pass_eval_context / pass_environment mark of `fn`."""
+    if hasattr(fn, "jinja_pass_arg"):
+        wrapper.jinja_pass_arg = fn.jinja_pass_arg
+    return wrapper
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with the size bounds above (the deadline is `render`'s)."""
 
@@ -192,20 +211,18 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 raise RenderLimit(f"str.{name} with a width over {MAX_CHARS:,}")
             if name == "expandtabs" and owner.count("\t") * max((_int_arg(a) for a in args), default=8) > MAX_CHARS:
                 raise RenderLimit("str.expandtabs past the size limit")
-            if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str) \
-                    and len(owner) + (owner.count(args[0]) if args[0] else len(owner) + 1) * len(args[1]) > MAX_CHARS:
-                raise RenderLimit("str.replace past the size limit")
-            if name == "join" and args and isinstance(args[0], (list, tuple)) \
-                    and sum(_size(i) for i in args[0]) + len(owner) * len(args[0]) > MAX_CHARS:
-                raise RenderLimit("str.join past the size limit")
+            if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                _check_replace(owner, args[0], args[1], "str.replace")
+            if name == "join" and args and isinstance(args[0], (list, tuple)):
+                _check_join(args[0], owner, "str.join")
         return checked(super().call(__context, __obj, *args, **kwargs), f"calling {name or 'a function'}")
 
     def wrap_str_format(self, value):
         wrapped = super().wrap_str_format(value)
-        if wrapped is not None and _FORMAT_SPEC.search(value.__self__):
-            raise RenderLimit("a str.format width over the size limit")
         if wrapped is None:
             return None
+        if _FORMAT_SPEC.search(value.__self__):
+            raise RenderLimit("a str.format width over the size limit")
         fields = value.__self__.count("{")
 
         def bounded(*args, **kwargs):
@@ -255,8 +272,9 @@ _COMPARING_TESTS = frozenset({"in", "eq", "equalto", "==", "ne", "!=", "lt", "le
 
 
 def bound_filters(env: BoundedSandbox) -> None:
-    """Every filter's result size-checked; `center`'s and `indent`'s widths, `format`'s %-widths,
-    `tojson`'s indent and what `join` and `replace` would build checked before they run."""
+    """Every filter's result size-checked, and the text of what it is given unless it is structural;
+    `center`'s and `indent`'s widths, `format`'s %-widths, `tojson`'s indent and what `join` and
+    `replace` would build checked before they run. Comparing tests check their operands' text."""
     def sized(name, fn):
         def run(*args, **kwargs):
             if name == "center" and _int_arg(args[1] if len(args) > 1 else kwargs.get("width")) > MAX_CHARS:
@@ -275,20 +293,13 @@ def bound_filters(env: BoundedSandbox) -> None:
                 raise RenderLimit("tojson with an indent over 1,024")
             values = [a for a in args if isinstance(a, (str, list, tuple))]  # (past a context jinja passes first)
             if name == "join" and values and isinstance(values[0], (list, tuple)):
-                items, sep = values[0], (args[args.index(values[0]) + 1] if len(args) > args.index(values[0]) + 1
-                                         else kwargs.get("d", ""))
-                if sum(_size(i) for i in items) + _size(sep) * len(items) > MAX_CHARS:
-                    raise RenderLimit("the join filter past the size limit")
+                at = args.index(values[0]) + 1
+                _check_join(values[0], args[at] if len(args) > at else kwargs.get("d", ""), "the join filter")
             if name == "replace" and len(values) >= 3 and all(isinstance(v, str) for v in values[:3]):
-                text, old, new = values[:3]
-                if len(text) + text.count(old) * len(new) > MAX_CHARS if old else len(text) * (len(new) + 1) > MAX_CHARS:
-                    raise RenderLimit("the replace filter past the size limit")
+                _check_replace(*values[:3], "the replace filter")
             return checked(fn(*args, **kwargs), f"the {name} filter")
 
-        for attr in ("jinja_pass_arg",):  # keep jinja2's pass_context / pass_environment marks
-            if hasattr(fn, attr):
-                setattr(run, attr, getattr(fn, attr))
-        return run
+        return _keep_pass_arg(fn, run)
 
     env.filters = {name: sized(name, _bounded_sum if name == "sum" else fn) for name, fn in env.filters.items()}
 
@@ -298,9 +309,7 @@ def bound_filters(env: BoundedSandbox) -> None:
                 _texts_checked([*args, *kwargs.values()], f"the test {name} on")
             return fn(*args, **kwargs)
 
-        if hasattr(fn, "jinja_pass_arg"):
-            run.jinja_pass_arg = fn.jinja_pass_arg
-        return run
+        return _keep_pass_arg(fn, run)
 
     env.tests = {name: tested(name, fn) for name, fn in env.tests.items()}
 
@@ -344,13 +353,11 @@ class _Watchdog:
             self._cond.notify()
             return self._next
 
-    def end(self, token: int) -> bool:
-        """True if the deadline fired for this render (its exception is then cleared if still pending)."""
+    def end(self, token: int) -> None:
+        """The render is over; if its deadline fired, a still-pending exception is cleared."""
         with self._lock:  # the watchdog removes an entry and raises in its thread under this lock too
-            fired = self._renders.pop(token, None) is None
-            if fired:  # delivered already (then raised in this thread), or still pending: cleared here
+            if self._renders.pop(token, None) is None:  # fired: delivered already, or still pending
                 _set_async_exc(threading.get_ident(), None)
-        return fired
 
     def _run(self) -> None:
         with self._cond:

@@ -299,12 +299,6 @@ class ResumePoint:
     unchecked: int = 0  # results without a fingerprint (an older trtgraph's): their requests were not compared
 
 
-def finished_ids(path: str | Path, key: str = "id", expected: set[str] | None = None,
-                 prompts: str = "the prompts file") -> set[str]:
-    """Ids already in a results file (resume_point's `done`)."""
-    return resume_point(path, key, expected, prompts).done
-
-
 def resume_point(path: str | Path, key: str = "id", expected: set[str] | None = None,
                  prompts: str = "the prompts file", sources: dict[str, tuple[int, str]] | None = None) -> ResumePoint:
     """Ids already in a results file (the `key` field of each line: `custom_id` in an OpenAI

@@ -59,7 +59,7 @@ def _check(rc: int, what: str) -> None:
 
 
 def _begin_pool(device: int, pool) -> None:
-    """This thread's allocations go to `pool` (torch's private graph pool) until `_end_pool`."""
+    """This thread's allocations go to `pool` (torch's private graph pool) until torch._C._cuda_endAllocateToPool."""
     begin = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
     if begin is None:  # an older torch: every stream's allocations
         torch._C._cuda_beginAllocateToPool(device, pool)
