@@ -49,7 +49,8 @@ a variant's two results):
   (16, 64), not one 32-row tile); `cut16`: `light` with the 33-64-row path (cuBLAS qkv and o,
   RoPE inside attention, hoisted norms, the split down projection, the TMA LM head) from 17 rows
   (decode_linear.FUSED_MAX_ROWS 16); `logits`: `light` with the greedy LM head writing its fp32
-  logits, as before the twelfth session (the step writes none since).
+  logits, as before the twelfth session (the step writes none since); `sumw4`: `light` with the
+  split down projection's sum kernel on 4 warps, as before the fourteenth session (row_warps: 16).
 Each replay's logits (a greedy key's: its head run again on the step's head input) are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -124,6 +125,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "sep-argmax": {**NEW, **LIGHT, "fused_argmax": False},
             "notma": {**NEW, **LIGHT, "tma": {}},
             "logits": {**NEW, **LIGHT, "store_logits": True},
+            "sumw4": {**NEW, **LIGHT, "sum_warps": 4, "batches": (40, 64)},
             "tma64": {**NEW, **LIGHT, "tma": {LM: (64, 128, 3, 4)}, "batches": (33, 40, 48, 64)},
             "tmak128": {**NEW, **LIGHT, "tma": {LM: (128, 128, 4, 4)}, "batches": (33, 40, 48, 64)},
             "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "batches": (16, 17, 24, 32)},
@@ -153,6 +155,7 @@ def install(ex, v):
     dp.choose_tail(dl._CHOICE, ex.device, False, False, torch.bfloat16)
     fused = _with_argmax(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                                  lin.linear_residual if v["epilogue"] else None), smp.argmax)
+    sr.NUM_WARPS = v.get("sum_warps")  # None: the shipped triton_ops.row_warps
     sr._SPLITS.clear()
     sr._SPLITS.update(v.get("split", decode_tuned.SPLIT_DOWN))
     tma_head._ON.clear()

@@ -7,9 +7,10 @@ Here one strided-batched cuBLAS GEMM writes each K slice's fp32 partial product 
 (`torch.bmm(..., out_dtype=float32)`: the slices are views of x and of the weight, nothing is
 copied), and one Triton kernel (`_sum_add_norm_kernel`, a program per row) sums the partials in
 slice order, adds the residual and rounds once (as `addmm_`'s epilogue does), stores the new
-residual and the next layer's RMSNorm of it (triton_ops.rms_norm's arithmetic, bit for bit). On
-the H200 at Llama-3.2-1B's down shape: 15.2-15.6 us per layer against 16.7 for addmm_ + the norm
-(`scripts/splitk_probe.py`; docs/performance.md, ninth session), 16 kernels fewer per step.
+residual and the next layer's RMSNorm of it (triton_ops.rms_norm's arithmetic and warps, bit for
+bit). On the H200 at Llama-3.2-1B's down shape: 15.2-15.6 us per layer against 16.7 for addmm_ + the
+norm (`scripts/splitk_probe.py`; docs/performance.md, ninth session), 16 kernels fewer per step; the
+sum kernel 3.2 -> 2.0 us a layer on 16 warps instead of 4 (fourteenth session).
 
 Rounding and invariance: a row's partials are cuBLAS's products over its K slices; `choose_split`
 installs a shape only where they are bitwise the same at every row count of 33-64 the plan runs
@@ -29,8 +30,10 @@ import triton.language as tl
 
 from . import decode_tuned
 from .composed import FusedOps, residual_norm_op, tail_norm_op
+from .triton_ops import row_warps
 
 SPLIT_MIN_ROWS, SPLIT_MAX_ROWS = 33, 64
+NUM_WARPS: int | None = None  # the sum kernel's warps (None: triton_ops.row_warps; scripts/decode_ablation.py sets it)
 _SPLITS: dict[tuple[int, int], int] = {}  # (N, K) -> K slices, installed by choose_split
 
 
@@ -77,8 +80,9 @@ def split_linear_residual_norm(x: torch.Tensor, weight: torch.Tensor, residual: 
     parts = partials(x, weight, splits)
     out = torch.empty_like(residual)
     if T > 0:
-        _sum_add_norm_kernel[(T,)](parts, residual, norm_weight, out, T, N, eps, S=splits,
-                                   BLOCK=triton.next_power_of_2(N), num_warps=4)
+        block = triton.next_power_of_2(N)
+        _sum_add_norm_kernel[(T,)](parts, residual, norm_weight, out, T, N, eps, S=splits, BLOCK=block,
+                                   num_warps=NUM_WARPS or row_warps(block))
     return residual, out
 
 
