@@ -23,7 +23,9 @@
 #    bench, the step profile, decode_ablation light / sumw4 (before) at bs 1-64, and the example
 #    captured, 256 greedy prompts run replayed and --eager, compared token for token (the suite did not
 #    run: tests/test_r13_resume.py imported `openai`, which the device lacks, at collection);
-#  8 (nvidia-h200-x2): that import fixed, `pytest -m gpu` on GPU 1 while GPU 0 runs the bench again.
+#  8 (nvidia-h200-x2): that import fixed, `pytest -m gpu` on GPU 1 while GPU 0 runs the bench again;
+#  9 (one H200): the recording's GPU tests and tests/test_gpu.py's capture / replay / out-of-memory
+#    tests after cuda_graph.py's two simplifications, and replay()'s host cost (replay_host_cost.py).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s)
@@ -101,5 +103,9 @@ case ${CALL:?CALL=1..} in
      --prompts 64 --no-hf --out /tmp/b > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
    wait $SUITE
    tail -3 "$OUT/pytest_gpu.log" >> "$LOG" ;;
+9) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graph.py tests/test_gpu.py \
+     -k "cuda_graph or capture_parity or replay_equals_eager or out_of_memory" > "$OUT/pytest.txt" 2>&1
+   note "pytest rc=$? $(tail -1 "$OUT/pytest.txt")"
+   timeout 60 python3 scripts/replay_host_cost.py >> "$LOG" 2>&1; note "host cost rc=$?" ;;
 esac
 note done
