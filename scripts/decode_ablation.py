@@ -48,7 +48,7 @@ a variant's two results):
   `light` with steps of 17-32 rows as two 16-row m-tiles in the fused GEMVs (decode_linear._ROW_TILES
   (16, 64), not one 32-row tile); `cut16`: `light` with the 33-64-row path (cuBLAS qkv and o,
   RoPE inside attention, hoisted norms, the split down projection, the TMA LM head) from 17 rows
-  (decode_linear.FUSED_MAX_ROWS 16); `logits`: `light` with the greedy LM head writing its fp32
+  (decode_linear.FUSED_MAX_ROWS 16), `cut24` the same from 25 rows; `logits`: `light` with the greedy LM head writing its fp32
   logits, as before the twelfth session (the step writes none since); `sumw4`: `light` with the
   split down projection's sum kernel on 4 warps, as before the fourteenth session (row_warps: 16).
 Each replay's logits (a greedy key's: its head run again on the step's head input) are checked bitwise against the eager run of the same variant; the kernels
@@ -130,6 +130,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "tmak128": {**NEW, **LIGHT, "tma": {LM: (128, 128, 4, 4)}, "batches": (33, 40, 48, 64)},
             "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "batches": (16, 17, 24, 32)},
             "cut16": {**NEW, **LIGHT, "bands": 16, "batches": (16, 17, 24, 32)},
+            "cut24": {**NEW, **LIGHT, "bands": 24, "batches": (24, 32)},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},

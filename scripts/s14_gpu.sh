@@ -25,7 +25,9 @@
 #    run: tests/test_r13_resume.py imported `openai`, which the device lacks, at collection);
 #  8 (nvidia-h200-x2): that import fixed, `pytest -m gpu` on GPU 1 while GPU 0 runs the bench again;
 #  9 (one H200): the recording's GPU tests and tests/test_gpu.py's capture / replay / out-of-memory
-#    tests after cuda_graph.py's two simplifications, and replay()'s host cost (replay_host_cost.py).
+#    tests after cuda_graph.py's two simplifications, and replay()'s host cost (replay_host_cost.py);
+#  10 (one H200): the 33-64-row path from 17 / 25 rows (decode_ablation cut16, cut24) against `light`
+#    at bs 17, 24, 32, now that path's sum kernel is faster.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s)
@@ -107,5 +109,7 @@ case ${CALL:?CALL=1..} in
      -k "cuda_graph or capture_parity or replay_equals_eager or out_of_memory" > "$OUT/pytest.txt" 2>&1
    note "pytest rc=$? $(tail -1 "$OUT/pytest.txt")"
    timeout 60 python3 scripts/replay_host_cost.py >> "$LOG" 2>&1; note "host cost rc=$?" ;;
+10) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 cut24 \
+      --batches 17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
 esac
 note done
