@@ -27,7 +27,9 @@
 #  9 (one H200): the recording's GPU tests and tests/test_gpu.py's capture / replay / out-of-memory
 #    tests after cuda_graph.py's two simplifications, and replay()'s host cost (replay_host_cost.py);
 #  10 (one H200): the 33-64-row path from 17 / 25 rows (decode_ablation cut16, cut24) against `light`
-#    at bs 17, 24, 32, now that path's sum kernel is faster.
+#    at bs 17, 24, 32, now that path's sum kernel is faster;
+#  11 (one H200): light / cut16 / cut16-head33 (the LM head on the fused GEMV up to 32 rows) / cut8 at
+#    bs 16, 17, 24, 32.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s)
@@ -111,5 +113,7 @@ case ${CALL:?CALL=1..} in
    timeout 60 python3 scripts/replay_host_cost.py >> "$LOG" 2>&1; note "host cost rc=$?" ;;
 10) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 cut24 \
       --batches 17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
+11) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 \
+      cut16-head33 cut8 --batches 16,17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
 esac
 note done
