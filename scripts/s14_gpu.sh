@@ -29,7 +29,10 @@
 #  10 (one H200): the 33-64-row path from 17 / 25 rows (decode_ablation cut16, cut24) against `light`
 #    at bs 17, 24, 32, now that path's sum kernel is faster;
 #  11 (one H200): light / cut16 / cut16-head33 (the LM head on the fused GEMV up to 32 rows) / cut8 at
-#    bs 16, 17, 24, 32.
+#    bs 16, 17, 24, 32;
+#  12 (nvidia-h200-x2): the tree with the fused GEMVs' band at 16 rows: `pytest -m gpu` on GPU 1 while
+#    GPU 0 runs the bench, the step profile, decode_ablation light / cut32 (the band before) at bs 17-64,
+#    the example captured (its fused_ops: the split's band) and 256 prompts replayed vs --eager.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s)
@@ -115,5 +118,29 @@ case ${CALL:?CALL=1..} in
       --batches 17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
 11) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 \
       cut16-head33 cut8 --batches 16,17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
+12) { nvidia-smi --query-gpu=index,name,driver_version --format=csv; git log --oneline -1; } >> "$LOG" 2>&1
+   ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-560} taskset -c 16-31 \
+       python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/ > "$OUT/pytest_gpu.log" 2>&1
+     note "pytest rc=$?" ) &
+   SUITE=$!
+   export CUDA_VISIBLE_DEVICES=0
+   P="taskset -c 0-15"
+   $P python3 -m trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml --prompts 64 --no-hf --out /tmp/b \
+     > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
+   $P timeout 90 python3 scripts/profile_step.py /tmp/b/artifacts 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
+   $P timeout 150 python3 scripts/decode_ablation.py /tmp/abl.json examples/llama-3.2-1b-synthetic.yaml light cut32 \
+     --batches 17,24,32,40,64 2>&1 | grep "#" >> "$LOG"; note "ablation done"
+   $P python3 -m trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml --out /tmp/art > /tmp/capture.txt 2>&1
+   note "capture rc=$? $(tail -1 /tmp/capture.txt)"
+   python3 -c "import json; t = json.load(open('/tmp/art/manifest.json'))['totals']; print(t['fused_ops'])" >> "$LOG" 2>&1
+   python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
+   for m in replay eager; do
+     $P python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest /tmp/art --output /tmp/$m.jsonl \
+       --summary-json /tmp/run_$m.json $([ $m = eager ] && echo --eager) > /tmp/run_$m.txt 2>&1; note "run $m rc=$?"
+   done
+   python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?"
+   cat /tmp/run_replay.json >> "$OUT/compare.txt" 2>/dev/null
+   wait $SUITE
+   grep -E "passed|failed|error|split band" "$OUT/pytest_gpu.log" | tail -5 >> "$LOG" ;;
 esac
 note done
