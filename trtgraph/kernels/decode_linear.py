@@ -58,7 +58,7 @@ from .triton_ops import argmax_best, arrival_counters, pdl_capable
 # benches, while bs 1-32 gained (docs/performance.md, branch h/k). So past 32 rows the composition,
 # and since the fourteenth session past 16: the path of more rows (cuBLAS qkv and o, RoPE inside
 # attention, hoisted norms, the split down projection; the LM head stays on its fused GEMV up to
-# 32 rows) took the replayed step 35-59 us below the fused kernels' at bs 17-32 and lost 7-9 us at
+# 32 rows) took the replayed step 34-62 us below the fused kernels' at bs 17-32 and lost 7-9 us at
 # bs 16 (scripts/decode_ablation.py cut32 / light / cut8; docs/performance.md). With `deterministic`
 # the split and the hoisted norms' other rounding are not installed, so the fused kernels keep
 # serving up to DETERMINISTIC_MAX_ROWS (choose_fused installs the band).

@@ -27,7 +27,7 @@ def row_warps(block: int) -> int:
     norm, split_residual's sum + norm): one 16-byte load of fp32 per thread and partial at 2,048 and
     more, at least 4. A function of the row's length only, so every kernel that takes a row's RMSNorm
     this way reduces it in the same order (their outputs are bitwise equal). On the H200 the split
-    down projection's sum kernel at 16 warps against 4: the bs-64 step 16-18 us faster
+    down projection's sum kernel at 16 warps against 4: the bs-64 step 9-27 us faster
     (scripts/decode_ablation.py sumw4 / light; docs/performance.md, fourteenth session)."""
     return max(4, min(16, block // 128))
 
