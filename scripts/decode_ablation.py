@@ -46,13 +46,14 @@ a variant's two results):
   64-wide tiles (BLOCK_N 64, 3 stages: the probe's best at 64 rows, slower at 40); `tmak128`: the
   TMA head's config before the eleventh session (128-wide K steps: one program per SM); `rt16`:
   `light` with steps of 17-32 rows as two 16-row m-tiles in the fused GEMVs (decode_linear._ROW_TILES
-  (16, 64), not one 32-row tile); `cut32`: the fused GEMVs' band before the
-  fourteenth session (up to 32 rows; the path of more rows, cuBLAS qkv and o, RoPE inside attention,
-  hoisted norms and the split down projection, from 33); `light` has that path from 17 rows
-  (decode_linear.FUSED_MAX_ROWS 16; = `cut16-head33`), `cut16` with the TMA LM head from 17 rows too (it
-  serves 33-64 in `light`), `cut24` / `cut8` the path from 25 / 9 rows; `logits`: `light` with the greedy LM head writing its fp32
-  logits, as before the twelfth session (the step writes none since); `sumw4`: `light` with the
-  split down projection's sum kernel on 4 warps, as before the fourteenth session (row_warps: 16).
+  (16, 64), not one 32-row tile; with the fused band at 32 rows, as then); `cut32`: the fused GEMVs'
+  band before the fourteenth session (up to 32 rows; the path of more rows, cuBLAS qkv and o, RoPE
+  inside attention, hoisted norms and the split down projection, from 33); `light` has that path from
+  17 rows (decode_linear.FUSED_MAX_ROWS 16; = `cut16-head33`), `cut16` with the TMA LM head from 17
+  rows too (it serves 33-64 in `light`), `cut24` / `cut8` the path from 25 / 9 rows; `logits`: `light`
+  with the greedy LM head writing its fp32 logits, as before the twelfth session (the step writes none
+  since); `sumw4`: `light` with the split down projection's sum kernel on 4 warps, as before the
+  fourteenth session (row_warps: 16).
 Each replay's logits (a greedy key's: its head run again on the step's head input) are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -130,7 +131,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "sumw4": {**NEW, **LIGHT, "sum_warps": 4, "batches": (40, 64)},
             "tma64": {**NEW, **LIGHT, "tma": {LM: (64, 128, 3, 4)}, "batches": (33, 40, 48, 64)},
             "tmak128": {**NEW, **LIGHT, "tma": {LM: (128, 128, 4, 4)}, "batches": (33, 40, 48, 64)},
-            "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "batches": (16, 17, 24, 32)},
+            "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "bands": 32, "batches": (16, 17, 24, 32)},
             "cut16": {**NEW, **LIGHT, "bands": 16, "tma_min": 17, "batches": (16, 17, 24, 32)},
             "cut24": {**NEW, **LIGHT, "bands": 24, "tma_min": 25, "batches": (24, 32)},
             "cut8": {**NEW, **LIGHT, "bands": 8, "batches": (16, 17)},
@@ -151,7 +152,7 @@ def install(ex, v):
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
     dl._ROW_TILES = v.get("row_tiles", (16, 32, 64))
-    cut = v.get("bands", dl.FUSED_MAX_ROWS)  # the fused qkv / o / down serve up to `cut` rows; the path of more from cut + 1
+    cut = v.get("bands", dl.FUSED_MAX_ROWS)  # the fused qkv / o / down up to `cut` rows; the other path from cut + 1
     dl._MAX_ROWS[0], tma_head.TMA_MIN_ROWS = cut, v.get("tma_min", 33)
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower

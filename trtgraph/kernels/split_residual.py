@@ -1,8 +1,9 @@
 """The down projection of a decode step of 17-64 rows, its residual add and the next layer's
 RMSNorm in two kernels (`linear_residual_norm`).
 
-At 17-64 rows (the steps past the fused GEMVs' band, decode_linear.FUSED_MAX_ROWS) cuBLAS runs the down projection (K = 4 N on Llama shapes) as a split-K GEMM plus
-its own reduce kernel, and the next layer's RMSNorm, before its cuBLAS qkv, is a third kernel.
+At 17-64 rows (the steps past the fused GEMVs' band, decode_linear.FUSED_MAX_ROWS) cuBLAS runs the
+down projection (K = 4 N on Llama shapes) as a split-K GEMM plus its own reduce kernel, and the next
+layer's RMSNorm, before its cuBLAS qkv, is a third kernel.
 Here one strided-batched cuBLAS GEMM writes each K slice's fp32 partial product [S, T, N]
 (`torch.bmm(..., out_dtype=float32)`: the slices are views of x and of the weight, nothing is
 copied), and one Triton kernel (`_sum_add_norm_kernel`, a program per row) sums the partials in
