@@ -46,10 +46,14 @@ a variant's two results):
   64-wide tiles (BLOCK_N 64, 3 stages: the probe's best at 64 rows, slower at 40); `tmak128`: the
   TMA head's config before the eleventh session (128-wide K steps: one program per SM); `rt16`:
   `light` with steps of 17-32 rows as two 16-row m-tiles in the fused GEMVs (decode_linear._ROW_TILES
-  (16, 64), not one 32-row tile); `cut16`: `light` with the 33-64-row path (cuBLAS qkv and o,
-  RoPE inside attention, hoisted norms, the split down projection, the TMA LM head) from 17 rows
-  (decode_linear.FUSED_MAX_ROWS 16); `logits`: `light` with the greedy LM head writing its fp32
-  logits, as before the twelfth session (the step writes none since).
+  (16, 64), not one 32-row tile; with the fused band at 32 rows, as then); `cut32`: the fused GEMVs'
+  band before the fourteenth session (up to 32 rows; the path of more rows, cuBLAS qkv and o, RoPE
+  inside attention, hoisted norms and the split down projection, from 33); `light` has that path from
+  17 rows (decode_linear.FUSED_MAX_ROWS 16; = `cut16-head33`), `cut16` with the TMA LM head from 17
+  rows too (it serves 33-64 in `light`), `cut24` / `cut8` the path from 25 / 9 rows; `logits`: `light`
+  with the greedy LM head writing its fp32 logits, as before the twelfth session (the step writes none
+  since); `sumw4`: `light` with the split down projection's sum kernel on 4 warps, as before the
+  fourteenth session (row_warps: 16).
 Each replay's logits (a greedy key's: its head run again on the step's head input) are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -124,10 +128,15 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "sep-argmax": {**NEW, **LIGHT, "fused_argmax": False},
             "notma": {**NEW, **LIGHT, "tma": {}},
             "logits": {**NEW, **LIGHT, "store_logits": True},
+            "sumw4": {**NEW, **LIGHT, "sum_warps": 4, "batches": (40, 64)},
             "tma64": {**NEW, **LIGHT, "tma": {LM: (64, 128, 3, 4)}, "batches": (33, 40, 48, 64)},
             "tmak128": {**NEW, **LIGHT, "tma": {LM: (128, 128, 4, 4)}, "batches": (33, 40, 48, 64)},
-            "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "batches": (16, 17, 24, 32)},
-            "cut16": {**NEW, **LIGHT, "bands": 16, "batches": (16, 17, 24, 32)},
+            "rt16": {**NEW, **LIGHT, "row_tiles": (16, 64), "bands": 32, "batches": (16, 17, 24, 32)},
+            "cut16": {**NEW, **LIGHT, "bands": 16, "tma_min": 17, "batches": (16, 17, 24, 32)},
+            "cut24": {**NEW, **LIGHT, "bands": 24, "tma_min": 25, "batches": (24, 32)},
+            "cut8": {**NEW, **LIGHT, "bands": 8, "batches": (16, 17)},
+            "cut16-head33": {**NEW, **LIGHT, "bands": 16, "tma_min": 33, "batches": (17, 24, 32)},
+            "cut32": {**NEW, **LIGHT, "bands": 32, "batches": (16, 17, 24, 32)},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
@@ -143,8 +152,8 @@ def install(ex, v):
     attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
     dl._TUNED = dict(v["tuned"])
     dl._ROW_TILES = v.get("row_tiles", (16, 32, 64))
-    cut = v.get("bands", 32)  # the fused qkv / o / down serve up to `cut` rows; the 33-64-row path from cut + 1
-    dl.FUSED_MAX_ROWS, sr.SPLIT_MIN_ROWS, tma_head.TMA_MIN_ROWS = cut, cut + 1, cut + 1
+    cut = v.get("bands", dl.FUSED_MAX_ROWS)  # the fused qkv / o / down up to `cut` rows; the other path from cut + 1
+    dl._MAX_ROWS[0], tma_head.TMA_MIN_ROWS = cut, v.get("tma_min", 33)
     dl._LIGHT_ON, dl._LIGHT_PDL = set(v["light"]), frozenset(v["light_pdl"])
     for key in dl._CHOICE:  # bf16 on one GPU, deterministic off: fused unless the table says slower
         dl._CHOICE[key] = dl.COMPOSED if key in v["slower"] else dl.FUSED
@@ -153,8 +162,9 @@ def install(ex, v):
     dp.choose_tail(dl._CHOICE, ex.device, False, False, torch.bfloat16)
     fused = _with_argmax(compose(t.rms_norm, lin.linear, t.silu_and_mul, t.rope_write_kv,
                                  lin.linear_residual if v["epilogue"] else None), smp.argmax)
+    sr.NUM_WARPS = v.get("sum_warps")  # None: the shipped triton_ops.row_warps
     sr._SPLITS.clear()
-    sr._SPLITS.update(v.get("split", decode_tuned.SPLIT_DOWN))
+    sr._SPLITS.update({shape: (n, cut + 1) for shape, n in v.get("split", decode_tuned.SPLIT_DOWN).items()})
     tma_head._ON.clear()
     tma_head._ON.update(v.get("tma", decode_tuned.TMA_HEAD))
     model = ex.loaded.model

@@ -207,7 +207,7 @@ def test_light_choice(monkeypatch):
     cuda = torch.device("cuda")
     shapes = [("linear_residual", 64, 32), ("linear_residual", 32, 32)]
     got = dl.choose_fused(shapes, {(64, 32): [1, 8, 16], (32, 32): [1]}, cuda, False, False, dtype=torch.bfloat16)
-    assert got == {"linear_residual:64x32": "fused+light<=1", "linear_residual:32x32": "fused"}
+    assert got == {"linear_residual:64x32": "fused<=16+light<=1", "linear_residual:32x32": "fused<=16"}
     assert dl._LIGHT_ON == {(64, 32)}
     got = dl.choose_fused(shapes, {(64, 32): [1, 2], (32, 32): [1]}, cuda, True, False, dtype=torch.bfloat16)
     assert got["linear_residual:64x32"] == "fused" and not dl._LIGHT_ON
@@ -219,7 +219,7 @@ def test_light_choice(monkeypatch):
 
 
 def test_manifest_accepts_every_recorded_choice(monkeypatch, tmp_path):
-    """Every name installed_choice() records (fused, fused<=64, either with +light<=1) is a valid
+    """Every name installed_choice() records (fused<=16, fused<=64, either with +light<=1) is a valid
     totals.fused_ops value, so the manifest a capture with the light kernel writes loads (the
     H200 capture at e7f51a9 wrote "fused+light<=1" and `run` refused its own manifest); an
     unknown name is still refused with "Recapture"."""
@@ -232,7 +232,7 @@ def test_manifest_accepts_every_recorded_choice(monkeypatch, tmp_path):
     shapes = [("linear_residual", 64, 32), ("norm_linear", 72, 48), ("linear_residual", 32, 32)]
     got = dl.choose_fused(shapes, {}, torch.device("cuda"), False, False, dtype=torch.bfloat16)
     dl._LIGHT_ON.clear()
-    assert sorted(got.values()) == ["fused", "fused+light<=1", "fused<=64+light<=1"]
+    assert sorted(got.values()) == ["fused<=16", "fused<=16+light<=1", "fused<=64+light<=1"]
     v = FieldReader(tmp_path / "manifest.json", "Recapture.")
     totals = {"num_keys": 1, "warmup_seconds": 0.5, "capture_seconds": 0.5, "pool_bytes": 0,
               "largest_key_pool_bytes": 0, "fused_ops": got}
@@ -273,15 +273,18 @@ def test_choice_and_dispatch(monkeypatch):
     WIDE shapes) rows; dispatch runs the chosen path for steps of at most that many rows."""
     shapes = [("norm_linear", 72, 48), ("linear_residual", 48, 40)]
     counts = {(72, 48): [1, 8, dl.FUSED_MAX_ROWS], (48, 40): [1, 8, dl.FUSED_MAX_ROWS + 1]}
+    # `deterministic` keeps the fused kernels up to DETERMINISTIC_MAX_ROWS (no split, no hoisted norms there)
+    det = {(72, 48): [1, 8, dl.DETERMINISTIC_MAX_ROWS], (48, 40): [1, 8, dl.DETERMINISTIC_MAX_ROWS + 1]}
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert dl.choose_fused(shapes, counts, cpu, False, False, dtype=BF16) == {"linear_residual:48x40": "composed",
                                                                   "norm_linear:72x48": "composed"}
     assert dl.choose_fused(shapes, counts, cuda, False, True, dtype=BF16) == {"linear_residual:48x40": "composed",
                                                                   "norm_linear:72x48": "composed"}
-    assert dl.choose_fused(shapes, counts, cuda, True, False, dtype=BF16) == {"linear_residual:48x40": "composed",
-                                                                  "norm_linear:72x48": "fused"}
-    assert dl.choose_fused(shapes, counts, cuda, False, False, dtype=BF16) == {"linear_residual:48x40": "fused",
-                                                                   "norm_linear:72x48": "fused"}
+    assert dl.choose_fused(shapes, det, cuda, True, False, dtype=BF16) == {"linear_residual:48x40": "composed",
+                                                               "norm_linear:72x48": "fused"}
+    assert dl.max_rows("norm_linear", 72, 48) == dl.DETERMINISTIC_MAX_ROWS
+    assert dl.choose_fused(shapes, counts, cuda, False, False, dtype=BF16) == {"linear_residual:48x40": "fused<=16",
+                                                                   "norm_linear:72x48": "fused<=16"}
     calls = []
     composed = REF._replace(norm_linear=lambda *a: calls.append("composed"))
     monkeypatch.setattr(dl, "FUSED_OPS", REF._replace(norm_linear=lambda *a: calls.append("fused")))
@@ -304,7 +307,7 @@ def test_choice_and_dispatch(monkeypatch):
     ops.norm_linear(torch.zeros(dl.WIDE_MAX_ROWS, 48), None, 0.0, w)
     ops.norm_linear(torch.zeros(dl.WIDE_MAX_ROWS + 1, 48), None, 0.0, w)
     assert calls == ["fused", "composed"]
-    assert dl.max_rows("linear_residual", 48, 40) == dl.FUSED_MAX_ROWS
+    assert dl.max_rows("linear_residual", 48, 40) == dl.DETERMINISTIC_MAX_ROWS  # the last choice's band
     dl.choose_fused([], {}, cpu, False, False, dtype=BF16)
     assert dl.installed_choice() == {}
 
@@ -487,7 +490,14 @@ def test_run_refuses_a_manifest_whose_kernel_choice_this_build_does_not_make(tmp
         check({"linear_backends": {"2048x2048": "cublas"}}, path)
     # a shape fused for more rows (WIDE) than when the manifest was captured: refused too
     dl.choose_fused([("norm_linear", 72, 48)], {}, torch.device("cuda"), False, False, dtype=BF16)
-    assert dl.installed_choice() == {"norm_linear:72x48": "fused"}
+    assert dl.installed_choice() == {"norm_linear:72x48": "fused<=16"}
+    check({"fused_ops": {"norm_linear:72x48": "fused<=16"}}, path)
+    # a manifest of a build that fused up to 32 rows ("fused"): refused by this one's 16
+    with pytest.raises(ManifestError, match=r"totals.fused_ops .*norm_linear:72x48.*Recapture"):
+        check({"fused_ops": {"norm_linear:72x48": "fused"}}, path)
+    dl.choose_fused([("norm_linear", 72, 48)], {}, torch.device("cuda"), True, False, dtype=BF16)
+    check({"fused_ops": {"norm_linear:72x48": "fused"}}, path)  # `deterministic`: up to 32, as before
+    dl.choose_fused([("norm_linear", 72, 48)], {}, torch.device("cuda"), False, False, dtype=BF16)
     monkeypatch.setattr(dl, "_WIDE", {("norm_linear", 72, 48)})
     check({"fused_ops": {"norm_linear:72x48": "fused<=64"}}, path)
     with pytest.raises(ManifestError, match=r"totals.fused_ops .*norm_linear:72x48.*Recapture"):

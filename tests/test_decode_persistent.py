@@ -87,9 +87,9 @@ def test_choice_records_the_tail_and_the_manifest_accepts_it(monkeypatch, tmp_pa
     try:
         got = dl.choose_fused(shapes, {}, cuda, False, False, dtype=BF16)
         assert dp._TAIL_ON == {((48, 32), (80, 48), (48, 40))}
-        assert got == {"linear_residual:48x32": "fused+tail<=64", "linear_residual:48x40": "fused+tail<=64",
-                       "norm_gate_up_silu:80x48": "fused+tail<=64", "norm_linear:72x48": "fused",
-                       "norm_qkv_rope:96x48": "fused"}
+        assert got == {"linear_residual:48x32": "fused<=16+tail<=64", "linear_residual:48x40": "fused<=16+tail<=64",
+                       "norm_gate_up_silu:80x48": "fused<=16+tail<=64", "norm_linear:72x48": "fused<=16",
+                       "norm_qkv_rope:96x48": "fused<=16"}
         v = FieldReader(tmp_path / "manifest.json", "Recapture.")
         totals = {"num_keys": 1, "warmup_seconds": 0.5, "capture_seconds": 0.5, "pool_bytes": 0,
                   "largest_key_pool_bytes": 0, "fused_ops": got}
@@ -97,11 +97,11 @@ def test_choice_records_the_tail_and_the_manifest_accepts_it(monkeypatch, tmp_pa
         monkeypatch.setattr(dl, "_LIGHT_ON", {(48, 32)})
         monkeypatch.setattr(dl, "_WIDE", {("norm_gate_up_silu", 80, 48)})
         names = dl.installed_choice()
-        assert names["linear_residual:48x32"] == "fused+light<=1+tail<=64"
+        assert names["linear_residual:48x32"] == "fused<=16+light<=1+tail<=64"
         assert names["norm_gate_up_silu:80x48"] == "fused<=64+tail<=64"
         check_totals(v, {**totals, "fused_ops": names}, [0])
         with pytest.raises(ManifestError, match=r"totals.fused_ops .*Recapture"):
-            check_totals(v, {**totals, "fused_ops": {"linear_residual:48x32": "fused+tail"}}, [0])
+            check_totals(v, {**totals, "fused_ops": {"linear_residual:48x32": "fused<=16+tail"}}, [0])
         for args, kw in (((cuda, True, False), {}), ((cuda, False, True), {}), ((torch.device("cpu"), False, False), {}),
                          ((cuda, False, False), {"dtype": torch.float32})):
             dl.choose_fused(shapes, {}, *args, dtype=kw.get("dtype", BF16))  # deterministic, TP, CPU, fp32

@@ -56,21 +56,25 @@ def test_partials_are_views_of_one_gemm_per_slice():
         torch.testing.assert_close(parts[s], x[:, 16 * s:16 * (s + 1)] @ w[:, 16 * s:16 * (s + 1)].t())
 
 
-def test_dispatch_runs_the_split_only_where_installed_and_for_33_to_64_rows(monkeypatch):
+def test_dispatch_runs_the_split_only_where_installed_and_in_its_band(monkeypatch):
     calls = []
     monkeypatch.setattr(sr, "split_linear_residual_norm", lambda *a, **k: calls.append(a[0].shape[0]) or (a[2], a[2]))
-    monkeypatch.setattr(sr, "_SPLITS", {(24, 64): 4})
+    monkeypatch.setattr(sr, "_SPLITS", {(24, 64): (4, 17)})
     ops = sr.with_split(REF, reference.rms_norm)
-    for T in (1, 32, 33, 48, 64, 65, 128):
+    for T in (1, 16, 17, 32, 33, 48, 64, 65, 128):
         x, w, r, nw = _case(T, 24, 64, torch.float32, "cpu")
         h, normed = ops.linear_residual_norm(x, w, r.clone(), nw, 1e-5)
-        if not 33 <= T <= 64:  # the composition: the references' rounding
+        if not 17 <= T <= 64:  # the composition: the references' rounding
             want = REF.linear_residual_norm(x, w, r.clone(), nw, 1e-5)
             assert torch.equal(h, want[0]) and torch.equal(normed, want[1])
-    assert calls == [33, 48, 64]
+    assert calls == [17, 32, 33, 48, 64]
     x, w, r, nw = _case(40, 24, 32, torch.float32, "cpu")  # a shape not installed
     ops.linear_residual_norm(x, w, r, nw, 1e-5)
-    assert calls == [33, 48, 64]
+    monkeypatch.setattr(sr, "_SPLITS", {(24, 64): (4, 33)})  # the narrower band: 17-32 rows composed
+    for T in (17, 32, 33):
+        x, w, r, nw = _case(T, 24, 64, torch.float32, "cpu")
+        ops.linear_residual_norm(x, w, r.clone(), nw, 1e-5)
+    assert calls == [17, 32, 33, 48, 64, 33]
 
 
 @pytest.mark.parametrize("why", ["cpu", "deterministic", "tensor_parallel", "fp32", "not_cublas", "no_table",
@@ -79,17 +83,40 @@ def test_the_split_is_not_installed_off_its_conditions(monkeypatch, why):
     monkeypatch.setattr(sr, "split_is_invariant", lambda *a: True)
     args = dict(down_shape=(2048, 8192), row_counts=[1, 40, 64, 512], cublas=True, device=torch.device("cuda"),
                 deterministic=False, tensor_parallel=False, dtype=BF16)
-    assert sr.choose_split(**args) == {"linear_residual_norm:2048x8192": "split4:33-64"}
+    assert sr.choose_split(**args) == {"linear_residual_norm:2048x8192": "split4:17-64"}
     change = {"cpu": dict(device=torch.device("cpu")), "deterministic": dict(deterministic=True),
               "tensor_parallel": dict(tensor_parallel=True), "fp32": dict(dtype=torch.float32),
               "not_cublas": dict(cublas=False), "no_table": dict(down_shape=(2048, 4096)),
-              "no_rows": dict(row_counts=[1, 8, 32, 512])}[why]
+              "no_rows": dict(row_counts=[1, 8, 16, 512])}[why]
     assert sr.choose_split(**{**args, **change}) == {} and sr.installed_split() == {}
 
 
 def test_a_shape_whose_partials_differ_by_row_count_is_not_installed(monkeypatch):
     monkeypatch.setattr(sr, "split_is_invariant", lambda *a: False)
     assert sr.choose_split((2048, 8192), [40, 64], True, torch.device("cuda"), False, False, BF16) == {}
+
+
+def test_the_split_takes_the_narrower_band_where_the_wider_one_is_not_invariant(monkeypatch):
+    """cuBLAS may round the partials of 17-32 rows otherwise than those of 33-64: then the split serves
+    33-64 only (the 17-32-row steps keep the composition), probed over the plan's rows in each band."""
+    probed = []
+
+    def invariant(n, k, splits, counts, dtype, device):
+        probed.append(counts)
+        return min(counts) >= 33
+
+    monkeypatch.setattr(sr, "split_is_invariant", invariant)
+    args = ((2048, 8192), [1, 16, 24, 32, 40, 64, 512], True, torch.device("cuda"), False, False, BF16)
+    assert sr.choose_split(*args) == {"linear_residual_norm:2048x8192": "split4:33-64"}
+    assert probed == [[24, 32, 40, 64], [40, 64]]
+    assert [sr.runs_split(torch.zeros(2048, 8192), T) for T in (24, 32, 33, 64, 65)] == [False, False, True, True,
+                                                                                        False]
+    probed.clear()  # rows in 33-64 only: one probe, and the band is the wider one
+    assert sr.choose_split((2048, 8192), [1, 40, 64], *args[2:]) == {"linear_residual_norm:2048x8192": "split4:17-64"}
+    assert probed == [[40, 64]]
+    probed.clear()
+    monkeypatch.setattr(sr, "split_is_invariant", lambda *a: probed.append(a[3]) or False)
+    assert sr.choose_split(*args) == {} and probed == [[24, 32, 40, 64], [40, 64]]
 
 
 def test_the_manifest_schema_takes_the_split_record_and_refuses_others():
@@ -172,16 +199,23 @@ def _gpu():
 
 
 @pytest.mark.gpu
-def test_split_down_gpu_matches_the_composition_and_is_row_invariant():
-    """The 1B down shape in bf16 at 33-64 rows: near addmm_ + the norm kernel, row 0 bitwise the
-    same at every row count, and a CUDA graph of it replays the eager result."""
+def test_split_down_gpu_matches_the_composition_and_is_row_invariant(monkeypatch):
+    """The 1B down shape in bf16 at 17-64 rows: near addmm_ + the norm kernel, row 0 bitwise the
+    same at every row count of the band choose_split installs, and a CUDA graph of it replays the
+    eager result."""
     dev = _gpu()
     x, w, r, nw = _case(64, 2048, 8192, BF16, dev, seed=1)
     h, normed = sr.split_linear_residual_norm(x, w, r.clone(), nw, 1e-5, splits=4)
     ref_h = r.clone().addmm_(x, w.t())
     torch.testing.assert_close(h.float(), ref_h.float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(normed.float(), triton_ops.rms_norm(h, nw, 1e-5).float(), atol=0, rtol=0)
-    for T in range(33, 65):
+    # the band choose_split installs for a plan of every row count in 17-64 (33-64 where cuBLAS rounds
+    # the partials of fewer rows otherwise): row 0 bitwise the same at every row count of it
+    monkeypatch.setattr(sr, "_SPLITS", {})  # restored after the test
+    assert sr.choose_split((2048, 8192), list(range(1, 65)), True, dev, False, False, BF16)
+    lo = sr._SPLITS[(2048, 8192)][1]
+    assert lo in (17, 33)
+    for T in range(lo, 65):
         hT, nT = sr.split_linear_residual_norm(x[:T].contiguous(), w, r[:T].clone(), nw, 1e-5, splits=4)
         assert torch.equal(hT, h[:T]) and torch.equal(nT, normed[:T]), T
     res = r.clone()

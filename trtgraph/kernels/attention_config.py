@@ -31,7 +31,8 @@ _INVARIANT_ATTENTION = [True]
 # context lengths, its K and V loaded before q, the tile taken last (attention.py's EARLY).
 # Measured on the H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6" and the
 # eighth session's "branch h/a8"): up to two row programs per SM 128-key tiles on 4 warps (no
-# RoPE-inside step there on the 1B); up to three (bs 33-49 on the 1B) the same with the fold (bs 48:
+# RoPE-inside step there on the 1B then; since the fourteenth session bs 17-33 take it, with this
+# config, not swept for it); up to three (bs 34-49 on the 1B) the same with the fold (bs 48:
 # -11% at 128 cached tokens, -19% at 512); past that (bs 50-64) 128-key tiles on 2 warps, 2 stages,
 # fold 2 (bs 64: -3% / -8%; on 4 warps three programs fit an SM, so 512 run in two waves: +2 to
 # +35%). `early` lost at bs 1-32 (0 to +10%: 255 registers) and is off; `fill` 8 lost at bs 48-64

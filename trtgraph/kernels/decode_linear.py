@@ -1,7 +1,7 @@
 """Fused decode GEMVs: the four fused ops of kernels/composed.py as single Triton kernels for
-steps of few rows (T <= FUSED_MAX_ROWS = 32: decode and verification keys; up to 64 for the
-WIDE shapes of kernels/decode_tuned.py). This module holds the launch configs, the launches,
-the ops and the fused-or-composed choice; the kernel itself is kernels/decode_kernel.py.
+steps of few rows (T <= FUSED_MAX_ROWS = 16, 32 with `deterministic`: decode and verification keys;
+up to 64 for the WIDE shapes of kernels/decode_tuned.py). This module holds the launch configs, the
+launches, the ops and the fused-or-composed choice; the kernel itself is kernels/decode_kernel.py.
 
 One kernel, four epilogues. Swap-AB: a program multiplies a weight tile [BLOCK_N, BLOCK_K]
 by BLOCK_T (16, 32 or 64) rows of x (padded, masked) transposed, acc[BLOCK_N, BLOCK_T], so the
@@ -52,11 +52,16 @@ from .decode_light import LIGHT_MAX_ROWS, _light_kernel
 from . import decode_occupancy as occ
 from .triton_ops import argmax_best, arrival_counters, pdl_capable
 
-# The fused kernels run for steps of at most this many rows. They take any row count (64-row
-# tiles, then a grid of m-tiles), but in the replayed 1B step on the H200 the 64-row tiles lost:
-# decode bs 40-64 took 1.279-1.327 ms against 1.25-1.26 ms for the composition in earlier
-# benches, while bs 1-32 gained (docs/performance.md, branch h/k). So past 32 rows: the composition.
-FUSED_MAX_ROWS = 32
+# The fused kernels run for steps of at most this many rows (they take any: 64-row tiles, then
+# m-tiles). On the H200 the 64-row tiles lost to the composition at 40-64 rows (branch h/k), and
+# since the fourteenth session the path of more rows (cuBLAS qkv / o, RoPE inside attention, hoisted
+# norms, the split down projection; the LM head's fused GEMV up to 32 rows) serves 17-32 too: the
+# step 34-62 us faster there, 7-9 us slower at 16 (decode_ablation.py cut32 / light / cut8;
+# docs/performance.md). `deterministic` installs none of that path's split or rounding, so there the
+# fused kernels serve up to DETERMINISTIC_MAX_ROWS (choose_fused installs the band in _MAX_ROWS).
+FUSED_MAX_ROWS, DETERMINISTIC_MAX_ROWS = 16, 32
+_MAX_ROWS = [FUSED_MAX_ROWS]
+_RECORD_PLAIN_ROWS = 32  # "fused" alone in the manifest: up to 32 rows (earlier builds' band); others named
 # ... except for the (op, N, K) in decode_tuned.WIDE, whose fused kernel beat the composition at
 # 40 and 64 rows too (scripts/tune_decode_linear.py): those run it for steps of up to 64 rows.
 WIDE_MAX_ROWS = 64
@@ -105,8 +110,6 @@ def decode_config(n: int, k: int, device: torch.device) -> DecodeConfig:
 _ROW_TILES: tuple[int, ...] | None = (16, 32, 64)
 
 
-
-
 def row_tile(rows: int) -> int:
     if _ROW_TILES is None:
         return 16
@@ -142,8 +145,8 @@ def _launch(mode: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         tiles = grid[0] * grid[1]
         residual, slots, kv = argmax_best(T, x.device), tokens, arrival_counters(tiles + grid[0], x.device)[tiles:]
     even = K % k_per_split == 0 and n_cols % cfg.block_n == 0
-    wide_pdl = not light and T > FUSED_MAX_ROWS and _WIDE_PDL and pdl_capable(x.device)
-    pdl = (mode in _LIGHT_PDL and pdl_capable(x.device)) if light else (_uses_pdl(mode, x.device) or wide_pdl)
+    wide_pdl = not light and T > _MAX_ROWS[0] and _WIDE_PDL and pdl_capable(x.device)
+    pdl = (mode in _LIGHT_PDL if light else mode in _PDL_MODES or wide_pdl) and pdl_capable(x.device)
     args = (x, norm_weight if norm_weight is not None else weight, rs, weight, bias if bias is not None else weight,
             out, residual if residual is not None else out, cs, pos, slots, kv, ws, cnt,
             T, n_cols, K, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
@@ -229,10 +232,6 @@ _TRIGGER_MODES: frozenset[int] = frozenset()
 _WIDE_PDL = False
 
 
-def _uses_pdl(mode: int, device: torch.device) -> bool:
-    return mode in _PDL_MODES and pdl_capable(device)
-
-
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -293,14 +292,15 @@ _WIDE: set[tuple[str, int, int]] = set(decode_tuned.WIDE)
 
 def max_rows(op: str, n: int, k: int) -> int:
     """The most rows a step may have for (op, N, K) to run the fused kernel, where chosen."""
-    return WIDE_MAX_ROWS if (op, n, k) in _WIDE else FUSED_MAX_ROWS
+    return WIDE_MAX_ROWS if (op, n, k) in _WIDE else _MAX_ROWS[0]
 
 
 def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int, int], list[int]],
                  device: torch.device, deterministic: bool, tensor_parallel: bool,
                  qk_norm: bool = False, *, dtype: torch.dtype) -> dict[str, str]:
     """Install, per fused op and weight shape (op, N, K), whether steps of <= max_rows(op, N, K)
-    rows run the fused kernel: on CUDA, on one GPU, for 16-bit weights (the table was tuned and
+    rows (FUSED_MAX_ROWS, DETERMINISTIC_MAX_ROWS with `deterministic`, WIDE_MAX_ROWS for WIDE shapes)
+    run the fused kernel: on CUDA, on one GPU, for 16-bit weights (the table was tuned and
     proven on the H200 in bf16; fp32 models keep the composition), not for Qwen3's q/k-normed
     qkv, and where the H200 table does not say the composition is faster. With `deterministic`, a shape whose
     plan also runs steps of more rows keeps the composition for every step (one path for every
@@ -310,6 +310,7 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
     manifest. Returns `installed_choice()`."""
     _CHOICE.clear()
     _LIGHT_ON.clear()
+    _MAX_ROWS[0] = DETERMINISTIC_MAX_ROWS if deterministic else FUSED_MAX_ROWS
     for op, n, k in shapes:
         ok = (device.type == "cuda" and not tensor_parallel and (op, n, k) not in _SLOWER and dtype.itemsize == 2
               and not (qk_norm and op == "norm_qkv_rope"))
@@ -332,18 +333,20 @@ def choose_fused(shapes: list[tuple[str, int, int]], row_counts: dict[tuple[int,
 
 
 def installed_choice() -> dict[str, str]:
-    """The installed choice as the manifest records it: "composed", "fused" (steps of <=
-    FUSED_MAX_ROWS rows), or "fused<=64" for a WIDE shape, "+light<=1" where the light kernel
-    serves one row, "+tail<=64" for the persistent layer tail's three shapes, so that a manifest captured when the
-    shape was fused for fewer rows is refused (Recapture) rather than replayed another way; and the split
-    down projection's shapes (split_residual.installed_split: "linear_residual_norm:NxK": "split4:33-64")."""
+    """The installed choice as the manifest records it: "composed", "fused" (steps of <= 32 rows:
+    `deterministic`'s band, and every build's before the fourteenth session), or "fused<=ROWS" for
+    another band ("fused<=16" without `deterministic`, "fused<=64" for a WIDE shape), "+light<=1"
+    where the light kernel serves one row, "+tail<=64" for the persistent layer tail's three shapes,
+    so that a manifest captured with another band is refused (Recapture) rather than replayed another
+    way; and the split down projection's shapes (split_residual.installed_split:
+    "linear_residual_norm:NxK": "split4:17-64")."""
     from .decode_persistent import TAIL_MAX_ROWS, tail_shapes
 
     tail = tail_shapes()
 
     def name(op: str, n: int, k: int, c: str) -> str:
         rows = max_rows(op, n, k)
-        c = f"{FUSED}<={rows}" if c == FUSED and rows != FUSED_MAX_ROWS else c
+        c = f"{FUSED}<={rows}" if c == FUSED and rows != _RECORD_PLAIN_ROWS else c
         c = f"{c}+light<={LIGHT_MAX_ROWS}" if (n, k) in _LIGHT_ON else c
         return f"{c}+tail<={TAIL_MAX_ROWS}" if (op, n, k) in tail else c
     from .split_residual import installed_split

@@ -1,20 +1,23 @@
-"""The down projection of a decode step of 33-64 rows, its residual add and the next layer's
+"""The down projection of a decode step of 17-64 rows, its residual add and the next layer's
 RMSNorm in two kernels (`linear_residual_norm`).
 
-At 33-64 rows cuBLAS runs the down projection (K = 4 N on Llama shapes) as a split-K GEMM plus
-its own reduce kernel, and the next layer's RMSNorm, before its cuBLAS qkv, is a third kernel.
+At 17-64 rows (the steps past the fused GEMVs' band, decode_linear.FUSED_MAX_ROWS) cuBLAS runs the
+down projection (K = 4 N on Llama shapes) as a split-K GEMM plus its own reduce kernel, and the next
+layer's RMSNorm, before its cuBLAS qkv, is a third kernel.
 Here one strided-batched cuBLAS GEMM writes each K slice's fp32 partial product [S, T, N]
 (`torch.bmm(..., out_dtype=float32)`: the slices are views of x and of the weight, nothing is
 copied), and one Triton kernel (`_sum_add_norm_kernel`, a program per row) sums the partials in
 slice order, adds the residual and rounds once (as `addmm_`'s epilogue does), stores the new
-residual and the next layer's RMSNorm of it (triton_ops.rms_norm's arithmetic, bit for bit). On
-the H200 at Llama-3.2-1B's down shape: 15.2-15.6 us per layer against 16.7 for addmm_ + the norm
-(`scripts/splitk_probe.py`; docs/performance.md, ninth session), 16 kernels fewer per step.
+residual and the next layer's RMSNorm of it (triton_ops.rms_norm's arithmetic and warps, bit for
+bit). On the H200 at Llama-3.2-1B's down shape: 15.2-15.6 us per layer against 16.7 for addmm_ + the
+norm (`scripts/splitk_probe.py`; docs/performance.md, ninth session), 16 kernels fewer per step; the
+sum kernel 3.2 -> 2.0 us a layer on 16 warps instead of 4 (fourteenth session).
 
 Rounding and invariance: a row's partials are cuBLAS's products over its K slices; `choose_split`
-installs a shape only where they are bitwise the same at every row count of 33-64 the plan runs
-(a probe, as linear.cublas_is_invariant), and the sum's order is fixed, so a row's result does not
-depend on the rows beside it. Steps of other row counts keep the composition (addmm_ + the norm),
+installs a shape only where they are bitwise the same at every row count of its band the plan runs
+(a probe, as linear.cublas_is_invariant: 17-64, else 33-64 where cuBLAS rounds the partials of
+17-32 rows otherwise), and the sum's order is fixed, so a row's result does not depend on the rows
+beside it. Steps of other row counts keep the composition (addmm_ + the norm),
 which rounds otherwise: with `deterministic` (one rounding per shape for every step) the split is
 not installed, as the fused GEMVs past their rows are not (decode_linear.choose_fused).
 """
@@ -29,9 +32,12 @@ import triton.language as tl
 
 from . import decode_tuned
 from .composed import FusedOps, residual_norm_op, tail_norm_op
+from .triton_ops import row_warps
 
-SPLIT_MIN_ROWS, SPLIT_MAX_ROWS = 33, 64
-_SPLITS: dict[tuple[int, int], int] = {}  # (N, K) -> K slices, installed by choose_split
+SPLIT_MIN_ROWS, SPLIT_MAX_ROWS = 17, 64
+_BAND_STARTS = (SPLIT_MIN_ROWS, 33)  # tried in turn: the widest band whose partials are invariant
+NUM_WARPS: int | None = None  # the sum kernel's warps (None: triton_ops.row_warps; scripts/decode_ablation.py sets it)
+_SPLITS: dict[tuple[int, int], tuple[int, int]] = {}  # (N, K) -> (K slices, the band's first row count)
 
 
 @triton.jit
@@ -72,19 +78,21 @@ def split_linear_residual_norm(x: torch.Tensor, weight: torch.Tensor, residual: 
                                splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual + x @ weight.T written into residual's storage, its RMSNorm) in two kernels:
     x [T, K] and residual [T, N] contiguous rows, K a multiple of `splits` (the installed one)."""
-    splits = splits or _SPLITS[tuple(weight.shape)]
+    splits = splits or _SPLITS[tuple(weight.shape)][0]
     T, N = residual.shape
     parts = partials(x, weight, splits)
     out = torch.empty_like(residual)
     if T > 0:
-        _sum_add_norm_kernel[(T,)](parts, residual, norm_weight, out, T, N, eps, S=splits,
-                                   BLOCK=triton.next_power_of_2(N), num_warps=4)
+        block = triton.next_power_of_2(N)
+        _sum_add_norm_kernel[(T,)](parts, residual, norm_weight, out, T, N, eps, S=splits, BLOCK=block,
+                                   num_warps=NUM_WARPS or row_warps(block))
     return residual, out
 
 
 def runs_split(weight: torch.Tensor, rows: int) -> bool:
     """Whether linear_residual_norm runs the two kernels for this weight at `rows` rows."""
-    return tuple(weight.shape) in _SPLITS and SPLIT_MIN_ROWS <= rows <= SPLIT_MAX_ROWS
+    installed = _SPLITS.get(tuple(weight.shape))
+    return installed is not None and installed[1] <= rows <= SPLIT_MAX_ROWS
 
 
 def with_split(ops: FusedOps, rms_norm: Callable) -> FusedOps:
@@ -125,18 +133,25 @@ def choose_split(down_shape: tuple[int, int], row_counts: list[int], cublas: boo
     """Install the split down projection for the down weight [N, K] where decode_tuned.SPLIT_DOWN
     measured it faster: on CUDA, one GPU, 16-bit weights, the shape's GEMM already on cuBLAS (its
     invariance probed: linear.choose_backends), not with `deterministic`, and the partials bitwise
-    invariant over the plan's row counts in 33-64. Returns `installed_split()`."""
+    invariant over the plan's row counts in its band (17-64, else 33-64: `_BAND_STARTS`). Returns
+    `installed_split()`."""
     _SPLITS.clear()
     splits = decode_tuned.SPLIT_DOWN.get(tuple(down_shape))
-    counts = [m for m in row_counts if SPLIT_MIN_ROWS <= m <= SPLIT_MAX_ROWS]
-    if (splits and counts and cublas and device.type == "cuda" and not tensor_parallel and not deterministic
-            and dtype.itemsize == 2 and down_shape[1] % splits == 0
-            and split_is_invariant(*down_shape, splits, counts, dtype, device)):
-        _SPLITS[tuple(down_shape)] = splits
+    if not (splits and cublas and device.type == "cuda" and not tensor_parallel and not deterministic
+            and dtype.itemsize == 2 and down_shape[1] % splits == 0):
+        return installed_split()
+    tried: list[int] = []
+    for lo in _BAND_STARTS:
+        counts = [m for m in row_counts if lo <= m <= SPLIT_MAX_ROWS]
+        if counts and counts != tried:  # a narrower band with the same row counts proves nothing new
+            tried = counts
+            if split_is_invariant(*down_shape, splits, counts, dtype, device):
+                _SPLITS[tuple(down_shape)] = (splits, lo)
+                break
     return installed_split()
 
 
 def installed_split() -> dict[str, str]:
-    """The manifest's record: {"linear_residual_norm:NxK": "split4:33-64"} per installed shape."""
-    return {f"linear_residual_norm:{n}x{k}": f"split{s}:{SPLIT_MIN_ROWS}-{SPLIT_MAX_ROWS}"
-            for (n, k), s in sorted(_SPLITS.items())}
+    """The manifest's record: {"linear_residual_norm:NxK": "split4:17-64"} per installed shape (its band)."""
+    return {f"linear_residual_norm:{n}x{k}": f"split{s}:{lo}-{SPLIT_MAX_ROWS}"
+            for (n, k), (s, lo) in sorted(_SPLITS.items())}

@@ -22,6 +22,16 @@ from .sampling_common import _mix32_i64, kept_buffer
 # ---------------------------------------------------------------------------------------
 
 
+def row_warps(block: int) -> int:
+    """Warps of a one-row-per-program kernel over a row of `block` elements (RMSNorm, the embedding's
+    norm, split_residual's sum + norm): one 16-byte load of fp32 per thread and partial at 2,048 and
+    more, at least 4. A function of the row's length only, so every kernel that takes a row's RMSNorm
+    this way reduces it in the same order (their outputs are bitwise equal). On the H200 the split
+    down projection's sum kernel at 16 warps against 4: the bs-64 step 9-27 us faster
+    (scripts/decode_ablation.py sumw4 / light; docs/performance.md, fourteenth session)."""
+    return max(4, min(16, block // 128))
+
+
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_stride, out_stride, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -44,8 +54,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x2 = _rows(x)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[-1]
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, n, x2.stride(0), out.stride(0), eps,
-                                     BLOCK=triton.next_power_of_2(n))
+    block = triton.next_power_of_2(n)
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, n, x2.stride(0), out.stride(0), eps, BLOCK=block,
+                                     num_warps=row_warps(block))
     return out.view(x.shape)
 
 
@@ -70,7 +81,9 @@ def embed_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
     h = torch.empty((T, n), dtype=table.dtype, device=table.device)
     out = torch.empty_like(h)
     if T > 0:
-        _embed_norm_kernel[(T,)](ids, table, weight, h, out, n, table.stride(0), eps, BLOCK=triton.next_power_of_2(n))
+        block = triton.next_power_of_2(n)
+        _embed_norm_kernel[(T,)](ids, table, weight, h, out, n, table.stride(0), eps, BLOCK=block,
+                                 num_warps=row_warps(block))
     return h, out
 
 

@@ -58,15 +58,6 @@ def _check(rc: int, what: str) -> None:
         raise CaptureError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")
 
 
-def _begin_pool(device: int, pool) -> None:
-    """This thread's allocations go to `pool` (torch's private graph pool) until torch._C._cuda_endAllocateToPool."""
-    begin = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
-    if begin is None:  # an older torch: every stream's allocations
-        torch._C._cuda_beginAllocateToPool(device, pool)
-    else:
-        begin(device, pool)
-
-
 class DriverGraph:
     """One executable graph: `record(step)` captures it on `stream`, `replay()` launches it on the
     device's current stream, `close()` (or collection) destroys it and releases its hold on the pool.
@@ -80,6 +71,7 @@ class DriverGraph:
         self.stream = stream
         self._exec = ctypes.c_void_p()
         self._holds_pool = False
+        self._launch = _driver().cuGraphLaunch  # replay()'s, without the loader's lock on every step
 
     def record(self, step):
         """Capture `step()` (which must only launch work on the current stream) and instantiate it;
@@ -93,7 +85,8 @@ class DriverGraph:
         lib = _driver()
         handle = ctypes.c_void_p(self.stream.cuda_stream)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        _begin_pool(self.device_index, self.pool)  # holds the pool (its use count) from here
+        # this thread's allocations to the pool (and a hold on it, its use count) until _cuda_endAllocateToPool
+        torch._C._cuda_beginAllocateCurrentThreadToPool(self.device_index, self.pool)
         graph = ctypes.c_void_p()
         try:
             with torch.cuda.stream(self.stream):
@@ -126,7 +119,7 @@ class DriverGraph:
         return outputs
 
     def replay(self) -> None:
-        _check(_driver().cuGraphLaunch(self._exec, ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)),
+        _check(self._launch(self._exec, ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)),
                "cuGraphLaunch")
 
     def close(self) -> None:

@@ -128,7 +128,7 @@ class Executor(StepInputs):
                 ("norm_linear", loaded.model.lm_head_weight))]
             choose_fused(shapes, counts, device, config.deterministic, loaded.model.tp.active,
                          qk_norm=loaded.model.local.qk_norm, dtype=DTYPES[config.dtype])
-            # the down projection at 33-64 rows with the next norm: partials + one sum / residual / norm kernel
+            # the down projection at 17-64 rows with the next norm: partials + one sum / residual / norm kernel
             down = tuple(first.mlp.down_proj.weight.shape)
             choose_split(down, counts[down], installed_backends().get("%dx%d" % down) == CUBLAS, device,
                          config.deterministic, loaded.model.tp.active, DTYPES[config.dtype])

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The fourteenth session's device calls (issue 12: the 33-64-row step's remaining boundaries and small
+# kernels). Every figure goes to a file under $OUT. Usage: OUT=... CALL=N bash scripts/s14_gpu.sh
+# Calls 1-6 ran on branch h/lead14-probes (its decode_ablation.py variants and kernel knobs, not merged;
+# call 6 also scripts/norm_scale_check.py there); call 7 runs this tree.
+#  1 (one H200): scripts/decode_ablation.py at bs 40 / 64: light, pdlearly (the twelfth session's
+#    probe), pfqkv[0|-b|-d], pfo, pfboth (scripts/decode_ablation.py's docstring says what each is);
+#  2 (one H200): the split down projection's sum kernel PDL-launched / on 8 or 2 warps (sumpdl, sumw8,
+#    sumw2, sumpdl-w8); then `light` with the KV cache's pages head-major (KV_LAYOUT=head) against the
+#    shipped layout, two processes each, alternating (the head-major run failed: the KV write assumed
+#    slot = block * page + offset in the flat stride);
+#  3 (one H200): call 2 again with the write fixed (at bs 40 / 64: light, sumw8), and the sum kernel on
+#    16 warps (sumw16, sumpdl-w16) (the head-major run failed again: attention's launch asserted a
+#    contiguous cache);
+#  4 (one H200): the sum kernel on 16 / 32 warps, with 2 / 8 K slices; the layout A/B with the
+#    assertion relaxed to unit-stride head_dim (light, sumw16);
+#  5 (one H200): the row kernels on triton_ops.row_warps (16 at 2,048: `light`) against the sum kernel
+#    on 4 (sumw4), and gate_up with its norm weight's multiply skipped (gufold: timing only, the
+#    weight not folded); the step profile; the split / norm kernels' GPU tests;
+#  6 (one H200): scripts/norm_scale_check.py (the norm weight's product in bf16 against fp32, bitwise),
+#    then light / nsbf16 (that product in every fused GEMV) / gufold at bs 1, 8, 32, 40, 64;
+#  7 (nvidia-h200-x2): the tree's figures: `pytest -m gpu` on GPU 1 (CPUs 16-31) while GPU 0 runs the
+#    bench, the step profile, decode_ablation light / sumw4 (before) at bs 1-64, and the example
+#    captured, 256 greedy prompts run replayed and --eager, compared token for token (the suite did not
+#    run: tests/test_r13_resume.py imported `openai`, which the device lacks, at collection);
+#  8 (nvidia-h200-x2): that import fixed, `pytest -m gpu` on GPU 1 while GPU 0 runs the bench again;
+#  9 (one H200): the recording's GPU tests and tests/test_gpu.py's capture / replay / out-of-memory
+#    tests after cuda_graph.py's two simplifications, and replay()'s host cost (replay_host_cost.py);
+#  10 (one H200): the 33-64-row path from 17 / 25 rows (decode_ablation cut16, cut24) against `light`
+#    at bs 17, 24, 32, now that path's sum kernel is faster;
+#  11 (one H200): light / cut16 / cut16-head33 (the LM head on the fused GEMV up to 32 rows) / cut8 at
+#    bs 16, 17, 24, 32;
+#  12 (nvidia-h200-x2): the tree with the fused GEMVs' band at 16 rows: `pytest -m gpu` on GPU 1 while
+#    GPU 0 runs the bench, the step profile, decode_ablation light / cut32 (the band before) at bs 17-64,
+#    the example captured (its fused_ops: the split's band) and 256 prompts replayed vs --eager.
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s)
+note() { echo "$(( $(date +%s) - T0 ))s $*" >> "$LOG"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+case ${CALL:?CALL=1..} in
+1) timeout ${END:-520} python3 scripts/decode_ablation.py "$OUT/ablation.json" examples/llama-3.2-1b-synthetic.yaml \
+     ${VARIANTS:-light pdlearly pfqkv pfqkv0 pfqkv-b pfqkv-d pfo pfboth} --batches 40,64 > "$OUT/ablation.txt" 2>&1
+   note "ablation rc=$?" ;;
+2) timeout 200 python3 scripts/decode_ablation.py "$OUT/sum.json" examples/llama-3.2-1b-synthetic.yaml \
+     light sumpdl sumw8 sumw2 sumpdl-w8 --batches 40,64 > "$OUT/sum.txt" 2>&1; note "sum rc=$?"
+   for i in 1 2; do for lay in row head; do
+     KV_LAYOUT=$lay timeout 100 python3 scripts/decode_ablation.py "$OUT/layout_$lay$i.json" \
+       examples/llama-3.2-1b-synthetic.yaml light sumw8 --batches 40,64 > "$OUT/layout_$lay$i.txt" 2>&1
+     note "layout $lay $i rc=$?"
+   done; done
+   grep -h "#" "$OUT"/layout_*.txt > "$OUT/layout.txt" ;;
+3) timeout 200 python3 scripts/decode_ablation.py "$OUT/sum.json" examples/llama-3.2-1b-synthetic.yaml \
+     light sumw8 sumw16 sumpdl-w16 --batches 40,64 > "$OUT/sum.txt" 2>&1; note "sum rc=$?"
+   for i in 1 2; do for lay in row head; do
+     KV_LAYOUT=$lay timeout 100 python3 scripts/decode_ablation.py "$OUT/layout_$lay$i.json" \
+       examples/llama-3.2-1b-synthetic.yaml light sumw8 --batches 40,64 > "$OUT/layout_$lay$i.txt" 2>&1
+     note "layout $lay $i rc=$?"
+   done; done
+   grep -h "#" "$OUT"/layout_*.txt > "$OUT/layout.txt"; grep -h "#" "$OUT/sum.txt" >> "$OUT/log.txt" ;;
+4) timeout 200 python3 scripts/decode_ablation.py "$OUT/sum.json" examples/llama-3.2-1b-synthetic.yaml \
+     light sumw16 sumw32 split2-w16 split8-w16 --batches 40,64 > "$OUT/sum.txt" 2>&1; note "sum rc=$?"
+   grep -h "#" "$OUT/sum.txt" >> "$OUT/log.txt"
+   for i in 1 2; do for lay in row head; do
+     KV_LAYOUT=$lay timeout 100 python3 scripts/decode_ablation.py "$OUT/layout_$lay$i.json" \
+       examples/llama-3.2-1b-synthetic.yaml light sumw16 --batches 40,64 > "$OUT/layout_$lay$i.txt" 2>&1
+     note "layout $lay $i rc=$?"; grep -h "#" "$OUT/layout_$lay$i.txt" | sed "s/^/$lay$i /" >> "$OUT/log.txt"
+   done; done ;;
+5) timeout 200 python3 scripts/decode_ablation.py "$OUT/abl.json" examples/llama-3.2-1b-synthetic.yaml \
+     light sumw4 gufold --batches 40,64 > "$OUT/abl.txt" 2>&1; note "ablation rc=$?"
+   grep -h "#" "$OUT/abl.txt" >> "$OUT/log.txt"
+   timeout 240 python3 scripts/profile_step.py examples/llama-3.2-1b-synthetic.yaml 25 > "$OUT/profile.txt" 2>&1
+   note "profile rc=$?"
+   timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_split_residual.py tests/test_kernels.py \
+     > "$OUT/pytest.txt" 2>&1; note "pytest rc=$? $(tail -1 "$OUT/pytest.txt")" ;;
+6) cp /tmp/bfmul.py "$OUT/" 2>/dev/null; timeout 120 python3 scripts/norm_scale_check.py > "$OUT/check.txt" 2>&1
+   note "check rc=$? $(tail -1 "$OUT/check.txt")"
+   timeout 300 python3 scripts/decode_ablation.py "$OUT/abl.json" examples/llama-3.2-1b-synthetic.yaml \
+     light nsbf16 gufold --batches 1,8,32,40,64 > "$OUT/abl.txt" 2>&1; note "ablation rc=$?"
+   grep -h "#" "$OUT/abl.txt" >> "$OUT/log.txt" ;;
+7) { nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.max.sm --format=csv
+     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >> "$LOG" 2>&1
+   ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-540} taskset -c 16-31 \
+       python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
+     note "pytest rc=$?" ) &
+   SUITE=$!
+   export CUDA_VISIBLE_DEVICES=0
+   P="taskset -c 0-15"
+   $P python3 -m trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml --prompts 64 --no-hf --out /tmp/b \
+     > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
+   $P timeout 90 python3 scripts/profile_step.py /tmp/b/artifacts 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
+   $P timeout 150 python3 scripts/decode_ablation.py /tmp/abl.json examples/llama-3.2-1b-synthetic.yaml light sumw4 \
+     --batches 1,8,32,40,64 2>&1 | grep "#" >> "$LOG"; note "ablation done"
+   $P python3 -m trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml --out /tmp/art > /tmp/capture.txt 2>&1
+   note "capture rc=$? $(tail -2 /tmp/capture.txt | tr '\n' ' ')"
+   python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
+   for m in replay eager; do
+     $P python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest /tmp/art --output /tmp/$m.jsonl \
+       --summary-json /tmp/run_$m.json $([ $m = eager ] && echo --eager) > /tmp/run_$m.txt 2>&1; note "run $m rc=$?"
+   done
+   python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?"
+   cat /tmp/run_replay.json >> "$OUT/compare.txt" 2>/dev/null
+   wait $SUITE
+   tail -3 "$OUT/pytest_gpu.log" >> "$LOG" ;;
+8) ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-560} taskset -c 16-31 \
+       python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
+     note "pytest rc=$?" ) &
+   SUITE=$!
+   CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 -m trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml \
+     --prompts 64 --no-hf --out /tmp/b > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
+   wait $SUITE
+   tail -3 "$OUT/pytest_gpu.log" >> "$LOG" ;;
+9) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graph.py tests/test_gpu.py \
+     -k "cuda_graph or capture_parity or replay_equals_eager or out_of_memory" > "$OUT/pytest.txt" 2>&1
+   note "pytest rc=$? $(tail -1 "$OUT/pytest.txt")"
+   timeout 60 python3 scripts/replay_host_cost.py >> "$LOG" 2>&1; note "host cost rc=$?" ;;
+10) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 cut24 \
+      --batches 17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
+11) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 \
+      cut16-head33 cut8 --batches 16,17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
+12) { nvidia-smi --query-gpu=index,name,driver_version --format=csv; git log --oneline -1; } >> "$LOG" 2>&1
+   ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-560} taskset -c 16-31 \
+       python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/ > "$OUT/pytest_gpu.log" 2>&1
+     note "pytest rc=$?" ) &
+   SUITE=$!
+   export CUDA_VISIBLE_DEVICES=0
+   P="taskset -c 0-15"
+   $P python3 -m trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml --prompts 64 --no-hf --out /tmp/b \
+     > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
+   $P timeout 90 python3 scripts/profile_step.py /tmp/b/artifacts 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
+   $P timeout 150 python3 scripts/decode_ablation.py /tmp/abl.json examples/llama-3.2-1b-synthetic.yaml light cut32 \
+     --batches 17,24,32,40,64 2>&1 | grep "#" >> "$LOG"; note "ablation done"
+   $P python3 -m trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml --out /tmp/art > /tmp/capture.txt 2>&1
+   note "capture rc=$? $(tail -1 /tmp/capture.txt)"
+   python3 -c "import json; t = json.load(open('/tmp/art/manifest.json'))['totals']; print(t['fused_ops'])" >> "$LOG" 2>&1
+   python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
+   for m in replay eager; do
+     $P python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest /tmp/art --output /tmp/$m.jsonl \
+       --summary-json /tmp/run_$m.json $([ $m = eager ] && echo --eager) > /tmp/run_$m.txt 2>&1; note "run $m rc=$?"
+   done
+   python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?"
+   cat /tmp/run_replay.json >> "$OUT/compare.txt" 2>/dev/null
+   wait $SUITE
+   grep -E "passed|failed|error|split band" "$OUT/pytest_gpu.log" | tail -5 >> "$LOG" ;;
+esac
+note done
