@@ -36,7 +36,7 @@ class KernelSet:
     # the Triton set's persistent kernel for steps of 33-64 rows, kernels/decode_persistent.py)
     layer_tail: Callable
     # the down projection + residual with the next layer's RMSNorm of the result, and layer_tail
-    # with it (composed.py; the Triton set's two-kernel form at 33-64 rows: kernels/split_residual.py),
+    # with it (composed.py; the Triton set's two-kernel form at 17-64 rows: kernels/split_residual.py),
     # for steps whose next qkv takes its input normed (the model asks rope_in_attention)
     linear_residual_norm: Callable
     layer_tail_norm: Callable

@@ -62,7 +62,7 @@ LIGHT_PDL = {1, 2, 3}
 # at bs 40 and 64 (scripts/decode_ablation.py `tail`), for 70 kernels per step instead of 118.
 TAIL = False
 
-# The down projection at 33-64 rows as cuBLAS partial products over this many K slices, summed with
+# The down projection at 17-64 rows as cuBLAS partial products over this many K slices, summed with
 # the residual and the next layer's RMSNorm in one kernel (kernels/split_residual.py): (N, K) -> slices.
 # On the H200 (scripts/splitk_probe.py, 16 layers in a graph, us per layer at 40 / 48 / 56 / 64 rows):
 # 4 slices 15.2 / 15.4 / 15.4 / 15.6, 2 slices 15.7-16.0, 8 slices 16.1-16.5, against cuBLAS's own
