@@ -2,7 +2,9 @@
 # The fourteenth session's device calls (issue 12: the 33-64-row step's remaining boundaries and small
 # kernels). Every figure goes to a file under $OUT. Usage: OUT=... CALL=N bash scripts/s14_gpu.sh
 # Calls 1-6 ran on branch h/lead14-probes (its decode_ablation.py variants and kernel knobs, not merged;
-# call 6 also scripts/norm_scale_check.py there); call 7 runs this tree.
+# call 6 also scripts/norm_scale_check.py there); calls 7-12 run this tree. The calls ran this script's
+# steps written out one by one; the helpers below hold the same commands (shared after the fact, not
+# run on the GPU in this form; each ablation's table now also kept as a file).
 #  1 (one H200): scripts/decode_ablation.py at bs 40 / 64: light, pdlearly (the twelfth session's
 #    probe), pfqkv[0|-b|-d], pfo, pfboth (scripts/decode_ablation.py's docstring says what each is);
 #  2 (one H200): the split down projection's sum kernel PDL-launched / on 8 or 2 warps (sumpdl, sumw8,
@@ -38,109 +40,73 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/log.txt; T0=$(date +%s)
 note() { echo "$(( $(date +%s) - T0 ))s $*" >> "$LOG"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+CFG=examples/llama-3.2-1b-synthetic.yaml
+P="taskset -c 0-15"  # the steps beside the suite (GPU 0); the suite on GPU 1, CPUs 16-31
+ablation() {  # ablation NAME VARIANTS... --batches B: the table to $OUT/NAME.txt and the log (TASKSET: a CPU pin)
+  local name=$1; shift
+  ${TASKSET:-} timeout 300 python3 scripts/decode_ablation.py "$OUT/$name.json" $CFG "$@" > "$OUT/$name.txt" 2>&1
+  note "$name rc=$?"; grep -h "#" "$OUT/$name.txt" >> "$LOG"
+}
+layouts() {  # layouts VARIANTS...: the shipped KV layout against head-major pages, two processes each
+  for i in 1 2; do for lay in row head; do
+    KV_LAYOUT=$lay timeout 100 python3 scripts/decode_ablation.py "$OUT/layout_$lay$i.json" $CFG "$@" \
+      --batches 40,64 > "$OUT/layout_$lay$i.txt" 2>&1
+    note "layout $lay $i rc=$?"; grep -h "#" "$OUT/layout_$lay$i.txt" | sed "s/^/$lay$i /" >> "$LOG"
+  done; done
+}
+suite() {  # the GPU suite on GPU 1 in the background ($SUITE), beside what runs on GPU 0
+  ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-560} taskset -c 16-31 \
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
+    note "pytest rc=$?" ) &
+  SUITE=$!
+}
+bench() {
+  $P python3 -m trtgraph bench --config $CFG --prompts 64 --no-hf --out /tmp/b > "$OUT/bench.md" 2>> "$LOG"
+  note "bench rc=$?"
+}
+parity256() {  # the example captured (its fused_ops logged), 256 greedy prompts replayed and --eager, compared
+  $P python3 -m trtgraph capture --config $CFG --out /tmp/art > /tmp/capture.txt 2>&1
+  note "capture rc=$? $(tail -1 /tmp/capture.txt)"
+  python3 -c "import json; print(json.load(open('/tmp/art/manifest.json'))['totals']['fused_ops'])" >> "$LOG" 2>&1
+  python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
+  for m in replay eager; do
+    $P python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest /tmp/art --output /tmp/$m.jsonl \
+      --summary-json /tmp/run_$m.json $([ $m = eager ] && echo --eager) > /tmp/run_$m.txt 2>&1; note "run $m rc=$?"
+  done
+  python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?"
+  cat /tmp/run_replay.json >> "$OUT/compare.txt" 2>/dev/null
+}
+tree_figures() {  # tree_figures ABLATION_VARIANTS... --batches B (calls 7 and 12)
+  { nvidia-smi --query-gpu=index,name,driver_version --format=csv
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >> "$LOG" 2>&1
+  suite
+  export CUDA_VISIBLE_DEVICES=0
+  bench
+  $P timeout 90 python3 scripts/profile_step.py /tmp/b/artifacts 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
+  TASKSET="$P" ablation abl "$@"
+  parity256
+  wait $SUITE
+  tail -3 "$OUT/pytest_gpu.log" >> "$LOG"
+}
 case ${CALL:?CALL=1..} in
-1) timeout ${END:-520} python3 scripts/decode_ablation.py "$OUT/ablation.json" examples/llama-3.2-1b-synthetic.yaml \
-     ${VARIANTS:-light pdlearly pfqkv pfqkv0 pfqkv-b pfqkv-d pfo pfboth} --batches 40,64 > "$OUT/ablation.txt" 2>&1
-   note "ablation rc=$?" ;;
-2) timeout 200 python3 scripts/decode_ablation.py "$OUT/sum.json" examples/llama-3.2-1b-synthetic.yaml \
-     light sumpdl sumw8 sumw2 sumpdl-w8 --batches 40,64 > "$OUT/sum.txt" 2>&1; note "sum rc=$?"
-   for i in 1 2; do for lay in row head; do
-     KV_LAYOUT=$lay timeout 100 python3 scripts/decode_ablation.py "$OUT/layout_$lay$i.json" \
-       examples/llama-3.2-1b-synthetic.yaml light sumw8 --batches 40,64 > "$OUT/layout_$lay$i.txt" 2>&1
-     note "layout $lay $i rc=$?"
-   done; done
-   grep -h "#" "$OUT"/layout_*.txt > "$OUT/layout.txt" ;;
-3) timeout 200 python3 scripts/decode_ablation.py "$OUT/sum.json" examples/llama-3.2-1b-synthetic.yaml \
-     light sumw8 sumw16 sumpdl-w16 --batches 40,64 > "$OUT/sum.txt" 2>&1; note "sum rc=$?"
-   for i in 1 2; do for lay in row head; do
-     KV_LAYOUT=$lay timeout 100 python3 scripts/decode_ablation.py "$OUT/layout_$lay$i.json" \
-       examples/llama-3.2-1b-synthetic.yaml light sumw8 --batches 40,64 > "$OUT/layout_$lay$i.txt" 2>&1
-     note "layout $lay $i rc=$?"
-   done; done
-   grep -h "#" "$OUT"/layout_*.txt > "$OUT/layout.txt"; grep -h "#" "$OUT/sum.txt" >> "$OUT/log.txt" ;;
-4) timeout 200 python3 scripts/decode_ablation.py "$OUT/sum.json" examples/llama-3.2-1b-synthetic.yaml \
-     light sumw16 sumw32 split2-w16 split8-w16 --batches 40,64 > "$OUT/sum.txt" 2>&1; note "sum rc=$?"
-   grep -h "#" "$OUT/sum.txt" >> "$OUT/log.txt"
-   for i in 1 2; do for lay in row head; do
-     KV_LAYOUT=$lay timeout 100 python3 scripts/decode_ablation.py "$OUT/layout_$lay$i.json" \
-       examples/llama-3.2-1b-synthetic.yaml light sumw16 --batches 40,64 > "$OUT/layout_$lay$i.txt" 2>&1
-     note "layout $lay $i rc=$?"; grep -h "#" "$OUT/layout_$lay$i.txt" | sed "s/^/$lay$i /" >> "$OUT/log.txt"
-   done; done ;;
-5) timeout 200 python3 scripts/decode_ablation.py "$OUT/abl.json" examples/llama-3.2-1b-synthetic.yaml \
-     light sumw4 gufold --batches 40,64 > "$OUT/abl.txt" 2>&1; note "ablation rc=$?"
-   grep -h "#" "$OUT/abl.txt" >> "$OUT/log.txt"
-   timeout 240 python3 scripts/profile_step.py examples/llama-3.2-1b-synthetic.yaml 25 > "$OUT/profile.txt" 2>&1
-   note "profile rc=$?"
+1) ablation ablation ${VARIANTS:-light pdlearly pfqkv pfqkv0 pfqkv-b pfqkv-d pfo pfboth} --batches 40,64 ;;
+2) ablation sum light sumpdl sumw8 sumw2 sumpdl-w8 --batches 40,64; layouts light sumw8 ;;
+3) ablation sum light sumw8 sumw16 sumpdl-w16 --batches 40,64; layouts light sumw8 ;;
+4) ablation sum light sumw16 sumw32 split2-w16 split8-w16 --batches 40,64; layouts light sumw16 ;;
+5) ablation abl light sumw4 gufold --batches 40,64
+   timeout 240 python3 scripts/profile_step.py $CFG 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
    timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_split_residual.py tests/test_kernels.py \
      > "$OUT/pytest.txt" 2>&1; note "pytest rc=$? $(tail -1 "$OUT/pytest.txt")" ;;
-6) cp /tmp/bfmul.py "$OUT/" 2>/dev/null; timeout 120 python3 scripts/norm_scale_check.py > "$OUT/check.txt" 2>&1
-   note "check rc=$? $(tail -1 "$OUT/check.txt")"
-   timeout 300 python3 scripts/decode_ablation.py "$OUT/abl.json" examples/llama-3.2-1b-synthetic.yaml \
-     light nsbf16 gufold --batches 1,8,32,40,64 > "$OUT/abl.txt" 2>&1; note "ablation rc=$?"
-   grep -h "#" "$OUT/abl.txt" >> "$OUT/log.txt" ;;
-7) { nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.max.sm --format=csv
-     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >> "$LOG" 2>&1
-   ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-540} taskset -c 16-31 \
-       python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
-     note "pytest rc=$?" ) &
-   SUITE=$!
-   export CUDA_VISIBLE_DEVICES=0
-   P="taskset -c 0-15"
-   $P python3 -m trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml --prompts 64 --no-hf --out /tmp/b \
-     > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
-   $P timeout 90 python3 scripts/profile_step.py /tmp/b/artifacts 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
-   $P timeout 150 python3 scripts/decode_ablation.py /tmp/abl.json examples/llama-3.2-1b-synthetic.yaml light sumw4 \
-     --batches 1,8,32,40,64 2>&1 | grep "#" >> "$LOG"; note "ablation done"
-   $P python3 -m trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml --out /tmp/art > /tmp/capture.txt 2>&1
-   note "capture rc=$? $(tail -2 /tmp/capture.txt | tr '\n' ' ')"
-   python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
-   for m in replay eager; do
-     $P python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest /tmp/art --output /tmp/$m.jsonl \
-       --summary-json /tmp/run_$m.json $([ $m = eager ] && echo --eager) > /tmp/run_$m.txt 2>&1; note "run $m rc=$?"
-   done
-   python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?"
-   cat /tmp/run_replay.json >> "$OUT/compare.txt" 2>/dev/null
-   wait $SUITE
-   tail -3 "$OUT/pytest_gpu.log" >> "$LOG" ;;
-8) ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-560} taskset -c 16-31 \
-       python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
-     note "pytest rc=$?" ) &
-   SUITE=$!
-   CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 -m trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml \
-     --prompts 64 --no-hf --out /tmp/b > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
-   wait $SUITE
-   tail -3 "$OUT/pytest_gpu.log" >> "$LOG" ;;
+6) timeout 120 python3 scripts/norm_scale_check.py > "$OUT/check.txt" 2>&1; note "check rc=$? $(tail -1 "$OUT/check.txt")"
+   ablation abl light nsbf16 gufold --batches 1,8,32,40,64 ;;
+7) tree_figures light sumw4 --batches 1,8,32,40,64 ;;
+8) suite; CUDA_VISIBLE_DEVICES=0 bench; wait $SUITE; tail -3 "$OUT/pytest_gpu.log" >> "$LOG" ;;
 9) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graph.py tests/test_gpu.py \
      -k "cuda_graph or capture_parity or replay_equals_eager or out_of_memory" > "$OUT/pytest.txt" 2>&1
    note "pytest rc=$? $(tail -1 "$OUT/pytest.txt")"
    timeout 60 python3 scripts/replay_host_cost.py >> "$LOG" 2>&1; note "host cost rc=$?" ;;
-10) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 cut24 \
-      --batches 17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
-11) timeout 300 python3 scripts/decode_ablation.py /tmp/cut.json examples/llama-3.2-1b-synthetic.yaml light cut16 \
-      cut16-head33 cut8 --batches 16,17,24,32 2>&1 | grep "#" >> "$LOG"; note "cut done" ;;
-12) { nvidia-smi --query-gpu=index,name,driver_version --format=csv; git log --oneline -1; } >> "$LOG" 2>&1
-   ( CUDA_VISIBLE_DEVICES=1 timeout ${END:-560} taskset -c 16-31 \
-       python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/ > "$OUT/pytest_gpu.log" 2>&1
-     note "pytest rc=$?" ) &
-   SUITE=$!
-   export CUDA_VISIBLE_DEVICES=0
-   P="taskset -c 0-15"
-   $P python3 -m trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml --prompts 64 --no-hf --out /tmp/b \
-     > "$OUT/bench.md" 2>> "$LOG"; note "bench rc=$?"
-   $P timeout 90 python3 scripts/profile_step.py /tmp/b/artifacts 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
-   $P timeout 150 python3 scripts/decode_ablation.py /tmp/abl.json examples/llama-3.2-1b-synthetic.yaml light cut32 \
-     --batches 17,24,32,40,64 2>&1 | grep "#" >> "$LOG"; note "ablation done"
-   $P python3 -m trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml --out /tmp/art > /tmp/capture.txt 2>&1
-   note "capture rc=$? $(tail -1 /tmp/capture.txt)"
-   python3 -c "import json; t = json.load(open('/tmp/art/manifest.json'))['totals']; print(t['fused_ops'])" >> "$LOG" 2>&1
-   python3 scripts/make_prompts.py --n 256 --in 128 --out 128 > /tmp/p256.jsonl
-   for m in replay eager; do
-     $P python3 -m trtgraph run --prompts /tmp/p256.jsonl --manifest /tmp/art --output /tmp/$m.jsonl \
-       --summary-json /tmp/run_$m.json $([ $m = eager ] && echo --eager) > /tmp/run_$m.txt 2>&1; note "run $m rc=$?"
-   done
-   python3 scripts/compare_outputs.py /tmp/replay.jsonl /tmp/eager.jsonl > "$OUT/compare.txt" 2>&1; note "compare rc=$?"
-   cat /tmp/run_replay.json >> "$OUT/compare.txt" 2>/dev/null
-   wait $SUITE
-   grep -E "passed|failed|error|split band" "$OUT/pytest_gpu.log" | tail -5 >> "$LOG" ;;
+10) ablation cut light cut16 cut24 --batches 17,24,32 ;;
+11) ablation cut light cut16 cut16-head33 cut8 --batches 16,17,24,32 ;;
+12) tree_figures light cut32 --batches 17,24,32,40,64 ;;
 esac
 note done

@@ -269,8 +269,9 @@ BF16 = torch.bfloat16
 
 def test_choice_and_dispatch(monkeypatch):
     """choose_fused: CUDA only, never with tensor parallelism, and with `deterministic` only for
-    shapes whose plan never runs more than max_rows (FUSED_MAX_ROWS; WIDE_MAX_ROWS for the
-    WIDE shapes) rows; dispatch runs the chosen path for steps of at most that many rows."""
+    shapes whose plan never runs more than max_rows (DETERMINISTIC_MAX_ROWS there, FUSED_MAX_ROWS
+    without it; WIDE_MAX_ROWS for the WIDE shapes) rows; dispatch runs the chosen path for steps of
+    at most that many rows."""
     shapes = [("norm_linear", 72, 48), ("linear_residual", 48, 40)]
     counts = {(72, 48): [1, 8, dl.FUSED_MAX_ROWS], (48, 40): [1, 8, dl.FUSED_MAX_ROWS + 1]}
     # `deterministic` keeps the fused kernels up to DETERMINISTIC_MAX_ROWS (no split, no hoisted norms there)

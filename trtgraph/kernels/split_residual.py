@@ -32,10 +32,12 @@ import triton.language as tl
 
 from . import decode_tuned
 from .composed import FusedOps, residual_norm_op, tail_norm_op
+from .decode_linear import FUSED_MAX_ROWS
 from .triton_ops import row_warps
 
-SPLIT_MIN_ROWS, SPLIT_MAX_ROWS = 17, 64
-_BAND_STARTS = (SPLIT_MIN_ROWS, 33)  # tried in turn: the widest band whose partials are invariant
+SPLIT_MIN_ROWS, SPLIT_MAX_ROWS = FUSED_MAX_ROWS + 1, 64  # the steps past the fused GEMVs' band
+# tried in turn: the widest band whose partials are invariant (33: the band before the fourteenth session)
+_BAND_STARTS = (SPLIT_MIN_ROWS, 33)
 NUM_WARPS: int | None = None  # the sum kernel's warps (None: triton_ops.row_warps; scripts/decode_ablation.py sets it)
 _SPLITS: dict[tuple[int, int], tuple[int, int]] = {}  # (N, K) -> (K slices, the band's first row count)
 
