@@ -54,7 +54,9 @@ a variant's two results):
   with the greedy LM head writing its fp32 logits, as before the twelfth session (the step writes none
   since); `sumw4`: `light` with the split down projection's sum kernel on 4 warps, as before the
   fourteenth session (row_warps: 16); `a64w2f2`, `a128w2f2`, `a128w4f2`, `a128w4f1`: `light` with
-  decode attention's config overridden for every key (ATTN: tile, warps, stages, fold) at 17-32 and 64 rows.
+  decode attention's config overridden for every key (ATTN: tile, warps, stages, fold) at 17-32 and 64 rows;
+  `f0-17`: `light` at 17-32 rows without the fold (decode attention's config there before the fifteenth
+  session: `light` folds from 17 rows since).
 Each replay's logits (a greedy key's: its head run again on the step's head input) are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -143,6 +145,7 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "cut16-head33": {**NEW, **LIGHT, "bands": 16, "tma_min": 33, "batches": (17, 24, 32)},
             "cut32": {**NEW, **LIGHT, "bands": 32, "batches": (16, 17, 24, 32)},
             **{name: {**NEW, **LIGHT, "attn": cfg, "batches": (17, 24, 32, 64)} for name, cfg in ATTN.items()},
+            "f0-17": {**NEW, **LIGHT, "attn": {"fold": 0}, "batches": (17, 24, 32)},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
