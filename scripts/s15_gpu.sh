@@ -10,14 +10,15 @@
 #  3 (nvidia-h200-x2): the tree's figures: `pytest -m gpu` on GPU 1 while GPU 0 runs the bench, the step
 #    profile, decode_ablation light / f0-17 (attention without the fold at 17-32 rows: the tree before)
 #    and the example captured, 256 greedy prompts replayed and --eager, compared token for token.
-#  4 (one H200): scripts/spec_bench.py at batch 4 (verify steps of 20 tokens) and 8, copy and code prompts.
+#  4 (one H200): scripts/spec_bench.py at batch 4 (verify steps of 20 tokens) and 8, every prompt set (the first
+#    attempt named a set `code`, which does not exist: only `copy` ran).
 source "$(dirname "$0")/gpu_lib.sh"
 case ${CALL:?CALL=1..} in
 1) timeout 200 python3 scripts/cublaslt_probe.py "$OUT/lt.json" --rows ${ROWS:-17,24,32,48,64} > "$OUT/lt.txt" 2>&1
    note "lt rc=$?"; cat "$OUT/lt.txt" >> "$LOG"
    ablation attn light a64w2f2 a128w2f2 a128w4f2 a128w4f1 --batches 17,24,32,64 ;;
 3) tree_figures light f0-17 --batches 1,8,17,24,32,40,64 ;;
-4) timeout 560 python3 scripts/spec_bench.py "$OUT/spec" --batches 4,8 --sets copy,code --repeats 3 \
+4) timeout 560 python3 scripts/spec_bench.py "$OUT/spec" --batches 4,8 --sets ${SETS:-copy,code-like,random,repetitive} --repeats 3 \
      > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -8 "$OUT/spec.txt" >> "$LOG" ;;
 esac
 note done
