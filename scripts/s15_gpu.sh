@@ -12,6 +12,10 @@
 #    and the example captured, 256 greedy prompts replayed and --eager, compared token for token.
 #  4 (one H200): scripts/spec_bench.py at batch 4 (verify steps of 20 tokens) and 8, every prompt set (the first
 #    attempt named a set `code`, which does not exist: only `copy` ran).
+#  5 (one H200, twice, branch h/lead15-pf: its kernels/l2_prefetch.py and decode_ablation variants, not
+#    merged): L2 prefetch by extra programs of latency-bound kernels at 17-64 rows (attention's of the o
+#    weight, the sum kernel's of the next layer's K / V pages and qkv weight), first each from 1-2
+#    programs, then spread over about 128. Calls ran in the order 1, 2, 4, 4, 3, 5, 5.
 source "$(dirname "$0")/gpu_lib.sh"
 case ${CALL:?CALL=1..} in
 1) timeout 200 python3 scripts/cublaslt_probe.py "$OUT/lt.json" --rows ${ROWS:-17,24,32,48,64} > "$OUT/lt.txt" 2>&1
