@@ -13,9 +13,9 @@ every step drafted: tokens per verify step, accepted / fed drafts), and the poli
 wall ms per step of the batch's plain and verify keys (host work included) beside their
 replay times.
 Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] [--sets a,b] [--batches 1,8,64]
-[--artifacts DIR] (--batches: any of 1, 4, 8, 64; writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
+[--artifacts DIR] (writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
 test this script on the CPU; --repeats: paired runs per cell, 5 by default; --sets: which prompt sets,
-all by default; --batches: which batch sizes; --artifacts: an earlier run's captured plan, used as it
+all by default; --batches: which batch sizes, of 1, 4, 8 and 64; --artifacts: an earlier run's captured plan, used as it
 is: no capture)."""
 
 import inspect

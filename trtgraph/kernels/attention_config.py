@@ -33,11 +33,12 @@ _INVARIANT_ATTENTION = [True]
 # eighth session's "branch h/a8"): up to one row program per SM 128-key tiles on 4 warps (the 1B
 # runs the fused qkv there: no RoPE inside attention, so no fold); up to three (bs 17-49 on the 1B)
 # the same with fold 1 (bs 48: -11% at 128 cached tokens, -19% at 512; bs 17-32, which take RoPE
-# inside attention since the fourteenth session: the replayed step -16 to -22 us against no fold,
-# the best of four configs in the fifteenth session's sweep, scripts/decode_ablation.py `a128w4f1`);
-# past that (bs 50-64) 128-key tiles on 2 warps, 2 stages, fold 2 (bs 64: -3% / -8%; on 4 warps
-# three programs fit an SM, so 512 run in two waves: +2 to +35%; 64-key tiles on 2 warps and 3
-# stages: -4 us a step at 128 cached tokens, +9 at 512 in the eighth session's sweep: not taken).
+# inside attention since the fourteenth session: the replayed step -16 to -41 us against no fold
+# over two calls, the best of four configs in the fifteenth session's sweep, decode_ablation.py's
+# `a128w4f1`); past that (bs 50-64) 128-key tiles on 2 warps, 2 stages, fold 2 (bs 64: -3% / -8%; on
+# 4 warps three programs fit an SM, so 512 run in two waves: +2 to +35%; 64-key tiles on 2 warps and
+# 3 stages: -3 to -5 us a step at 128 cached tokens (fifteenth session), +9 at 512 (the eighth
+# session's sweep): not taken).
 # `early` lost at bs 1-32 (0 to +10%: 255 registers) and is off; `fill` 8 lost at bs 48-64
 # (+12 to +46%).
 DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0, fold=0)
