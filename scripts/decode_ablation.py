@@ -53,7 +53,10 @@ a variant's two results):
   rows too (it serves 33-64 in `light`), `cut24` / `cut8` the path from 25 / 9 rows; `logits`: `light`
   with the greedy LM head writing its fp32 logits, as before the twelfth session (the step writes none
   since); `sumw4`: `light` with the split down projection's sum kernel on 4 warps, as before the
-  fourteenth session (row_warps: 16).
+  fourteenth session (row_warps: 16); `a64w2f2`, `a128w2f2`, `a128w4f2`, `a128w4f1`: `light` with
+  decode attention's config overridden for every key (ATTN: tile, warps, stages, fold) at 17-32 and 64 rows;
+  `f0-17`: `light` at 17-32 rows without the fold (decode attention's config there before the fifteenth
+  session: `light` folds from 17 rows since).
 Each replay's logits (a greedy key's: its head run again on the step's head input) are checked bitwise against the eager run of the same variant; the kernels
 per step of bs 1 and 64 (one eager step under the profiler) are printed in the first pass.
 Usage: python scripts/decode_ablation.py OUT.json [CONFIG.yaml] [VARIANT ...] [--batches 1,2,...]
@@ -98,6 +101,10 @@ QKV, O, DOWN = ("norm_qkv_rope", 3072, 2048), ("linear_residual", 2048, 2048), (
 LM, LM_PLAIN = (128256, 2048), (128, 128, 1, 8, 3, False)  # main 81adfc0's LM head config: no PRENORM
 # 64-wide K steps, deeper pipelines (scripts/depth_probe.py, eighth session)
 GU, GU_DEEP, LM_DEEP = (16384, 2048), (64, 64, 1, 8, 6, True), (128, 64, 1, 8, 5, False, True)
+# Decode attention's config over the shipped one for every key (attention_config.DECODE_OVERRIDE), at
+# the 17-32 rows that take RoPE inside attention since the fourteenth session (not swept there) and 64
+ATTN = {"a64w2f2": dict(block_n=64, warps=2, stages=3, fold=2), "a128w2f2": dict(block_n=128, warps=2, stages=2, fold=2),
+        "a128w4f2": dict(block_n=128, warps=4, stages=3, fold=2), "a128w4f1": dict(block_n=128, warps=4, stages=3, fold=1)}
 VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNED, "slower": set(), "two_per_sm": False},
             "one-per-sm": {**NEW, "two_per_sm": False, "batches": (32, 40, 64)},
             "main81": {**NEW, "two_per_sm": False, "tuned": {**NEW["tuned"], LM: LM_PLAIN}},
@@ -137,6 +144,8 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
             "cut8": {**NEW, **LIGHT, "bands": 8, "batches": (16, 17)},
             "cut16-head33": {**NEW, **LIGHT, "bands": 16, "tma_min": 33, "batches": (17, 24, 32)},
             "cut32": {**NEW, **LIGHT, "bands": 32, "batches": (16, 17, 24, 32)},
+            **{name: {**NEW, **LIGHT, "attn": cfg, "batches": (17, 24, 32, 64)} for name, cfg in ATTN.items()},
+            "f0-17": {**NEW, **LIGHT, "attn": {"fold": 0}, "batches": (17, 24, 32)},
             "split2": {**NEW, **LIGHT, "split": {DOWN[1:]: 2}, "batches": (33, 40, 48, 64)},
             "split8": {**NEW, **LIGHT, "split": {DOWN[1:]: 8}, "batches": (33, 40, 48, 64)},
             "pdl": {**NEW, "pdl": ALL, "prefetch": dl._PREFETCH_BYTES},
@@ -149,7 +158,9 @@ VARIANTS = {"main": {**NEW, "epilogue": False, "wide": set(), "tuned": MAIN_TUNE
 def install(ex, v):
     dl._WIDE, dl._PDL_MODES, dl._PREFETCH_BYTES = set(v["wide"]), frozenset(v["pdl"]), v["prefetch"]
     occ.TWO_PER_SM, dl._WIDE_PDL = v["two_per_sm"], v.get("wide_pdl", False)
-    attention.ATTENTION_TRIGGER = dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False)
+    attention.ATTENTION_TRIGGER = 1 if dl._RESIDUAL in v["pdl"] or v.get("attn_trigger", False) else 2  # 2: the shipped
+    attention.DECODE_OVERRIDE.clear()
+    attention.DECODE_OVERRIDE.update(v.get("attn", {}))
     dl._TUNED = dict(v["tuned"])
     dl._ROW_TILES = v.get("row_tiles", (16, 32, 64))
     cut = v.get("bands", dl.FUSED_MAX_ROWS)  # the fused qkv / o / down up to `cut` rows; the other path from cut + 1

@@ -52,6 +52,19 @@ def test_fold_is_the_adaptive_modes_and_never_the_invariant_modes(monkeypatch):
     assert acfg.fold_mode(2, cpu) == 0 and not acfg.loads_first_tile_early(2, cpu)
 
 
+def test_adaptive_bands_fold_past_one_row_program_per_sm(monkeypatch):
+    """The adaptive decode config by the key's (sequence, kv head) programs on a 132-SM device: no
+    fold up to one per SM (the 1B's fused-qkv steps, bs <= 16), fold 1 up to three (bs 17-49: the
+    fifteenth session's sweep), fold 2 with 2 warps past that; the invariant mode never folds."""
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setitem(acfg._NUM_SMS, gpu, 132)
+    monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [False])
+    picks = {n: (acfg.fold_mode(n, gpu), acfg.decode_config(n, gpu)["warps"]) for n in (8, 132, 133, 256, 396, 397, 512)}
+    assert picks == {8: (0, 4), 132: (0, 4), 133: (1, 4), 256: (1, 4), 396: (1, 4), 397: (2, 2), 512: (2, 2)}
+    monkeypatch.setattr(acfg, "_INVARIANT_ATTENTION", [True])
+    assert all(acfg.fold_mode(n, gpu) == 0 for n in (8, 256, 512))
+
+
 @needs_triton
 @pytest.mark.parametrize("fold,early", [(1, True), (1, False), (2, True), (2, False), (0, True), (0, False)],
                          ids=["fold-early", "fold", "fold2-early", "fold2", "write-then-read-early", "write-then-read"])

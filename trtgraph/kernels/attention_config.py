@@ -30,16 +30,20 @@ _INVARIANT_ATTENTION = [True]
 # about `fill` programs per SM. `early` (adaptive): a row's first tile's pages read beside the
 # context lengths, its K and V loaded before q, the tile taken last (attention.py's EARLY).
 # Measured on the H200 (scripts/attention_sweep.py; docs/performance.md, "branch h/a6" and the
-# eighth session's "branch h/a8"): up to two row programs per SM 128-key tiles on 4 warps (no
-# RoPE-inside step there on the 1B then; since the fourteenth session bs 17-33 take it, with this
-# config, not swept for it); up to three (bs 34-49 on the 1B) the same with the fold (bs 48:
-# -11% at 128 cached tokens, -19% at 512); past that (bs 50-64) 128-key tiles on 2 warps, 2 stages,
-# fold 2 (bs 64: -3% / -8%; on 4 warps three programs fit an SM, so 512 run in two waves: +2 to
-# +35%). `early` lost at bs 1-32 (0 to +10%: 255 registers) and is off; `fill` 8 lost at bs 48-64
+# eighth session's "branch h/a8"): up to one row program per SM 128-key tiles on 4 warps (the 1B
+# runs the fused qkv there: no RoPE inside attention, so no fold); up to three (bs 17-49 on the 1B)
+# the same with fold 1 (bs 48: -11% at 128 cached tokens, -19% at 512; bs 17-32, which take RoPE
+# inside attention since the fourteenth session: the replayed step -16 to -41 us against no fold
+# over two calls, the best of four configs in the fifteenth session's sweep, decode_ablation.py's
+# `a128w4f1`); past that (bs 50-64) 128-key tiles on 2 warps, 2 stages, fold 2 (bs 64: -3% / -8%; on
+# 4 warps three programs fit an SM, so 512 run in two waves: +2 to +35%; 64-key tiles on 2 warps and
+# 3 stages: -3 to -5 us a step at 128 cached tokens (fifteenth session), +9 at 512 (the eighth
+# session's sweep): not taken).
+# `early` lost at bs 1-32 (0 to +10%: 255 registers) and is off; `fill` 8 lost at bs 48-64
 # (+12 to +46%).
 DECODE_INVARIANT = dict(block_n=64, piece_tiles=4, warps=4, stages=3, per_sm=0, fold=0)
 # (row programs per SM at most, config), first match
-DECODE_ADAPTIVE = ((2, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=0)),
+DECODE_ADAPTIVE = ((1, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=0)),
                    (3, dict(block_n=128, piece_tiles=2, warps=4, stages=3, fold=1)),
                    (None, dict(block_n=128, piece_tiles=2, warps=2, stages=2, fold=2)))
 DECODE_OVERRIDE: dict = {}  # scripts/attention_sweep.py's variant, over either mode's config
