@@ -14,6 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from trtgraph.bench import decode_rows, measure_bandwidth
 from trtgraph.buckets import BucketPlan, GraphKey
+from trtgraph.compiler.pipeline import resolve_max_seq_len
 from trtgraph.config import Config
 from trtgraph.artifacts import load_manifest
 from trtgraph.runtime.step.executor import Executor
@@ -31,7 +32,7 @@ if "--batches" in sys.argv:
     del sys.argv[sys.argv.index("--batches"):sys.argv.index("--batches") + 2]
 TOP = int(sys.argv[2]) if len(sys.argv) > 2 else 12
 if sys.argv[1].endswith((".yaml", ".yml")):
-    cfg = Config.from_yaml(sys.argv[1])
+    cfg, _ = resolve_max_seq_len(Config.from_yaml(sys.argv[1]), torch.device("cuda"))  # `auto` as capture takes it
     ex = Executor.build(cfg, BucketPlan.from_config(cfg).with_keys(list(KEYS)))
 else:
     manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
