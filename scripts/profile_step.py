@@ -3,8 +3,9 @@ the eager run of the same kernels a graph replays; the time per kernel family, a
 multiplies' (fused decode GEMVs and cuBLAS / Triton GEMMs) fraction of the measured copy
 bandwidth for the weight bytes they read.
 
-Usage: python scripts/profile_step.py ARTIFACTS|CONFIG.yaml [TOP]  (a config builds the three
-profiled keys only, no capture; TOP kernels listed per key, 12 by default)"""
+Usage: python scripts/profile_step.py ARTIFACTS|CONFIG.yaml [TOP] [--batches B1,B2,...]  (a config
+builds the profiled keys only, no capture; TOP kernels listed per key, 12 by default; the keys: greedy
+decode at batch 1 and 64 and sampled at 64, or with --batches greedy decode at those batch sizes)"""
 
 import sys
 
@@ -13,6 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from trtgraph.bench import decode_rows, measure_bandwidth
 from trtgraph.buckets import BucketPlan, GraphKey
+from trtgraph.compiler.pipeline import resolve_max_seq_len
 from trtgraph.config import Config
 from trtgraph.artifacts import load_manifest
 from trtgraph.runtime.step.executor import Executor
@@ -25,9 +27,12 @@ FAMILIES = (("matmul", ("_decode_kernel", "_light_kernel", "_tma_head_kernel", "
             ("attention", ("attn",)), ("norm", ("rms_norm", "embed_norm")), ("rope", ("rope",)), ("silu", ("silu",)),
             ("sampler", ("sample", "gumbel", "argmax", "topk", "process", "logit")))
 KEYS = (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 0, 0, "sampled"))
+if "--batches" in sys.argv:
+    KEYS = tuple(GraphKey(int(b), 0, 0, "greedy") for b in sys.argv[sys.argv.index("--batches") + 1].split(","))
+    del sys.argv[sys.argv.index("--batches"):sys.argv.index("--batches") + 2]
 TOP = int(sys.argv[2]) if len(sys.argv) > 2 else 12
 if sys.argv[1].endswith((".yaml", ".yml")):
-    cfg = Config.from_yaml(sys.argv[1])
+    cfg, _ = resolve_max_seq_len(Config.from_yaml(sys.argv[1]), torch.device("cuda"))  # `auto` as capture takes it
     ex = Executor.build(cfg, BucketPlan.from_config(cfg).with_keys(list(KEYS)))
 else:
     manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
