@@ -16,9 +16,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from splitk_probe import graph_of, time_graph  # noqa: E402
 
 CUDA_R_32F, CUDA_R_16BF = 0, 14
 COMPUTE_32F = 68
@@ -127,27 +132,9 @@ class Gemm:
 
 
 def graph_time(fn, layers):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for args in layers:
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for args in layers:
-            fn(*args)
-    times = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        g.replay()
-        e0.record()
-        for _ in range(20):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000 / 20 / len(layers))
-    return statistics.median(times)
+    """us a call: median of 5 x 20 replays of one graph of the calls (splitk_probe's graph and timer)."""
+    g = graph_of(fn, layers)
+    return statistics.median(time_graph(g, 20) / len(layers) for _ in range(5))
 
 
 def torch_op(kind, splits):

@@ -33,7 +33,7 @@ _INVARIANT_ATTENTION = [True]
 # eighth session's "branch h/a8"): up to one row program per SM 128-key tiles on 4 warps (the 1B
 # runs the fused qkv there: no RoPE inside attention, so no fold); up to three (bs 17-49 on the 1B)
 # the same with fold 1 (bs 48: -11% at 128 cached tokens, -19% at 512; bs 17-32, which take RoPE
-# inside attention since the fourteenth session: the replayed step -16 to -41 us against no fold
+# inside attention since the fourteenth session: the replayed step -15 to -41 us against no fold
 # over two calls, the best of four configs in the fifteenth session's sweep, decode_ablation.py's
 # `a128w4f1`); past that (bs 50-64) 128-key tiles on 2 warps, 2 stages, fold 2 (bs 64: -3% / -8%; on
 # 4 warps three programs fit an SM, so 512 run in two waves: +2 to +35%; 64-key tiles on 2 warps and
