@@ -5,7 +5,8 @@ bandwidth for the weight bytes they read.
 
 Usage: python scripts/profile_step.py ARTIFACTS|CONFIG.yaml [TOP] [--batches B1,B2,...]  (a config
 builds the profiled keys only, no capture; TOP kernels listed per key, 12 by default; the keys: greedy
-decode at batch 1 and 64 and sampled at 64, or with --batches greedy decode at those batch sizes)"""
+decode at batch 1 and 64 and sampled at 64, or with --batches greedy decode at those batch sizes;
+--margin X sets linear.TRITON_MARGIN for a config's timed GEMM choice, over the profiled keys' rows)"""
 
 import sys
 
@@ -30,13 +31,28 @@ KEYS = (GraphKey(1, 0, 0, "greedy"), GraphKey(64, 0, 0, "greedy"), GraphKey(64, 
 if "--batches" in sys.argv:
     KEYS = tuple(GraphKey(int(b), 0, 0, "greedy") for b in sys.argv[sys.argv.index("--batches") + 1].split(","))
     del sys.argv[sys.argv.index("--batches"):sys.argv.index("--batches") + 2]
+if "--margin" in sys.argv:  # linear.TRITON_MARGIN for the GEMM backends' timed choice (0: cuBLAS wherever allowed)
+    from trtgraph.kernels import linear
+
+    linear.TRITON_MARGIN = float(sys.argv[sys.argv.index("--margin") + 1])
+    del sys.argv[sys.argv.index("--margin"):sys.argv.index("--margin") + 2]
 TOP = int(sys.argv[2]) if len(sys.argv) > 2 else 12
 if sys.argv[1].endswith((".yaml", ".yml")):
     cfg, _ = resolve_max_seq_len(Config.from_yaml(sys.argv[1]), torch.device("cuda"))  # `auto` as capture takes it
     ex = Executor.build(cfg, BucketPlan.from_config(cfg).with_keys(list(KEYS)))
 else:
     manifest = load_manifest(sys.argv[1])  # eager only: the executor the manifest describes, no re-recording
-    ex = Executor.build(manifest.app_config(), manifest.plan())
+    ex = Executor.build(manifest.app_config(), manifest.plan(), from_manifest=True,
+                        linear_record=manifest.totals.get("linear_backends"))
+if ex.model.ops.name == "triton":
+    from trtgraph.kernels.linear import installed_backends, installed_times
+
+    from trtgraph.kernels.linear import _ROW_TIMES
+
+    print("gemm backends", installed_backends(), "times (us over the keys' rows)", installed_times())
+    for (n, k), per in _ROW_TIMES.items():  # us a call at each row count
+        print(f"gemm {n}x{k}", "; ".join(f"{b} " + " ".join(f"{m}:{us:.1f}" for m, us in t.items())
+                                        for b, t in per.items()))
 BW = measure_bandwidth(ex.device) / 1e9
 LM_HEAD = ex.model.lm_head_weight
 WEIGHT_BYTES = LM_HEAD.numel() * LM_HEAD.element_size() + sum(  # every matrix a decode step reads once

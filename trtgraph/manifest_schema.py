@@ -254,8 +254,9 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     """Totals agree with the keys they sum up."""
     v.obj(totals, "totals", ("num_keys", "warmup_seconds", "capture_seconds", "pool_bytes",
                              "largest_key_pool_bytes", "all_parity_ok", "linear_backends", "fused_ops", "notes",
-                             "warmup_keys", "replay_timing"),
-          optional=("all_parity_ok", "linear_backends", "fused_ops", "notes", "warmup_keys", "replay_timing"))
+                             "warmup_keys", "replay_timing", "linear_times_us"),
+          optional=("all_parity_ok", "linear_backends", "fused_ops", "notes", "warmup_keys", "replay_timing",
+                    "linear_times_us"))
     if v.int_field(totals, "totals.num_keys", lo=1, hi=1 << 20) != len(pool_bytes):
         v.fail("totals.num_keys", totals["num_keys"], f"{len(pool_bytes)}, the number of keys")
     if v.int_field(totals, "totals.pool_bytes", lo=0, hi=MAX_BYTES) != sum(pool_bytes):
@@ -272,9 +273,17 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
         v.fail("totals.notes", notes, "a list of at most 16 strings (what capture decided, e.g. max_seq_len auto)")
     backends = totals.get("linear_backends", {})
     if not isinstance(backends, dict) or len(backends) > 64 or any(
-            not isinstance(k, str) or not re.fullmatch(r"[0-9]{1,7}x[0-9]{1,7}", k) or b not in ("triton", "cublas")
+            not isinstance(k, str) or not re.fullmatch(r"[0-9]{1,7}x[0-9]{1,7}", k) or not isinstance(b, str)
+            or not re.fullmatch(r"triton|cublas(\+triton:[0-9]{1,6}(,[0-9]{1,6}){0,255})?", b)
             for k, b in backends.items()):
-        v.fail("totals.linear_backends", backends, 'an object {"NxK": "triton" | "cublas"} per GEMM shape')
+        v.fail("totals.linear_backends", backends, 'an object {"NxK": "triton" | "cublas" | "cublas+triton:M1,M2,..." '
+               '(cuBLAS, Triton at those row counts)} per GEMM shape')
+    times = totals.get("linear_times_us", {})  # capture's timing behind linear_backends; read by inspect
+    if not isinstance(times, dict) or len(times) > 64 or any(
+            k not in backends or not isinstance(t, dict) or set(t) != {"triton", "cublas"}
+            or any(not is_number(us) or not 0 <= us < 1e9 for us in t.values()) for k, t in times.items()):
+        v.fail("totals.linear_times_us", times, 'an object {"NxK": {"cublas": us, "triton": us}} per timed GEMM '
+               'shape of totals.linear_backends')
     warm = totals.get("warmup_keys")  # the keys a start warms, each named by str(GraphKey); absent: all
     if warm is not None and (not isinstance(warm, list) or not 0 < len(warm) <= len(pool_bytes) or any(
             not isinstance(k, str) or text_problem(k) or len(k) > 200 for k in warm)):

@@ -42,10 +42,24 @@ def manifest_text(manifest: Manifest, path) -> str:
         f"{kv.get('bytes', 0) / MiB:.1f} MiB",
         f"totals    {t.get('num_keys')} keys, warm-up {t.get('warmup_seconds', 0):.2f} s, capture "
         f"{t.get('capture_seconds', 0):.2f} s, pool {t.get('pool_bytes', 0) / MiB:.1f} MiB",
+        *_gemm_lines(t),
         "",
         keys_table(manifest),
     ]
     return "\n".join(lines)
+
+
+def _gemm_lines(totals: dict) -> list[str]:
+    """Each GEMM shape's backend, with capture's times of both where it timed them."""
+    backends, times = totals.get("linear_backends") or {}, totals.get("linear_times_us") or {}
+    if not backends:
+        return []
+    shapes = []
+    for shape, b in backends.items():
+        t = times.get(shape)
+        shapes.append(f"{shape} {b}" + (f" (cublas {t['cublas']:.1f} us, triton {t['triton']:.1f} us over "
+                                         f"the plan's row counts)" if t else ""))
+    return ["gemms     " + "; ".join(shapes)]
 
 
 def _checkpoint_lines(manifest: Manifest) -> list[str]:

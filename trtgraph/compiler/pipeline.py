@@ -352,6 +352,15 @@ def _linear_backends(ex: Executor) -> dict:
     return installed_backends()
 
 
+def _linear_times(ex: Executor) -> dict:
+    """The times behind _linear_backends' choices, where capture timed them (us over the plan's row counts)."""
+    if ex.model.ops.name != "triton":
+        return {}
+    from ..kernels.linear import installed_times
+
+    return installed_times()
+
+
 def _fused_ops(ex: Executor) -> dict:
     """Each fused op and weight shape: the fused decode GEMV for steps of <= FUSED_MAX_ROWS rows, or the
     composition of single ops, as the executor chose it."""
@@ -382,6 +391,7 @@ def _manifest(config: Config, ex: Executor, records: list[KeyRecord], warmup_sec
             "pool_bytes": pool,
             "largest_key_pool_bytes": max((r.pool_bytes for r in records), default=0),
             "linear_backends": _linear_backends(ex),
+            **({"linear_times_us": t} if (t := _linear_times(ex)) else {}),
             "fused_ops": _fused_ops(ex),
         },
     )

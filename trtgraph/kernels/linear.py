@@ -7,17 +7,24 @@ Two backends per weight shape (N, K):
   every M runs the same compiled kernel, each output element is reduced over K in the same
   BLOCK_K order by the same instructions, and no split-K. Invariant by construction.
 - `cublas`: torch's GEMM. cuBLAS picks its kernel (and split-K) per M, so a row's result may
-  depend on M. It is used for a shape only where `choose_backends` has checked, on this
+  depend on M. It is allowed for a shape only where `choose_backends` has checked, on this
   device and library, that one row's output is bitwise equal for every row count the bucket
   plan can run (or where the config says `deterministic: false`).
 
-The choice is a deterministic function of the plan, the device and the library (a bitwise
-probe, no timing), so the compiler and the runtime arrive at the same table; the compiler
-records it in the manifest.
+Where cuBLAS is allowed, capture times both backends at each of the plan's row counts (GPU time
+of replayed graphs: the host's launch cost, which the replayed step does not pay, would hide the
+kernels' difference) and keeps cuBLAS unless the Triton kernel takes at most TRITON_MARGIN of its
+time: with `deterministic` over the sum of the row counts (one backend for all), without it at
+each row count (cuBLAS's fp32 heuristic picks 32x128 tiles at 8-16 rows that take 5x its own at 24
+and the Triton kernel's: docs/performance.md, sixteenth session). Timing is not reproducible, so the manifest records
+the table (`totals.linear_backends`, the times in `totals.linear_times_us`) and the runtime
+installs that record (`recorded=`) instead of choosing again; with `deterministic` it still
+probes a recorded cuBLAS shape for invariance on its own device and library.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +49,16 @@ class LinearConfig:
 # BLOCK_M 64 form of the kernel (docs/performance.md); the BLOCK_M 16 form is not tuned yet.
 _TUNED: dict[tuple[int, int], tuple[int, int, int, int]] = {}
 _BACKENDS: dict[tuple[int, int], str] = {}  # (N, K) -> backend; shapes not listed use Triton
+# (N, K) -> row counts at which a cuBLAS shape runs the Triton kernel instead (`deterministic: false`
+# only: a row's rounding then depends on its step's row count, as cuBLAS's own per-M kernels make it)
+_TRITON_ROWS: dict[tuple[int, int], frozenset[int]] = {}
+_TIMES: dict[tuple[int, int], dict[str, float]] = {}  # (N, K) -> backend -> us over the plan's row counts
+_ROW_TIMES: dict[tuple[int, int], dict[str, dict[int, float]]] = {}  # the same per row count (for probes)
+# Triton replaces an allowed cuBLAS only where it takes at most this fraction of cuBLAS's time: a
+# margin over the timing's noise, and cuBLAS's choice enables the split down projection
+# (split_residual.choose_split) that a per-op time does not see.
+TRITON_MARGIN = 0.8
+TIMING_REPEATS = 10  # calls per timed graph (the timer takes the best of its replays)
 
 
 def linear_config(n: int, k: int, device: torch.device) -> LinearConfig:
@@ -97,9 +114,16 @@ def triton_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.view(*x.shape[:-1], N)
 
 
+def _cublas(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """Does this weight's GEMM run cuBLAS at x's row count (the installed choice)?"""
+    shape = tuple(weight.shape)
+    return _BACKENDS.get(shape) == CUBLAS and (
+        shape not in _TRITON_ROWS or x.numel() // x.shape[-1] not in _TRITON_ROWS[shape])
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias) through the backend chosen for this weight's shape."""
-    if _BACKENDS.get(tuple(weight.shape)) == CUBLAS:
+    """x @ weight.T (+ bias) through the backend chosen for this weight's shape (and row count)."""
+    if _cublas(weight, x):
         return torch.nn.functional.linear(x, weight, bias)
     return triton_linear(x, weight, bias)
 
@@ -111,7 +135,7 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     and rounded once (the composition of the references rounds the product first)."""
     if residual.stride(-1) != 1 or residual.dim() != 2:
         return residual + linear(x, weight)
-    if _BACKENDS.get(tuple(weight.shape)) == CUBLAS:
+    if _cublas(weight, x):
         return residual.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
     return triton_linear(x, weight, residual=residual)
 
@@ -138,21 +162,106 @@ def cublas_is_invariant(n: int, k: int, row_counts: list[int], dtype: torch.dtyp
     return same
 
 
+def time_backend(backend: str, n: int, k: int, row_counts: list[int], dtype: torch.dtype, device: torch.device,
+                 residual: bool, timer: Callable[[Callable[[], None]], float]) -> dict[int, float]:
+    """Microseconds one call of the backend takes at each of `row_counts` rows (in linear_residual's form
+    with `residual`): `timer(work)` is the GPU time of `work()` replayed as a graph (the runtime's
+    cuda_graph.graph_time_us), `work` TIMING_REPEATS calls, so the host's launch cost is not counted."""
+    g = torch.Generator(device="cpu").manual_seed(n * 31 + k)
+    most = max(row_counts)
+    x = torch.randn((most, k), generator=g).to(device, dtype)
+    w = (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
+    r = torch.zeros((most, n), device=device, dtype=dtype) if residual else None
+    times = {}
+    for m in row_counts:
+        xm, rm = x[:m], (r[:m] if r is not None else None)
+        if backend == CUBLAS:
+            call = (lambda: rm.addmm_(xm, w.t())) if rm is not None else (lambda: torch.nn.functional.linear(xm, w))
+        else:
+            call = lambda: triton_linear(xm, w, residual=rm)  # noqa: E731
+        call()  # compiles, picks cuBLAS's kernel: outside the recording
+
+        def work():
+            for _ in range(TIMING_REPEATS):
+                call()
+
+        times[m] = timer(work) / TIMING_REPEATS
+    del x, w, r
+    torch.cuda.empty_cache()
+    return times
+
+
+def pick(times: dict[str, float]) -> str:
+    """cuBLAS unless the Triton kernel takes at most TRITON_MARGIN of its time."""
+    return TRITON if times[TRITON] <= TRITON_MARGIN * times[CUBLAS] else CUBLAS
+
+
+def triton_rows(rows: dict[str, dict[int, float]]) -> frozenset[int]:
+    """The row counts at which Triton takes at most TRITON_MARGIN of cuBLAS's time (pick() per row count)."""
+    return frozenset(m for m, us in rows[CUBLAS].items() if pick({CUBLAS: us, TRITON: rows[TRITON][m]}) == TRITON)
+
+
+def _parse(record: str | None) -> tuple[str | None, frozenset[int]]:
+    """A manifest record "cublas", "triton" or "cublas+triton:M1,M2,..." -> (backend, Triton's row counts)."""
+    if record is None or not record.startswith(CUBLAS + "+" + TRITON + ":"):
+        return record, frozenset()
+    return CUBLAS, frozenset(int(m) for m in record.split(":", 1)[1].split(","))
+
+
+def cublas_allowed(n: int, k: int, row_counts: list[int], dtype: torch.dtype, device: torch.device,
+                   deterministic: bool, residual: bool) -> bool:
+    """May cuBLAS run this shape: on CUDA, and with `deterministic` only where it is batch-invariant."""
+    return device.type == "cuda" and (not deterministic or cublas_is_invariant(
+        n, k, row_counts, dtype, device, residual=residual))
+
+
 def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.dtype, device: torch.device,
-                    deterministic: bool, residual_shapes: frozenset[tuple[int, int]] = frozenset()) -> dict[str, str]:
-    """Pick and install each weight shape's backend: cuBLAS where it is batch-invariant over
-    the row counts that shape meets in the plan (cuBLAS was as fast or faster than the Triton
-    kernels on every Llama-3.2-1B shape at M <= 64, docs/performance.md) or everywhere when
-    `deterministic` is off; Triton elsewhere. `residual_shapes`: the shapes linear_residual
-    also runs (o, down), probed for its `addmm_` too. Returns {"NxK": backend} for the manifest."""
+                    deterministic: bool, residual_shapes: frozenset[tuple[int, int]] = frozenset(), *,
+                    timer: Callable[[Callable[[], None]], float] | None = None,
+                    recorded: dict[str, str] | None = None) -> dict[str, str]:
+    """Pick and install each weight shape's backend: Triton where cuBLAS is not allowed
+    (cublas_allowed); where it is, with a `timer` (time_backend's), by time over the distinct row
+    counts that shape meets in the plan — with `deterministic` one backend for every row count
+    (pick() on the sums), without it per row count (cuBLAS, Triton at triton_rows()) — and without
+    a timer cuBLAS. `recorded` (a manifest's `linear_backends`): install that record instead, where
+    this build allows it; a shape it lacks or cannot have gets Triton, which the runtime's check
+    against the record then refuses (Recapture). `residual_shapes`: the shapes linear_residual also
+    runs (o, down), probed and timed in that form. Returns {"NxK": record} for the manifest (the
+    times: installed_times())."""
     _BACKENDS.clear()
+    _TRITON_ROWS.clear()
+    _TIMES.clear()
+    _ROW_TIMES.clear()
     for (n, k), counts in sorted(row_counts.items()):
-        ok = device.type == "cuda" and (not deterministic or cublas_is_invariant(
-            n, k, counts, dtype, device, residual=(n, k) in residual_shapes))
-        _BACKENDS[(n, k)] = CUBLAS if ok else TRITON
+        residual = (n, k) in residual_shapes
+        wanted, rows = _parse(recorded.get(f"{n}x{k}")) if recorded is not None else (CUBLAS, frozenset())
+        if wanted != CUBLAS or (rows and deterministic) or not cublas_allowed(
+                n, k, counts, dtype, device, deterministic, residual):
+            _BACKENDS[(n, k)] = TRITON
+            continue
+        _BACKENDS[(n, k)] = CUBLAS
+        if recorded is None and timer is not None:
+            _ROW_TIMES[(n, k)] = times = {b: time_backend(b, n, k, sorted(set(counts)), dtype, device, residual, timer)
+                                          for b in (CUBLAS, TRITON)}
+            _TIMES[(n, k)] = {b: sum(t.values()) for b, t in times.items()}
+            if deterministic:
+                _BACKENDS[(n, k)] = pick(_TIMES[(n, k)])
+            else:
+                rows = triton_rows(times)
+                _BACKENDS[(n, k)] = TRITON if rows == set(times[CUBLAS]) else CUBLAS
+        if rows and _BACKENDS[(n, k)] == CUBLAS:
+            _TRITON_ROWS[(n, k)] = rows
     return installed_backends()
 
 
 def installed_backends() -> dict[str, str]:
-    """{"NxK": backend} of the shapes choose_backends last decided (empty: Triton everywhere)."""
-    return {f"{n}x{k}": b for (n, k), b in sorted(_BACKENDS.items())}
+    """{"NxK": record} of the shapes choose_backends last decided (empty: Triton everywhere): "cublas",
+    "triton", or "cublas+triton:M1,M2,..." (cuBLAS but at those row counts)."""
+    return {f"{n}x{k}": b + (f"+{TRITON}:" + ",".join(map(str, sorted(_TRITON_ROWS[(n, k)])))
+                             if (n, k) in _TRITON_ROWS else "")
+            for (n, k), b in sorted(_BACKENDS.items())}
+
+
+def installed_times() -> dict[str, dict[str, float]]:
+    """{"NxK": {"cublas": us, "triton": us}} of the shapes choose_backends timed (over the plan's row counts)."""
+    return {f"{n}x{k}": {b: round(us, 1) for b, us in t.items()} for (n, k), t in sorted(_TIMES.items())}

@@ -47,7 +47,8 @@ class Engine(Deliveries):
         self.tp = tp
         self.artifacts_dir = manifest_path(path).parent
         self.eager = eager
-        self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp)
+        self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp, from_manifest=True,
+                                            linear_record=self.manifest.totals.get("linear_backends"))
         startup.lap("kv_cache_and_buffers")
         check_built(self.manifest, ex, manifest_path(path))
         self.record_seconds = record(self.manifest, ex, tp, eager)

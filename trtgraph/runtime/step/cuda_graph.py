@@ -135,3 +135,24 @@ class DriverGraph:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter shutdown: the driver may be gone already)
             pass
+
+
+def graph_time_us(step, device: torch.device, repeats: int = 3) -> float:
+    """GPU microseconds of `step()` (launches on the current stream only) as a replayed graph spends
+    them, without the host's launch cost: recorded once by the driver into a pool of its own, replayed
+    `repeats` times between CUDA events, the best replay. Run `step` once before (compiles, picks)."""
+    graph = DriverGraph(device, torch.cuda.graph_pool_handle(), torch.cuda.Stream(device))
+    try:
+        graph.record(step)
+        graph.replay()
+        best = float("inf")
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) * 1e3)
+        return best
+    finally:
+        graph.close()

@@ -11,6 +11,7 @@ is what serves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -24,11 +25,18 @@ from ...models.parallel import TPGroup
 from ...kernels import sampler_reference as sampler
 from ...kernels.advance import choose as choose_advance
 from .buffers import StepBuffers
+from .cuda_graph import graph_time_us
 from .graph_runner import CaptureStats, GraphRunner
 from .inputs import StepInputs, StepRow, advances  # noqa: F401 (StepRow: callers import it from here)
 from .kv_cache import allocate_kv_caches, auto_num_blocks, blocks_for_tokens
 from .metadata import AttentionMetadata
 
+
+
+def linear_timer(device: torch.device):
+    """The GEMM backends' timer at capture (kernels.linear.choose_backends): GPU time of a replayed
+    graph on CUDA; none elsewhere (cuBLAS is not allowed off CUDA, so nothing is timed)."""
+    return partial(graph_time_us, device=device) if device.type == "cuda" else None
 
 @dataclass
 class StepOutputs:
@@ -102,8 +110,12 @@ class Executor(StepInputs):
 
     @classmethod
     def build(cls, config: Config, plan: BucketPlan, device: torch.device | None = None,
-              loaded: LoadedModel | None = None, tp: TPGroup = TPGroup()) -> "Executor":
-        """With tensor parallelism (tp.world > 1), this rank's shard of the model and cache."""
+              loaded: LoadedModel | None = None, tp: TPGroup = TPGroup(), *,
+              linear_record: dict[str, str] | None = None, from_manifest: bool = False) -> "Executor":
+        """With tensor parallelism (tp.world > 1), this rank's shard of the model and cache.
+        `from_manifest`: a start from a manifest, which installs its GEMM backends (`linear_record`,
+        totals.linear_backends) rather than timing them again (a manifest without the record: the
+        choice without timing, as captures before the timing made it)."""
         device = device or resolve_device(config.device)
         if loaded is None:
             kernels = get_kernels(resolve_kernels(config.kernels, device.type))
@@ -120,7 +132,9 @@ class Executor(StepInputs):
                                                     [k.num_logit_rows for k in plan.keys])
             first = loaded.model.layers[0]  # o and down also run linear_residual's GEMM + residual add
             choose_backends(counts, DTYPES[config.dtype], device, config.deterministic, frozenset(
-                tuple(w.shape) for w in (first.self_attn.o_proj.weight, first.mlp.down_proj.weight)))
+                tuple(w.shape) for w in (first.self_attn.o_proj.weight, first.mlp.down_proj.weight)),
+                timer=None if from_manifest or tp.active else linear_timer(device),  # ranks must pick alike
+                recorded=linear_record)
             # the fused decode GEMVs: which (op, weight shape) runs them for steps of few rows
             shapes = [(op, *w.shape) for op, w in (
                 ("norm_qkv_rope", first.self_attn.qkv_proj.weight), ("linear_residual", first.self_attn.o_proj.weight),

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The sixteenth session's device calls (issue 12: the GEMM backends chosen by time at capture). Every
+# figure goes to a file under $OUT. Usage: OUT=... CALL=N bash scripts/s16_gpu.sh
+#  1 (one H200): the choice's GPU tests; the stdlib model (fp32) at 64 rows / 512 tokens profiled at 1-32
+#    rows with the choice off (--margin 0: cuBLAS wherever allowed, the tree before) and on; the stdlib
+#    example and the 1B example captured (their backends and times logged; inspect), the 1B's 256 greedy
+#    prompts replayed and --eager, compared; spec_bench at batch 4 and 8 (the stdlib model's plain
+#    steps of 8 rows were cuBLAS's slow fp32 tiles before). Ran with the first form of the timing (CUDA
+#    events around eager calls: the host's launch cost, not the kernels), which picked cuBLAS everywhere.
+#  2 (one H200): the same choice timed as replayed graphs: its GPU tests, the stdlib profiles (margin 0 /
+#    0.8), the stdlib example captured (backends, times, inspect), the 1B's GEMM row times at 1-64 rows.
+#    (Picked by the sums over the row counts: bs 8-16 faster, bs 1 slower on the stdlib model.)
+#  3 (one H200): the choice per row count without `deterministic`: its GPU tests, the stdlib profiles,
+#    the stdlib example captured, spec_bench at batch 4 and 8.
+source "$(dirname "$0")/gpu_lib.sh"
+backends() {  # backends MANIFEST: the record and the times to the log
+  python3 -c "import json, sys; t = json.load(open(sys.argv[1]))['totals']; print(t.get('linear_backends'), t.get('linear_times_us'))" "$1" >> "$LOG" 2>&1
+}
+stdlib_profiles() {  # the stdlib model at 64 rows / 512 tokens, 1-32 rows, the choice off (margin 0) and on
+   sed -e 's/max_batch_size: 4, max_num_tokens: 256/max_batch_size: 64, max_num_tokens: 256, max_seq_len: 512/' \
+       -e 's#path: ../trtgraph#path: '"$PWD"'/trtgraph#' examples/stdlib-llama.yaml > /tmp/p.yaml
+   for m in 0 0.8; do
+     timeout 120 python3 scripts/profile_step.py /tmp/p.yaml 8 --batches 1,4,8,12,16,24,32 --margin $m \
+       > "$OUT/profile_std_m$m.txt" 2>&1; note "profile margin $m rc=$?"
+     grep -h "gemm\|kernel time" "$OUT/profile_std_m$m.txt" | head -20 >> "$LOG"
+   done
+}
+capture_std() {
+   timeout 200 python3 -m trtgraph capture --config examples/stdlib-llama.yaml --out /tmp/std > "$OUT/capture_std.txt" 2>&1
+   note "capture stdlib rc=$?"; backends /tmp/std/manifest.json
+   python3 -m trtgraph inspect /tmp/std/manifest.json > "$OUT/inspect_std.txt" 2>&1; head -12 "$OUT/inspect_std.txt" >> "$LOG"
+}
+spec() {
+   timeout 400 python3 scripts/spec_bench.py "$OUT/spec" --batches 4,8 --sets ${SETS:-copy,code-like,random,repetitive} \
+     --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec"
+}
+case ${CALL:?CALL=1..} in
+3) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
+   note "pytest choice rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
+   stdlib_profiles; capture_std; spec ;;
+2) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
+   note "pytest choice rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
+   stdlib_profiles; capture_std
+   timeout 200 python3 scripts/profile_step.py $CFG 8 --batches 1,8,17,32,64 > "$OUT/profile_1b.txt" 2>&1
+   note "profile 1b rc=$?"; grep -h "gemm\|kernel time" "$OUT/profile_1b.txt" >> "$LOG" ;;
+1) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
+   note "pytest choice rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
+   sed -e 's/max_batch_size: 4, max_num_tokens: 256/max_batch_size: 64, max_num_tokens: 256, max_seq_len: 512/' \
+       -e 's#path: ../trtgraph#path: '"$PWD"'/trtgraph#' examples/stdlib-llama.yaml > /tmp/p.yaml
+   for m in 0 0.8; do
+     timeout 120 python3 scripts/profile_step.py /tmp/p.yaml 8 --batches 1,4,8,12,16,24,32 --margin $m \
+       > "$OUT/profile_std_m$m.txt" 2>&1; note "profile margin $m rc=$?"
+     grep -h "gemm\|kernel time" "$OUT/profile_std_m$m.txt" | head -20 >> "$LOG"
+   done
+   timeout 200 python3 -m trtgraph capture --config examples/stdlib-llama.yaml --out /tmp/std > "$OUT/capture_std.txt" 2>&1
+   note "capture stdlib rc=$?"; backends /tmp/std/manifest.json
+   python3 -m trtgraph inspect /tmp/std/manifest.json > "$OUT/inspect_std.txt" 2>&1; head -12 "$OUT/inspect_std.txt" >> "$LOG"
+   parity256; backends /tmp/art/manifest.json; cat "$OUT/compare.txt" >> "$LOG"
+   timeout 400 python3 scripts/spec_bench.py "$OUT/spec" --batches 4,8 --sets ${SETS:-copy,code-like,random,repetitive} --repeats 3 \
+     > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG" ;;
+esac
+note done
