@@ -16,6 +16,10 @@ source "$(dirname "$0")/gpu_lib.sh"
 backends() {  # backends MANIFEST: the record and the times to the log
   python3 -c "import json, sys; t = json.load(open(sys.argv[1]))['totals']; print(t.get('linear_backends'), t.get('linear_times_us'))" "$1" >> "$LOG" 2>&1
 }
+choice_tests() {
+   timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
+   note "pytest choice rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
+}
 stdlib_profiles() {  # the stdlib model at 64 rows / 512 tokens, 1-32 rows, the choice off (margin 0) and on
    sed -e 's/max_batch_size: 4, max_num_tokens: 256/max_batch_size: 64, max_num_tokens: 256, max_seq_len: 512/' \
        -e 's#path: ../trtgraph#path: '"$PWD"'/trtgraph#' examples/stdlib-llama.yaml > /tmp/p.yaml
@@ -35,28 +39,12 @@ spec() {
      --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec"
 }
 case ${CALL:?CALL=1..} in
-3) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
-   note "pytest choice rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
-   stdlib_profiles; capture_std; spec ;;
-2) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
-   note "pytest choice rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
-   stdlib_profiles; capture_std
+3) choice_tests; stdlib_profiles; capture_std; spec ;;
+2) choice_tests; stdlib_profiles; capture_std
    timeout 200 python3 scripts/profile_step.py $CFG 8 --batches 1,8,17,32,64 > "$OUT/profile_1b.txt" 2>&1
    note "profile 1b rc=$?"; grep -h "gemm\|kernel time" "$OUT/profile_1b.txt" >> "$LOG" ;;
-1) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
-   note "pytest choice rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
-   sed -e 's/max_batch_size: 4, max_num_tokens: 256/max_batch_size: 64, max_num_tokens: 256, max_seq_len: 512/' \
-       -e 's#path: ../trtgraph#path: '"$PWD"'/trtgraph#' examples/stdlib-llama.yaml > /tmp/p.yaml
-   for m in 0 0.8; do
-     timeout 120 python3 scripts/profile_step.py /tmp/p.yaml 8 --batches 1,4,8,12,16,24,32 --margin $m \
-       > "$OUT/profile_std_m$m.txt" 2>&1; note "profile margin $m rc=$?"
-     grep -h "gemm\|kernel time" "$OUT/profile_std_m$m.txt" | head -20 >> "$LOG"
-   done
-   timeout 200 python3 -m trtgraph capture --config examples/stdlib-llama.yaml --out /tmp/std > "$OUT/capture_std.txt" 2>&1
-   note "capture stdlib rc=$?"; backends /tmp/std/manifest.json
-   python3 -m trtgraph inspect /tmp/std/manifest.json > "$OUT/inspect_std.txt" 2>&1; head -12 "$OUT/inspect_std.txt" >> "$LOG"
+1) choice_tests; stdlib_profiles; capture_std
    parity256; backends /tmp/art/manifest.json; cat "$OUT/compare.txt" >> "$LOG"
-   timeout 400 python3 scripts/spec_bench.py "$OUT/spec" --batches 4,8 --sets ${SETS:-copy,code-like,random,repetitive} --repeats 3 \
-     > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG" ;;
+   spec ;;
 esac
 note done
