@@ -12,6 +12,10 @@
 #    (Picked by the sums over the row counts: bs 8-16 faster, bs 1 slower on the stdlib model.)
 #  3 (one H200): the choice per row count without `deterministic`: its GPU tests, the stdlib profiles,
 #    the stdlib example captured, spec_bench at batch 4 and 8.
+#  4 (nvidia-h200-x2): the tree's figures (timing now cycles weight copies past twice the L2):
+#    `pytest -m gpu` on GPU 1 while GPU 0 runs the bench, the step profile, decode_ablation `light`, the
+#    1B example captured (its GEMM record and times), 256 greedy prompts replayed and --eager; then
+#    on GPU 0 the stdlib profiles and spec_bench at batch 4 and 8.
 source "$(dirname "$0")/gpu_lib.sh"
 backends() {  # backends MANIFEST: the record and the times to the log
   python3 -c "import json, sys; t = json.load(open(sys.argv[1]))['totals']; print(t.get('linear_backends'), t.get('linear_times_us'))" "$1" >> "$LOG" 2>&1
@@ -39,6 +43,8 @@ spec() {
      --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec"
 }
 case ${CALL:?CALL=1..} in
+4) tree_figures light --batches 1,8,17,32,64; backends /tmp/art/manifest.json
+   stdlib_profiles; spec ;;
 3) choice_tests; stdlib_profiles; capture_std; spec ;;
 2) choice_tests; stdlib_profiles; capture_std
    timeout 200 python3 scripts/profile_step.py $CFG 8 --batches 1,8,17,32,64 > "$OUT/profile_1b.txt" 2>&1
