@@ -16,6 +16,9 @@
 #    `pytest -m gpu` on GPU 1 while GPU 0 runs the bench, the step profile, decode_ablation `light`, the
 #    1B example captured (its GEMM record and times), 256 greedy prompts replayed and --eager; then
 #    on GPU 0 the stdlib profiles and spec_bench at batch 4 and 8.
+#  5 (one H200): after call 4's one failure (test_gpu.py's out-of-memory capture: the timing ran out of
+#    the capped memory first, and a new stream per timing made cuBLAS a workspace inside each graph's
+#    pool): the choice's GPU tests and test_gpu.py; the stdlib example captured (backends, inspect).
 source "$(dirname "$0")/gpu_lib.sh"
 backends() {  # backends MANIFEST: the record and the times to the log
   python3 -c "import json, sys; t = json.load(open(sys.argv[1]))['totals']; print(t.get('linear_backends'), t.get('linear_times_us'))" "$1" >> "$LOG" 2>&1
@@ -43,6 +46,9 @@ spec() {
      --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec"
 }
 case ${CALL:?CALL=1..} in
+5) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py tests/test_gpu.py \
+     > "$OUT/pytest_choice.log" 2>&1; note "pytest rc=$?"; tail -3 "$OUT/pytest_choice.log" >> "$LOG"
+   capture_std ;;
 4) tree_figures light --batches 1,8,17,32,64; backends /tmp/art/manifest.json
    stdlib_profiles; spec ;;
 3) choice_tests; stdlib_profiles; capture_std; spec ;;

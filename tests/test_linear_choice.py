@@ -153,6 +153,13 @@ def test_gpu_timing_picks_by_the_measured_times(restore_backends):
     got = linear.choose_backends(counts, torch.float32, cuda, True, timer=executor.linear_timer(cuda))
     for shape, t in linear.installed_times().items():
         assert got[shape] == linear.pick(t)
+    # timing again holds no more device memory: the graphs' pools and the weight copies are given back
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(cuda)
+    for _ in range(3):
+        linear.choose_backends(counts, torch.float32, cuda, False, timer=executor.linear_timer(cuda))
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved(cuda) == before
 
 
 def test_without_deterministic_each_row_count_takes_the_faster(monkeypatch, restore_backends):
@@ -204,3 +211,19 @@ def test_the_manifest_records_are_checked(default_artifacts, tmp_path, backends,
     else:
         with pytest.raises(ManifestError, match=r"totals\.linear_"):
             load_manifest(path)
+
+
+def test_a_shape_whose_timing_runs_out_of_memory_keeps_cublas_untimed(monkeypatch, restore_backends):
+    """The timing's weight copies and outputs must not fail a capture whose plan fits: that shape is
+    not timed (cuBLAS, no times recorded); the others are."""
+    def time_backend(b, n, k, rows, *a):
+        if (n, k) == (96, 48):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+        return {m: 100.0 if b == "cublas" else 50.0 for m in rows}
+
+    monkeypatch.setattr(linear, "cublas_allowed", lambda *a: True)
+    monkeypatch.setattr(linear, "time_backend", time_backend)
+    got = linear.choose_backends({(40, 48): [1, 2], (96, 48): [1, 2]}, torch.float32, CPU, False,
+                                 timer=lambda work: 0.0)
+    assert got == {"40x48": "triton", "96x48": "cublas"}
+    assert set(linear.installed_times()) == {"40x48"}

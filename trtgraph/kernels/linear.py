@@ -166,7 +166,8 @@ def time_backend(backend: str, n: int, k: int, row_counts: list[int], dtype: tor
                  residual: bool, timer: Callable[[Callable[[], None]], float]) -> dict[int, float]:
     """Microseconds one call of the backend takes at each of `row_counts` rows (in linear_residual's form
     with `residual`): `timer(work)` is the GPU time of `work()` replayed as a graph (the runtime's
-    cuda_graph.graph_time_us), `work` TIMING_REPEATS calls, so the host's launch cost is not counted."""
+    cuda_graph.graph_time_us, which runs `work` once first: compiles, cuBLAS's pick), `work` TIMING_REPEATS
+    calls, so the host's launch cost is not counted."""
     g = torch.Generator(device="cpu").manual_seed(n * 31 + k)
     most = max(row_counts)
     x = torch.randn((most, k), generator=g).to(device, dtype)
@@ -184,7 +185,6 @@ def time_backend(backend: str, n: int, k: int, row_counts: list[int], dtype: tor
                 lambda wi: torch.nn.functional.linear(xm, wi))
         else:
             call = lambda wi: triton_linear(xm, wi, residual=rm)  # noqa: E731
-        call(w)  # compiles, picks cuBLAS's kernel: outside the recording
 
         def work():
             for i in range(TIMING_REPEATS):
@@ -231,7 +231,8 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
     a timer cuBLAS. `recorded` (a manifest's `linear_backends`): install that record instead, where
     this build allows it; a shape it lacks or cannot have gets Triton, which the runtime's check
     against the record then refuses (Recapture). `residual_shapes`: the shapes linear_residual also
-    runs (o, down), probed and timed in that form. Returns {"NxK": record} for the manifest (the
+    runs (o, down), probed and timed in that form. A shape whose timing runs out of device memory
+    keeps cuBLAS, untimed (the capture then meets the memory where it must). Returns {"NxK": record} for the manifest (the
     times: installed_times())."""
     _BACKENDS.clear()
     _TRITON_ROWS.clear()
@@ -246,8 +247,16 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
             continue
         _BACKENDS[(n, k)] = CUBLAS
         if recorded is None and timer is not None:
-            _ROW_TIMES[(n, k)] = times = {b: time_backend(b, n, k, sorted(set(counts)), dtype, device, residual, timer)
-                                          for b in (CUBLAS, TRITON)}
+            times = None
+            try:
+                times = {b: time_backend(b, n, k, sorted(set(counts)), dtype, device, residual, timer)
+                         for b in (CUBLAS, TRITON)}
+            except torch.cuda.OutOfMemoryError:  # no room to time it (the plan may still fit): untimed, cuBLAS
+                pass
+            if times is None:
+                torch.cuda.empty_cache()  # after the except: its traceback held the timing's tensors
+                continue
+            _ROW_TIMES[(n, k)] = times
             _TIMES[(n, k)] = {b: sum(t.values()) for b, t in times.items()}
             if deterministic:
                 _BACKENDS[(n, k)] = pick(_TIMES[(n, k)])

@@ -137,13 +137,29 @@ class DriverGraph:
             pass
 
 
+_TIMING_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
 def graph_time_us(step, device: torch.device, repeats: int = 3) -> float:
     """GPU microseconds of `step()` (launches on the current stream only) as a replayed graph spends
-    them, without the host's launch cost: recorded once by the driver into a pool of its own, replayed
-    `repeats` times between CUDA events, the best replay. Run `step` once before (compiles, picks)."""
-    graph = DriverGraph(device, torch.cuda.graph_pool_handle(), torch.cuda.Stream(device))
+    them, without the host's launch cost: run once on the timing stream (compiles, and cuBLAS makes
+    its workspace for that stream outside the recording: torch keeps a stream's workspace for good, so
+    one made in the recording would hold the pool), recorded once by the driver into a pool of its
+    own, replayed `repeats` times between CUDA events, the best replay."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _TIMING_STREAMS.setdefault(index, torch.cuda.Stream(index))  # one stream: one workspace
+    stream.wait_stream(torch.cuda.current_stream(index))
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream(index).wait_stream(stream)
+    pool = torch.cuda.graph_pool_handle()
+    graph = DriverGraph(device, pool, stream)
     try:
-        graph.record(step)
+        try:
+            graph.record(step)
+        except BaseException:  # e.g. out of memory: the pool is this call's alone, give back what it took
+            torch._C._cuda_releasePool(graph.device_index, pool)
+            raise
         graph.replay()
         best = float("inf")
         for _ in range(repeats):
