@@ -19,6 +19,10 @@
 #  5 (one H200): after call 4's one failure (test_gpu.py's out-of-memory capture: the timing ran out of
 #    the capped memory first, and a new stream per timing made cuBLAS a workspace inside each graph's
 #    pool): the choice's GPU tests and test_gpu.py; the stdlib example captured (backends, inspect).
+#  6 (one H200): Triton timed only where cuBLAS is slower than at more rows, fewer calls a graph for long
+#    calls (call 4's 1B capture spent 14.7 s in kv_cache_and_buffers against 0.1-0.2 before the timing): the
+#    choice's GPU tests and test_gpu.py's out-of-memory capture; the stdlib profiles; the 1B example
+#    captured twice (its phases, record and times).
 source "$(dirname "$0")/gpu_lib.sh"
 backends() {  # backends MANIFEST: the record and the times to the log
   python3 -c "import json, sys; t = json.load(open(sys.argv[1]))['totals']; print(t.get('linear_backends'), t.get('linear_times_us'))" "$1" >> "$LOG" 2>&1
@@ -46,6 +50,14 @@ spec() {
      --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec"
 }
 case ${CALL:?CALL=1..} in
+6) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py \
+     tests/test_gpu.py -k "choice or timing or out_of_memory" > "$OUT/pytest_choice.log" 2>&1
+   note "pytest rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
+   stdlib_profiles
+   for i in 1 2; do
+     timeout 200 python3 -m trtgraph capture --config $CFG --out /tmp/art$i > "$OUT/capture_1b_$i.txt" 2>&1
+     note "capture 1b rc=$? $(tail -1 "$OUT/capture_1b_$i.txt")"; backends /tmp/art$i/manifest.json
+   done ;;
 5) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py tests/test_gpu.py \
      > "$OUT/pytest_choice.log" 2>&1; note "pytest rc=$?"; tail -3 "$OUT/pytest_choice.log" >> "$LOG"
    capture_std ;;

@@ -34,11 +34,14 @@ def restore_backends():
 
 
 def fake_timer(slow_cublas: set[tuple[int, int]], calls: list):
-    """cuBLAS 100 us a row count, Triton 50 on `slow_cublas` shapes and 90 elsewhere (within the margin)."""
+    """cuBLAS 100 us a call, except on `slow_cublas` shapes: 100 below 16 rows and 10 from 16 (so it is suspect
+    below 16); Triton 50 on those shapes, 90 elsewhere."""
     def time_backend(backend, n, k, rows, dtype, device, residual, timer):
         calls.append((backend, n, k, tuple(rows), residual))
-        per = 100.0 if backend == linear.CUBLAS else (50.0 if (n, k) in slow_cublas else 90.0)
-        return {m: per for m in rows}
+        slow = (n, k) in slow_cublas
+        if backend == linear.CUBLAS:
+            return {m: 10.0 if slow and m >= 16 else 100.0 for m in rows}
+        return {m: 50.0 if slow else 90.0 for m in rows}
     return time_backend
 
 
@@ -48,18 +51,34 @@ def test_pick_keeps_cublas_unless_triton_takes_at_most_the_margin():
     assert linear.pick({"cublas": 10.0, "triton": 3.0}) == "triton"
 
 
+def test_suspect_rows_are_where_cublas_is_slower_than_at_more_rows():
+    assert linear.suspect_rows({1: 3.0, 4: 5.3, 8: 33.0, 12: 32.9, 16: 33.1, 24: 6.7}) == [8, 12, 16]
+    assert linear.suspect_rows({1: 5.1, 8: 5.1, 17: 5.8, 32: 5.5, 64: 5.3}) == []  # within SLOW_FACTOR
+    assert linear.suspect_rows({1: 3.0, 64: 10.0, 2048: 500.0}) == []
+    assert linear.suspect_rows({8: 40.0, 16: 10.0, 32: 35.0, 64: 20.0}) == [8, 32]
+
+
 def test_timed_choice_recorded_choice_and_untimed_choice(monkeypatch, restore_backends):
     calls = []
     monkeypatch.setattr(linear, "cublas_allowed", lambda *a: True)
     monkeypatch.setattr(linear, "time_backend", fake_timer({(40, 48)}, calls))
-    counts = {(40, 48): [4, 1, 4, 3], (96, 48): [1, 3], (48, 40): [2]}
+    counts = {(40, 48): [4, 1, 4, 16], (96, 48): [1, 3], (48, 40): [2]}
     got = linear.choose_backends(counts, torch.float32, CPU, True, frozenset({(48, 40)}), timer=lambda work: 0.0)
+    # deterministic: one backend a shape, by the sums (40x48: cuBLAS 310, Triton 150 at every row count)
     assert got == {"40x48": "triton", "96x48": "cublas", "48x40": "cublas"}
-    assert linear.installed_times() == {"40x48": {"cublas": 300.0, "triton": 150.0},
-                                        "48x40": {"cublas": 100.0, "triton": 90.0},
-                                        "96x48": {"cublas": 200.0, "triton": 180.0}}
-    # distinct row counts, sorted; the residual shapes timed in linear_residual's form
-    assert ("cublas", 40, 48, (1, 3, 4), False) in calls and ("triton", 48, 40, (2,), True) in calls
+    assert linear.installed_times() == {"40x48": {"cublas": 210.0, "chosen": 150.0},
+                                        "48x40": {"cublas": 100.0, "chosen": 100.0},
+                                        "96x48": {"cublas": 200.0, "chosen": 200.0}}
+    # distinct row counts, sorted; the residual shapes in linear_residual's form; Triton only where
+    # cuBLAS is suspect (then at every row count: the sums decide)
+    assert ("cublas", 40, 48, (1, 4, 16), False) in calls and ("cublas", 48, 40, (2,), True) in calls
+    assert [c for c in calls if c[0] == "triton"] == [("triton", 40, 48, (1, 4, 16), False)]
+
+    calls.clear()  # without deterministic: Triton timed and taken at the suspect row counts only
+    assert linear.choose_backends(counts, torch.float32, CPU, False, timer=lambda work: 0.0) == {
+        "40x48": "cublas+triton:1,4", "96x48": "cublas", "48x40": "cublas"}
+    assert [c for c in calls if c[0] == "triton"] == [("triton", 40, 48, (1, 4), False)]
+    assert linear.installed_times()["40x48"] == {"cublas": 210.0, "chosen": 110.0}
 
     calls.clear()
     record = {"40x48": "cublas", "96x48": "triton", "48x40": "cublas"}
@@ -94,7 +113,7 @@ def test_capture_records_the_timed_table_and_a_start_installs_it_untimed(tmp_pat
 
     calls = []
     monkeypatch.setattr(linear, "cublas_allowed", lambda *a: True)
-    monkeypatch.setattr(linear, "time_backend", fake_timer({(64, 64)}, calls))  # o: Triton; the rest cuBLAS
+    monkeypatch.setattr(linear, "time_backend", fake_timer({(64, 64)}, calls))  # o: Triton below 16 rows
     monkeypatch.setattr(executor, "linear_timer", lambda device: lambda work: 0.0)  # the CPU has no GPU timer
     cfg = tmp_path / "m.yaml"
     cfg.write_text(yaml.safe_dump(_small().to_dict()))
@@ -103,11 +122,12 @@ def test_capture_records_the_timed_table_and_a_start_installs_it_untimed(tmp_pat
     assert res.exit_code == 0, res.output
     totals = json.loads((art / MANIFEST_NAME).read_text())["totals"]
     backends = totals["linear_backends"]
-    assert backends["64x64"] == "triton" and set(backends.values()) == {"triton", "cublas"}
+    assert backends["64x64"] == "cublas+triton:1,2" and set(backends.values()) == {"cublas+triton:1,2", "cublas"}
     assert set(totals["linear_times_us"]) == set(backends)
-    assert totals["linear_times_us"]["64x64"]["triton"] < 0.8 * totals["linear_times_us"]["64x64"]["cublas"]
+    assert totals["linear_times_us"]["64x64"] == {"cublas": 210.0, "chosen": 110.0}  # rows 1, 2 and 16
     shown = CliRunner().invoke(main, ["inspect", str(art / MANIFEST_NAME)])
-    assert shown.exit_code == 0 and "64x64 triton (cublas" in shown.output, shown.output
+    assert shown.exit_code == 0 and "64x64 cublas+triton:1,2 (110.0 us; cublas alone 210.0 us)" in shown.output, \
+        shown.output
 
     def no_timing(*a, **k):
         raise AssertionError("a start timed the GEMMs again")
@@ -130,9 +150,10 @@ def test_capture_records_the_timed_table_and_a_start_installs_it_untimed(tmp_pat
 
 @pytest.mark.gpu
 def test_gpu_timing_picks_by_the_measured_times(restore_backends):
-    """On CUDA: both backends timed at each distinct row count (fp32, the stdlib model's shapes, where
-    cuBLAS's heuristic is slow at 8-16 rows); the record follows the times, per row count without
-    `deterministic`, by the sums with it; linear_residual through the mixed choice stays correct."""
+    """On CUDA (fp32, the stdlib model's shapes, where cuBLAS's heuristic is slow at 8-16 rows): cuBLAS
+    timed at each distinct row count, Triton where cuBLAS is suspect; the record follows the times, per
+    row count without `deterministic`, by the sums with it; linear_residual through the mixed choice
+    stays correct; timing again holds no more device memory."""
     cuda = torch.device("cuda")
     counts = {(256, 256): [1, 8, 8, 16, 24], (256, 704): [1, 8, 16, 64]}
     got = linear.choose_backends(counts, torch.float32, cuda, False, frozenset({(256, 704)}),
@@ -140,20 +161,24 @@ def test_gpu_timing_picks_by_the_measured_times(restore_backends):
     times = linear.installed_times()
     assert set(times) == set(got) == {"256x256", "256x704"}
     for (n, k), rows in linear._ROW_TIMES.items():
-        assert sorted(rows["cublas"]) == sorted(rows["triton"]) == sorted(set(counts[(n, k)]))
+        assert sorted(rows["cublas"]) == sorted(set(counts[(n, k)]))
+        assert sorted(rows["triton"]) == linear.suspect_rows(rows["cublas"])
         assert all(us > 0 for t in rows.values() for us in t.values())
         fast = sorted(linear.triton_rows(rows))
         want = "triton" if len(fast) == len(rows["cublas"]) else "cublas" + (
             "+triton:" + ",".join(map(str, fast)) if fast else "")
         assert got[f"{n}x{k}"] == want
+        assert times[f"{n}x{k}"]["chosen"] <= times[f"{n}x{k}"]["cublas"]
     for m in (1, 8, 16, 64):
         x = torch.randn(m, 704, device=cuda)
         w, r = torch.randn(256, 704, device=cuda), torch.randn(m, 256, device=cuda)
         torch.testing.assert_close(linear.linear_residual(x, w, r.clone()), r + x @ w.t(), rtol=1e-4, atol=1e-3)
     got = linear.choose_backends(counts, torch.float32, cuda, True, timer=executor.linear_timer(cuda))
-    for shape, t in linear.installed_times().items():
-        assert got[shape] == linear.pick(t)
-    # timing again holds no more device memory: the graphs' pools and the weight copies are given back
+    for (n, k), rows in linear._ROW_TIMES.items():
+        tri = rows["triton"]
+        assert not tri or sorted(tri) == sorted(set(counts[(n, k)]))  # timed at every row count, or none
+        whole = tri and linear.pick({"cublas": sum(rows["cublas"].values()), "triton": sum(tri.values())})
+        assert got[f"{n}x{k}"] == (whole or "cublas")
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved(cuda)
     for _ in range(3):
@@ -163,18 +188,23 @@ def test_gpu_timing_picks_by_the_measured_times(restore_backends):
 
 
 def test_without_deterministic_each_row_count_takes_the_faster(monkeypatch, restore_backends):
-    """cuBLAS's fp32 tiles at 8-16 rows (the H200's stdlib-model times, us a call): Triton there only;
-    the record names those rows, a start installs them, and linear() dispatches by the row count."""
+    """cuBLAS's fp32 tiles at 8-16 rows (the H200's stdlib-model times, us a call): Triton timed there only
+    and taken where it needs at most 0.8 of cuBLAS's time; the record names those rows, a start installs
+    them, and linear() dispatches by the row count."""
     cublas = {1: 3.0, 4: 5.3, 8: 33.0, 12: 32.9, 16: 33.1, 24: 6.7}
     triton = {1: 6.5, 4: 6.6, 8: 6.6, 12: 6.6, 16: 26.5, 24: 6.6}
+    timed = []
     monkeypatch.setattr(linear, "cublas_allowed", lambda *a: True)
-    monkeypatch.setattr(linear, "time_backend", lambda b, n, k, rows, *a: dict(cublas if b == "cublas" else triton))
+    monkeypatch.setattr(linear, "time_backend", lambda b, n, k, rows, *a: timed.append((b, tuple(rows))) or {
+        m: (cublas if b == "cublas" else triton)[m] for m in rows})
     counts = {(256, 256): [1, 4, 8, 12, 16, 24]}
     record = {"256x256": "cublas+triton:8,12"}
     assert linear.choose_backends(counts, torch.float32, CPU, False, timer=lambda work: 0.0) == record
-    assert linear.installed_times() == {"256x256": {"cublas": 114.0, "triton": 59.4}}
+    assert timed == [("cublas", (1, 4, 8, 12, 16, 24)), ("triton", (8, 12, 16))]
+    assert linear.installed_times() == {"256x256": {"cublas": 114.0, "chosen": 61.3}}
     # with `deterministic`, one backend for every row count: by the sums
     assert linear.choose_backends(counts, torch.float32, CPU, True, timer=lambda work: 0.0) == {"256x256": "triton"}
+    assert linear.installed_times() == {"256x256": {"cublas": 114.0, "chosen": 59.4}}
     # the record installed as is; refused (Triton) with `deterministic`, where rows may not switch kernels
     assert linear.choose_backends(counts, torch.float32, CPU, False, recorded=record) == record
     ran = []
@@ -187,13 +217,14 @@ def test_without_deterministic_each_row_count_takes_the_faster(monkeypatch, rest
 
 
 @pytest.mark.parametrize("backends, times, ok", [
-    ({"64x64": "cublas+triton:8,12"}, {"64x64": {"cublas": 120.5, "triton": 47}}, True),
+    ({"64x64": "cublas+triton:8,12"}, {"64x64": {"cublas": 120.5, "chosen": 47}}, True),
     ({"64x64": "triton", "96x64": "cublas"}, {}, True),
     ({"64x64": "cublas+triton:"}, {}, False),
     ({"64x64": "triton+cublas:8"}, {}, False),
-    ({"64x64": "cublas"}, {"96x64": {"cublas": 1.0, "triton": 2.0}}, False),  # times of an unrecorded shape
+    ({"64x64": "cublas"}, {"96x64": {"cublas": 1.0, "chosen": 1.0}}, False),  # times of an unrecorded shape
     ({"64x64": "cublas"}, {"64x64": {"cublas": 1.0}}, False),
-    ({"64x64": "cublas"}, {"64x64": {"cublas": -1.0, "triton": 2.0}}, False),
+    ({"64x64": "cublas"}, {"64x64": {"cublas": 1.0, "triton": 1.0}}, False),
+    ({"64x64": "cublas"}, {"64x64": {"cublas": -1.0, "chosen": 2.0}}, False),
     ({"64x64": "cublas"}, {"64x64": [1.0, 2.0]}, False),
 ])
 def test_the_manifest_records_are_checked(default_artifacts, tmp_path, backends, times, ok):
@@ -219,11 +250,11 @@ def test_a_shape_whose_timing_runs_out_of_memory_keeps_cublas_untimed(monkeypatc
     def time_backend(b, n, k, rows, *a):
         if (n, k) == (96, 48):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
-        return {m: 100.0 if b == "cublas" else 50.0 for m in rows}
+        return {m: (100.0 if m < 2 else 10.0) if b == "cublas" else 5.0 for m in rows}
 
     monkeypatch.setattr(linear, "cublas_allowed", lambda *a: True)
     monkeypatch.setattr(linear, "time_backend", time_backend)
     got = linear.choose_backends({(40, 48): [1, 2], (96, 48): [1, 2]}, torch.float32, CPU, False,
                                  timer=lambda work: 0.0)
-    assert got == {"40x48": "triton", "96x48": "cublas"}
+    assert got == {"40x48": "cublas+triton:1", "96x48": "cublas"}
     assert set(linear.installed_times()) == {"40x48"}

@@ -280,10 +280,10 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
                '(cuBLAS, Triton at those row counts)} per GEMM shape')
     times = totals.get("linear_times_us", {})  # capture's timing behind linear_backends; read by inspect
     if not isinstance(times, dict) or len(times) > 64 or any(
-            k not in backends or not isinstance(t, dict) or set(t) != {"triton", "cublas"}
+            k not in backends or not isinstance(t, dict) or set(t) != {"cublas", "chosen"}
             or any(not is_number(us) or not 0 <= us < 1e9 for us in t.values()) for k, t in times.items()):
-        v.fail("totals.linear_times_us", times, 'an object {"NxK": {"cublas": us, "triton": us}} per timed GEMM '
-               'shape of totals.linear_backends')
+        v.fail("totals.linear_times_us", times, 'an object {"NxK": {"cublas": us, "chosen": us}} (over the plan\'s '
+               'row counts: cuBLAS alone, the recorded choice) per timed GEMM shape of totals.linear_backends')
     warm = totals.get("warmup_keys")  # the keys a start warms, each named by str(GraphKey); absent: all
     if warm is not None and (not isinstance(warm, list) or not 0 < len(warm) <= len(pool_bytes) or any(
             not isinstance(k, str) or text_problem(k) or len(k) > 200 for k in warm)):

@@ -57,9 +57,13 @@ def _gemm_lines(totals: dict) -> list[str]:
     shapes = []
     for shape, b in backends.items():
         t = times.get(shape)
-        shapes.append(f"{shape} {b}" + (f" (cublas {t['cublas']:.1f} us, triton {t['triton']:.1f} us over "
-                                         f"the plan's row counts)" if t else ""))
-    return ["gemms     " + "; ".join(shapes)]
+        if not t:
+            shapes.append(f"{shape} {b}")
+        elif t["chosen"] == t["cublas"]:
+            shapes.append(f"{shape} {b} ({t['cublas']:.1f} us)")
+        else:
+            shapes.append(f"{shape} {b} ({t['chosen']:.1f} us; cublas alone {t['cublas']:.1f} us)")
+    return ["gemms     " + "; ".join(shapes) + (" (one call at each of the plan's row counts, summed)" if times else "")]
 
 
 def _checkpoint_lines(manifest: Manifest) -> list[str]:

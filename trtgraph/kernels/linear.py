@@ -11,12 +11,13 @@ Two backends per weight shape (N, K):
   device and library, that one row's output is bitwise equal for every row count the bucket
   plan can run (or where the config says `deterministic: false`).
 
-Where cuBLAS is allowed, capture times both backends at each of the plan's row counts (GPU time
-of replayed graphs: the host's launch cost, which the replayed step does not pay, would hide the
-kernels' difference) and keeps cuBLAS unless the Triton kernel takes at most TRITON_MARGIN of its
-time: with `deterministic` over the sum of the row counts (one backend for all), without it at
-each row count (cuBLAS's fp32 heuristic picks 32x128 tiles at 8-16 rows that take 5x its own at 24
-and the Triton kernel's: docs/performance.md, sixteenth session). Timing is not reproducible, so the manifest records
+Where cuBLAS is allowed, capture times it at each of the plan's row counts (GPU time of replayed
+graphs: the host's launch cost, which the replayed step does not pay, would hide the kernels'
+difference); where it takes over SLOW_FACTOR times its own time at a larger row count (its
+heuristic misfired: cuBLAS's fp32 heuristic picks 32x128 tiles at 8-16 rows that take 5x its own
+at 24 and the Triton kernel's, docs/performance.md, sixteenth session), the Triton kernel is timed
+too, and cuBLAS is kept unless Triton takes at most TRITON_MARGIN of its time: at each row count
+without `deterministic`, over the sums of all row counts with it (one backend for all). Timing is not reproducible, so the manifest records
 the table (`totals.linear_backends`, the times in `totals.linear_times_us`) and the runtime
 installs that record (`recorded=`) instead of choosing again; with `deterministic` it still
 probes a recorded cuBLAS shape for invariance on its own device and library.
@@ -58,7 +59,13 @@ _ROW_TIMES: dict[tuple[int, int], dict[str, dict[int, float]]] = {}  # the same 
 # margin over the timing's noise, and cuBLAS's choice enables the split down projection
 # (split_residual.choose_split) that a per-op time does not see.
 TRITON_MARGIN = 0.8
-TIMING_REPEATS = 10  # calls per timed graph (the timer takes the best of its replays)
+# cuBLAS at m rows taking more than this times its own time at a larger row count of the plan: its
+# heuristic picked a poor kernel at m (a GEMM of fewer rows does no more work), so the Triton kernel
+# is timed there (with `deterministic`, at every row count: one backend for all). Elsewhere it is not
+# timed at all: its compiles and its slow large-M calls would cost a capture seconds for nothing.
+SLOW_FACTOR = 1.25
+TIMING_REPEATS = 10  # calls per timed graph at most (the timer takes the best of its replays) ...
+TIMING_BUDGET_US = 500  # ... fewer where one call takes longer than this share: a large prefill GEMM once
 
 
 def linear_config(n: int, k: int, device: torch.device) -> LinearConfig:
@@ -166,12 +173,12 @@ def time_backend(backend: str, n: int, k: int, row_counts: list[int], dtype: tor
                  residual: bool, timer: Callable[[Callable[[], None]], float]) -> dict[int, float]:
     """Microseconds one call of the backend takes at each of `row_counts` rows (in linear_residual's form
     with `residual`): `timer(work)` is the GPU time of `work()` replayed as a graph (the runtime's
-    cuda_graph.graph_time_us, which runs `work` once first: compiles, cuBLAS's pick), `work` TIMING_REPEATS
-    calls, so the host's launch cost is not counted."""
-    g = torch.Generator(device="cpu").manual_seed(n * 31 + k)
+    cuda_graph.graph_time_us), `work` up to TIMING_REPEATS calls (TIMING_BUDGET_US over one eager call's
+    time, after a first that compiles and lets cuBLAS pick), so the host's launch cost is not counted."""
+    g = torch.Generator(device=device).manual_seed(n * 31 + k)  # drawn there: an LM head's on the CPU takes seconds
     most = max(row_counts)
-    x = torch.randn((most, k), generator=g).to(device, dtype)
-    w = (torch.randn((n, k), generator=g) / k ** 0.5).to(device, dtype)
+    x = torch.randn((most, k), generator=g, device=device).to(dtype)
+    w = (torch.randn((n, k), generator=g, device=device) / k ** 0.5).to(dtype)
     # the calls cycle through copies of the weight that together pass twice the L2 (up to one a call):
     # a step reads each weight from HBM once a layer, not from the L2 the call before filled
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
@@ -186,11 +193,19 @@ def time_backend(backend: str, n: int, k: int, row_counts: list[int], dtype: tor
         else:
             call = lambda wi: triton_linear(xm, wi, residual=rm)  # noqa: E731
 
+        call(w)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call(w)
+        end.record()
+        end.synchronize()
+        reps = max(1, min(TIMING_REPEATS, int(TIMING_BUDGET_US // max(start.elapsed_time(end) * 1e3, 1.0))))
+
         def work():
-            for i in range(TIMING_REPEATS):
+            for i in range(reps):
                 call(ws[i % len(ws)])
 
-        times[m] = timer(work) / TIMING_REPEATS
+        times[m] = timer(work) / reps
     del x, w, ws, r
     torch.cuda.empty_cache()
     return times
@@ -202,8 +217,18 @@ def pick(times: dict[str, float]) -> str:
 
 
 def triton_rows(rows: dict[str, dict[int, float]]) -> frozenset[int]:
-    """The row counts at which Triton takes at most TRITON_MARGIN of cuBLAS's time (pick() per row count)."""
-    return frozenset(m for m, us in rows[CUBLAS].items() if pick({CUBLAS: us, TRITON: rows[TRITON][m]}) == TRITON)
+    """The row counts at which Triton (where timed) takes at most TRITON_MARGIN of cuBLAS's time."""
+    return frozenset(m for m, us in rows[TRITON].items() if pick({CUBLAS: rows[CUBLAS][m], TRITON: us}) == TRITON)
+
+
+def suspect_rows(cublas: dict[int, float]) -> list[int]:
+    """The row counts where cuBLAS takes more than SLOW_FACTOR times its own time at a larger row count."""
+    out, best = [], float("inf")
+    for m in sorted(cublas, reverse=True):
+        if cublas[m] > SLOW_FACTOR * best:
+            out.append(m)
+        best = min(best, cublas[m])
+    return sorted(out)
 
 
 def _parse(record: str | None) -> tuple[str | None, frozenset[int]]:
@@ -220,19 +245,31 @@ def cublas_allowed(n: int, k: int, row_counts: list[int], dtype: torch.dtype, de
         n, k, row_counts, dtype, device, residual=residual))
 
 
+def _timed(n: int, k: int, rows: list[int], dtype: torch.dtype, device: torch.device, deterministic: bool,
+           residual: bool, timer) -> dict[str, dict[int, float]]:
+    """cuBLAS timed at every row count; Triton where cuBLAS is suspect (suspect_rows), and with
+    `deterministic` then at every row count (the choice compares the sums)."""
+    cub = time_backend(CUBLAS, n, k, rows, dtype, device, residual, timer)
+    suspects = suspect_rows(cub)
+    tri = time_backend(TRITON, n, k, rows if deterministic else suspects, dtype, device, residual, timer) \
+        if suspects else {}
+    return {CUBLAS: cub, TRITON: tri}
+
+
 def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.dtype, device: torch.device,
                     deterministic: bool, residual_shapes: frozenset[tuple[int, int]] = frozenset(), *,
                     timer: Callable[[Callable[[], None]], float] | None = None,
                     recorded: dict[str, str] | None = None) -> dict[str, str]:
     """Pick and install each weight shape's backend: Triton where cuBLAS is not allowed
-    (cublas_allowed); where it is, with a `timer` (time_backend's), by time over the distinct row
-    counts that shape meets in the plan — with `deterministic` one backend for every row count
-    (pick() on the sums), without it per row count (cuBLAS, Triton at triton_rows()) — and without
-    a timer cuBLAS. `recorded` (a manifest's `linear_backends`): install that record instead, where
-    this build allows it; a shape it lacks or cannot have gets Triton, which the runtime's check
-    against the record then refuses (Recapture). `residual_shapes`: the shapes linear_residual also
-    runs (o, down), probed and timed in that form. A shape whose timing runs out of device memory
-    keeps cuBLAS, untimed (the capture then meets the memory where it must). Returns {"NxK": record} for the manifest (the
+    (cublas_allowed); where it is, with a `timer` (time_backend's), by time at the distinct row
+    counts that shape meets in the plan (_timed: Triton only where cuBLAS is suspect): with
+    `deterministic` one backend for every row count (pick() on the sums), without it per row count
+    (cuBLAS, Triton at triton_rows()); without a timer cuBLAS. `recorded` (a manifest's
+    `linear_backends`): install that record instead, where this build allows it; a shape it lacks
+    or cannot have gets Triton, which the runtime's check against the record then refuses
+    (Recapture). `residual_shapes`: the shapes linear_residual also runs (o, down), probed and
+    timed in that form. A shape whose timing runs out of device memory keeps cuBLAS, untimed (the
+    capture then meets the memory where it must). Returns {"NxK": record} for the manifest (the
     times: installed_times())."""
     _BACKENDS.clear()
     _TRITON_ROWS.clear()
@@ -249,20 +286,23 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
         if recorded is None and timer is not None:
             times = None
             try:
-                times = {b: time_backend(b, n, k, sorted(set(counts)), dtype, device, residual, timer)
-                         for b in (CUBLAS, TRITON)}
+                times = _timed(n, k, sorted(set(counts)), dtype, device, deterministic, residual, timer)
             except torch.cuda.OutOfMemoryError:  # no room to time it (the plan may still fit): untimed, cuBLAS
                 pass
             if times is None:
                 torch.cuda.empty_cache()  # after the except: its traceback held the timing's tensors
                 continue
             _ROW_TIMES[(n, k)] = times
-            _TIMES[(n, k)] = {b: sum(t.values()) for b, t in times.items()}
+            cub, tri = times[CUBLAS], times[TRITON]
             if deterministic:
-                _BACKENDS[(n, k)] = pick(_TIMES[(n, k)])
+                whole = tri and pick({CUBLAS: sum(cub.values()), TRITON: sum(tri.values())}) == TRITON
+                _BACKENDS[(n, k)] = TRITON if whole else CUBLAS
             else:
                 rows = triton_rows(times)
-                _BACKENDS[(n, k)] = TRITON if rows == set(times[CUBLAS]) else CUBLAS
+                _BACKENDS[(n, k)] = TRITON if rows == set(cub) else CUBLAS
+            on_triton = set(cub) if _BACKENDS[(n, k)] == TRITON else rows
+            _TIMES[(n, k)] = {CUBLAS: sum(cub.values()),
+                              "chosen": sum(tri[m] if m in on_triton else us for m, us in cub.items())}
         if rows and _BACKENDS[(n, k)] == CUBLAS:
             _TRITON_ROWS[(n, k)] = rows
     return installed_backends()
@@ -277,5 +317,6 @@ def installed_backends() -> dict[str, str]:
 
 
 def installed_times() -> dict[str, dict[str, float]]:
-    """{"NxK": {"cublas": us, "triton": us}} of the shapes choose_backends timed (over the plan's row counts)."""
+    """{"NxK": {"cublas": us, "chosen": us}} of the shapes choose_backends timed: one call at each of the plan's
+    row counts, summed, with cuBLAS alone and with the installed choice."""
     return {f"{n}x{k}": {b: round(us, 1) for b, us in t.items()} for (n, k), t in sorted(_TIMES.items())}
