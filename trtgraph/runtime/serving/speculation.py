@@ -138,7 +138,13 @@ class SpeculationPolicy(Episodes):
         while the batch drafts on — a verify key's first step (its graph's first replay) and a
         step whose proposals index what the probes skipped (the first drafting steps of an
         episode: at 64 rows on the H200 those measured 4-6 ms a step, and a mean started there
-        kept the batch from drafting again)."""
+        kept the batch from drafting again). The common case, a step of the run's key again
+        (a plain batch's every fast-path step), is a clock read and a count."""
+        run = self._run
+        if run is not None and key is run.key and not self.untimed and self.measure:  # (run.key: handed out, seen)
+            run.steps += 1
+            run.last = time.perf_counter()
+            return
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
             # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
             self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
@@ -147,7 +153,6 @@ class SpeculationPolicy(Episodes):
         if not self.measure:
             return
         now = time.perf_counter()
-        run = self._run
         if key is not None and key.draft_len and key not in self._seen:
             self._seen.add(key)
             untimed, self.untimed = self.untimed, True  # (its own step: the interval ending at the next hand-out)
