@@ -214,7 +214,10 @@ class SpeculationPolicy(Episodes):
         times' ratio, else its replay time; a verify key not measured yet costs at least its
         replay time plus the host work that measured verify keys show per row
         (`_host_beyond_replay`)."""
-        keys = self.keys(rows, n)
+        return self._costs_of(self.keys(rows, n))
+
+    def _costs_of(self, keys: tuple[GraphKey, GraphKey] | None) -> tuple[float, float] | None:
+        """`costs` of the (plain, verify) keys `keys` (None: no such keys)."""
         if keys is None:
             return None
         plain, verify = keys
@@ -261,13 +264,15 @@ class SpeculationPolicy(Episodes):
         if not any(matched):
             return False
         n = len(rows) if n is None else n
-        costs = self.costs(rows, n)
+        keys = self.keys(rows, n)  # (looked up once: a probe calls this twice, at every row)
+        costs = self._costs_of(keys)
         if costs is None:
             return True  # no replay times: draft whenever a row matches
         t_plain, t_verify = costs
-        tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
+        k = self.k
+        tokens = sum(s.accept.expected_tokens(k, hope) if m else 1.0 for s, m in zip(rows, matched))
         self._raw = tokens / len(rows)
-        verify = self.keys(rows, n)[1]
+        verify = keys[1]
         margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self._losses(verify)
         return tokens * self.yields.factor(verify) * n / len(rows) * t_plain > n * t_verify * margin
 
@@ -305,13 +310,15 @@ class SpeculationPolicy(Episodes):
         a proposal's K tokens take twice the probes to decide)."""
         probed = rows if probed is None else probed
         matched, confirmed, scored = [], False, 0
-        for s in probed:
+        for s in probed:  # (observe and offer called only where they have work: a probe's per-row cost)
             a = s.accept
-            scored -= a.proposals
-            confirmed |= a.observe(s.all_ids)
-            scored += a.proposals
+            if a.pending is not None:
+                scored -= a.proposals
+                confirmed |= a.observe(s.all_ids)
+                scored += a.proposals
             d = proposals.get(id(s))
-            s.accept.offer(len(s.all_ids), d)
+            if d is not None:
+                a.offer(len(s.all_ids), d)
             matched.append(d is not None)
         full = len(probed) == len(rows)
         draft = full and not paced and self.pays(rows, matched)
