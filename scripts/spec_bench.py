@@ -122,12 +122,15 @@ def timed(engine, groups):
     start, tokens, sp, ids = time.perf_counter(), 0, [], []
     pol = engine.scheduler.speculation
     for group in groups:
-        probes, paced = (pol.probes, pol.paced_steps) if pol else (0, 0)
+        probes, paced, probe_s = (pol.probes, pol.paced_steps, pol.probe_seconds) if pol else (0, 0, 0.0)
         results = list(engine.generate(group))
         tokens += sum(len(r.token_ids) for r in results)
         ids += [r.token_ids for r in sorted(results, key=lambda r: r.id)]
-        sp.append({**(engine.stats.to_json().get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes,
-                   "paced": (pol.paced_steps if pol else 0) - paced})
+        st = engine.stats.to_json()
+        sp.append({**(st.get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes,
+                   "paced": (pol.paced_steps if pol else 0) - paced,
+                   "probe_ms": 1e3 * ((pol.probe_seconds if pol else 0.0) - probe_s),
+                   "steps": engine.stats.steps, "fast_path_steps": st.get("fast_path_steps", 0)})
     return tokens, time.perf_counter() - start, ids, sp
 
 
@@ -164,6 +167,14 @@ for set_name in SETS:
         sp = runs["speculative"][-1][3]
         row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows", "probes",
                                                         "paced")})
+        # The last runs' host time in probes that did not draft (its share of the speculative run's
+        # seconds), and the steps / fast-path steps of each engine (a plain step of the speculative
+        # engine should take the fast path as the plain engine's does).
+        row["probe_ms"] = round(sum(s["probe_ms"] for s in sp), 3)
+        row["probe_share"] = round(row["probe_ms"] / (1e3 * runs["speculative"][-1][1]), 5)
+        row["steps_speculative_plain"] = [sum(s["steps"] for s in r[3]) for r in (runs["speculative"][-1], runs["plain"][-1])]
+        row["fast_path_steps_speculative_plain"] = [sum(s["fast_path_steps"] for s in r[3])
+                                                    for r in (runs["speculative"][-1], runs["plain"][-1])]
         fed = [s for s in sp if s["verify_steps"]]
         row["acceptance_rate"] = sum(s["acceptance_rate"] for s in fed) / len(fed) if fed else None
         pol = engines["speculative"].scheduler.speculation

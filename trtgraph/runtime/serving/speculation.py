@@ -99,6 +99,7 @@ class SpeculationPolicy(Episodes):
         self.drafted_steps = 0  # decisions to draft
         self.plain_steps = 0  # steps with a match that ran the plain key (drafting did not pay)
         self.probes = 0  # decisions made (steps that computed proposals)
+        self.probe_seconds = 0.0  # host time of the probes that did not draft (`spaced`), all told
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
         self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
@@ -352,6 +353,7 @@ class SpeculationPolicy(Episodes):
         priced at the running mean cost per probed row (one slow probe, a GC pause say, moves it
         a quarter of the way) times the next probe's rows (a full probe of a large batch: rarely;
         of one row: every few steps at most), and MAX_FLOOR steps at most."""
+        self.probe_seconds += seconds
         costs = self.costs(rows) if self.measure else None
         if costs is None or costs[0] <= 0:
             return
