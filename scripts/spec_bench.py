@@ -122,7 +122,7 @@ def timed(engine, groups):
     start, tokens, sp, ids = time.perf_counter(), 0, [], []
     pol = engine.scheduler.speculation
     for group in groups:
-        probes, paced, probe_s = (pol.probes, pol.paced_steps, pol.probe_seconds) if pol else (0, 0, 0.0)
+        probes, paced, probe_s, hope = (pol.probes, pol.paced_steps, pol.probe_seconds, pol.hope_probes) if pol else (0, 0, 0.0, 0)
         results = list(engine.generate(group))
         tokens += sum(len(r.token_ids) for r in results)
         ids += [r.token_ids for r in sorted(results, key=lambda r: r.id)]
@@ -130,6 +130,7 @@ def timed(engine, groups):
         sp.append({**(st.get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes,
                    "paced": (pol.paced_steps if pol else 0) - paced,
                    "probe_ms": 1e3 * ((pol.probe_seconds if pol else 0.0) - probe_s),
+                   "hope_probes": (pol.hope_probes if pol else 0) - hope,
                    "steps": engine.stats.steps, "fast_path_steps": st.get("fast_path_steps", 0)})
     return tokens, time.perf_counter() - start, ids, sp
 
@@ -171,6 +172,7 @@ for set_name in SETS:
         # seconds), and the steps / fast-path steps of each engine (a plain step of the speculative
         # engine should take the fast path as the plain engine's does).
         row["probe_ms"] = round(sum(s["probe_ms"] for s in sp), 3)
+        row["hope_probes"] = sum(s["hope_probes"] for s in sp)  # of the probes: those the last one's hope called
         row["probe_share"] = round(row["probe_ms"] / (1e3 * runs["speculative"][-1][1]), 5)
         row["steps_speculative_plain"] = [sum(s["steps"] for s in r[3]) for r in (runs["speculative"][-1], runs["plain"][-1])]
         row["fast_path_steps_speculative_plain"] = [sum(s["fast_path_steps"] for s in r[3])
@@ -210,3 +212,12 @@ for r in rows:
           f"| {acc} | {r['ngram_tokens_per_step']:.2f}, {100 * r['ngram_acceptance']:.0f}% "
           f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['wall_ms_plain_verify'])} "
           f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['replay_ms_plain_verify'])} |")
+print("\nThe probes (the last speculative run; probe ms: host time of the probes that did not draft, share: of "
+      "the run's seconds) and the steps of each engine's last run:")
+print("| prompts | batch | probes | paced | hope-called | probe ms | probe share | steps spec / plain "
+      "| fast-path steps spec / plain |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    print(f"| {r['prompts']} | {r['batch']} | {r['probes']} | {r['paced']} | {r['hope_probes']} | {r['probe_ms']:.2f} "
+          f"| {100 * r['probe_share']:.2f}% | {' / '.join(map(str, r['steps_speculative_plain']))} "
+          f"| {' / '.join(map(str, r['fast_path_steps_speculative_plain']))} |")

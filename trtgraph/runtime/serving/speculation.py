@@ -100,6 +100,7 @@ class SpeculationPolicy(Episodes):
         self.plain_steps = 0  # steps with a match that ran the plain key (drafting did not pay)
         self.probes = 0  # decisions made (steps that computed proposals)
         self.probe_seconds = 0.0  # host time of the probes that did not draft (`spaced`), all told
+        self.hope_probes = 0  # decisions at a probe the last one's hope called (`full_probe`): PROBE_SHARE does not space those
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
         self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
@@ -310,6 +311,7 @@ class SpeculationPolicy(Episodes):
         scored short of full acceptance uses up HOPE_LIMIT (paced decode steps come one in two:
         a proposal's K tokens take twice the probes to decide)."""
         probed = rows if probed is None else probed
+        self.hope_probes += self.full_probe
         matched, confirmed, scored = [], False, 0
         for s in probed:  # (observe and offer called only where they have work: a probe's per-row cost)
             a = s.accept
