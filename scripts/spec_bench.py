@@ -13,10 +13,10 @@ every step drafted: tokens per verify step, accepted / fed drafts), and the poli
 wall ms per step of the batch's plain and verify keys (host work included) beside their
 replay times.
 Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] [--sets a,b] [--batches 1,8,64]
-[--artifacts DIR] (writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
+[--artifacts DIR] [--policy NAME=VALUE,...] (writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
 test this script on the CPU; --repeats: paired runs per cell, 5 by default; --sets: which prompt sets,
 all by default; --batches: which batch sizes, of 1, 4, 8 and 64; --artifacts: an earlier run's captured plan, used as it
-is: no capture)."""
+is: no capture; --policy: constants of the speculation policy set for the run, e.g. PROBE_SHARE=0.004,HOPE_LIMIT=4)."""
 
 import inspect
 import json
@@ -42,6 +42,16 @@ BATCHES = (1, 8) if SMOKE else (1, 8, 64)
 RUN_BATCHES = tuple(int(b) for b in sys.argv[sys.argv.index("--batches") + 1].split(",")) \
     if "--batches" in sys.argv[2:] else BATCHES
 REUSE = sys.argv[sys.argv.index("--artifacts") + 1] if "--artifacts" in sys.argv[2:] else None
+if "--policy" in sys.argv[2:]:  # NAME=VALUE,...: the speculation policy's constants (speculation.py), for A/B runs
+    from trtgraph.runtime.serving import speculation as _policy
+    for item in sys.argv[sys.argv.index("--policy") + 1].split(","):
+        name, value = item.split("=")
+        from trtgraph.runtime.serving import episodes as _episodes  # (its constants are read there: not settable here)
+        if not isinstance(getattr(_policy, name, None), (int, float)) or hasattr(_episodes, name):
+            sys.exit(f"--policy: {name!r} is not a numeric constant of trtgraph/runtime/serving/speculation.py")
+        setattr(_policy, name, type(getattr(_policy, name))(float(value)) if isinstance(getattr(_policy, name), int)
+                else float(value))
+        print(f"policy constant {name} = {getattr(_policy, name)}", flush=True)
 MAX_TOKENS = 4 if SMOKE else 128
 raw = yaml.safe_load(Path("examples/stdlib-llama.yaml").read_text())
 raw["model"]["path"] = str(Path("trtgraph/assets/stdlib-llama").resolve())
