@@ -69,3 +69,22 @@ def test_a_plain_fast_path_step_of_the_speculative_engine_makes_a_few_more_calls
     assert min(s) - min(p) <= 3, (min(s), min(p))
     for r in reqs:
         assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
+
+
+def test_the_policy_totals_its_probes_host_time_and_counts_the_probes_hope_called(engines, monkeypatch):
+    """probe_seconds: the host time of the probes that did not draft (what `spaced` prices);
+    hope_probes: the probes the one before called by hope (PROBE_SHARE does not space those)."""
+    spec, plain = engines
+    pol = spec.scheduler.speculation
+    reqs = [{"id": f"r{i}", "prompt": "one two three four " * (i + 2), "max_tokens": 40} for i in range(3)]
+    want, _ = generate_with_scheduler(plain, reqs)
+    for verify_ms, hoping in ((1.0 + K, False), (2.5, True)):  # K + 1 tokens a row cannot pay 1 + K; they can 2.5
+        _priced(spec, monkeypatch, verify_ms)
+        pol.floor, pol.interval, pol.row_ms = 0, 1, None  # (what an earlier test's timed probes left)
+        seconds, probes, hope = pol.probe_seconds, pol.probes, pol.hope_probes
+        got, _ = generate_with_scheduler(spec, reqs)
+        assert pol.probes - probes >= 3
+        assert 0 < pol.probe_seconds - seconds < 1.0
+        assert (pol.hope_probes - hope > 0) == hoping and pol.hope_probes - hope < pol.probes - probes
+        for r in reqs:
+            assert got[r["id"]].token_ids == want[r["id"]].token_ids, r["id"]
