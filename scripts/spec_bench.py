@@ -13,10 +13,10 @@ every step drafted: tokens per verify step, accepted / fed drafts), and the poli
 wall ms per step of the batch's plain and verify keys (host work included) beside their
 replay times.
 Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] [--sets a,b] [--batches 1,8,64]
-[--artifacts DIR] (writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
+[--artifacts DIR] [--policy NAME=VALUE,...] (writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
 test this script on the CPU; --repeats: paired runs per cell, 5 by default; --sets: which prompt sets,
 all by default; --batches: which batch sizes, of 1, 4, 8 and 64; --artifacts: an earlier run's captured plan, used as it
-is: no capture)."""
+is: no capture; --policy: constants of the speculation policy set for the run, e.g. PROBE_SHARE=0.004,HOPE_LIMIT=4)."""
 
 import inspect
 import json
@@ -42,6 +42,16 @@ BATCHES = (1, 8) if SMOKE else (1, 8, 64)
 RUN_BATCHES = tuple(int(b) for b in sys.argv[sys.argv.index("--batches") + 1].split(",")) \
     if "--batches" in sys.argv[2:] else BATCHES
 REUSE = sys.argv[sys.argv.index("--artifacts") + 1] if "--artifacts" in sys.argv[2:] else None
+if "--policy" in sys.argv[2:]:  # NAME=VALUE,...: the speculation policy's constants (speculation.py), for A/B runs
+    from trtgraph.runtime.serving import speculation as _policy
+    for item in sys.argv[sys.argv.index("--policy") + 1].split(","):
+        name, value = item.split("=")
+        from trtgraph.runtime.serving import episodes as _episodes  # (its constants are read there: not settable here)
+        if not isinstance(getattr(_policy, name, None), (int, float)) or hasattr(_episodes, name):
+            sys.exit(f"--policy: {name!r} is not a numeric constant of trtgraph/runtime/serving/speculation.py")
+        setattr(_policy, name, type(getattr(_policy, name))(float(value)) if isinstance(getattr(_policy, name), int)
+                else float(value))
+        print(f"policy constant {name} = {getattr(_policy, name)}", flush=True)
 MAX_TOKENS = 4 if SMOKE else 128
 raw = yaml.safe_load(Path("examples/stdlib-llama.yaml").read_text())
 raw["model"]["path"] = str(Path("trtgraph/assets/stdlib-llama").resolve())
@@ -122,12 +132,16 @@ def timed(engine, groups):
     start, tokens, sp, ids = time.perf_counter(), 0, [], []
     pol = engine.scheduler.speculation
     for group in groups:
-        probes, paced = (pol.probes, pol.paced_steps) if pol else (0, 0)
+        probes, paced, probe_s, hope = (pol.probes, pol.paced_steps, pol.probe_seconds, pol.hope_probes) if pol else (0, 0, 0.0, 0)
         results = list(engine.generate(group))
         tokens += sum(len(r.token_ids) for r in results)
         ids += [r.token_ids for r in sorted(results, key=lambda r: r.id)]
-        sp.append({**(engine.stats.to_json().get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes,
-                   "paced": (pol.paced_steps if pol else 0) - paced})
+        st = engine.stats.to_json()
+        sp.append({**(st.get("speculative") or {}), "probes": (pol.probes if pol else 0) - probes,
+                   "paced": (pol.paced_steps if pol else 0) - paced,
+                   "probe_ms": 1e3 * ((pol.probe_seconds if pol else 0.0) - probe_s),
+                   "hope_probes": (pol.hope_probes if pol else 0) - hope,
+                   "steps": engine.stats.steps, "fast_path_steps": st.get("fast_path_steps", 0)})
     return tokens, time.perf_counter() - start, ids, sp
 
 
@@ -164,6 +178,15 @@ for set_name in SETS:
         sp = runs["speculative"][-1][3]
         row.update({f: sum(s[f] for s in sp) for f in ("verify_steps", "plain_decode_steps", "drafted_rows", "probes",
                                                         "paced")})
+        # The last runs' host time in probes that did not draft (its share of the speculative run's
+        # seconds), and the steps / fast-path steps of each engine (a plain step of the speculative
+        # engine should take the fast path as the plain engine's does).
+        row["probe_ms"] = round(sum(s["probe_ms"] for s in sp), 3)
+        row["hope_probes"] = sum(s["hope_probes"] for s in sp)  # of the probes: those the last one's hope called
+        row["probe_share"] = round(row["probe_ms"] / (1e3 * runs["speculative"][-1][1]), 5)
+        row["steps_speculative_plain"] = [sum(s["steps"] for s in r[3]) for r in (runs["speculative"][-1], runs["plain"][-1])]
+        row["fast_path_steps_speculative_plain"] = [sum(s["fast_path_steps"] for s in r[3])
+                                                    for r in (runs["speculative"][-1], runs["plain"][-1])]
         fed = [s for s in sp if s["verify_steps"]]
         row["acceptance_rate"] = sum(s["acceptance_rate"] for s in fed) / len(fed) if fed else None
         pol = engines["speculative"].scheduler.speculation
@@ -199,3 +222,12 @@ for r in rows:
           f"| {acc} | {r['ngram_tokens_per_step']:.2f}, {100 * r['ngram_acceptance']:.0f}% "
           f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['wall_ms_plain_verify'])} "
           f"| {' / '.join('-' if v is None else f'{v:.3f}' for v in r['replay_ms_plain_verify'])} |")
+print("\nThe probes (the last speculative run; probe ms: host time of the probes that did not draft, share: of "
+      "the run's seconds) and the steps of each engine's last run:")
+print("| prompts | batch | probes | paced | hope-called | probe ms | probe share | steps spec / plain "
+      "| fast-path steps spec / plain |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    print(f"| {r['prompts']} | {r['batch']} | {r['probes']} | {r['paced']} | {r['hope_probes']} | {r['probe_ms']:.2f} "
+          f"| {100 * r['probe_share']:.2f}% | {' / '.join(map(str, r['steps_speculative_plain']))} "
+          f"| {' / '.join(map(str, r['fast_path_steps_speculative_plain']))} |")

@@ -91,10 +91,11 @@ class LaunchAhead:
         noted (`_probe`) and made by `postprocess` of the step running now, after that launch,
         while the device runs both (from the tokens known then, one step behind); when it finds
         that drafting pays, the step after is planned afresh (`schedule`) and drafts."""
-        pol = self.speculation
-        if not pol.may_run_ahead():
+        pol = self.speculation  # (may_run_ahead and probe_due inline: this runs at every plain step)
+        if pol.drafting or not pol.replay_ms:
             return False
-        if pol.probe_due():
+        pol.since += 1
+        if pol.since >= pol.interval:
             self._probe = rows
         return True
 

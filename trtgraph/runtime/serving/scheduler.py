@@ -166,13 +166,17 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
     def _handed_out(self, step: ScheduledStep | None, ahead: int = 0) -> ScheduledStep | None:
         """Mark `step` as repeating when it has the last step's key and rows, and remember it.
         ahead: tokens each row is beyond what postprocess has appended (a step launched ahead)."""
-        if self.speculation is not None:
-            self.speculation.handed_out(step.key if step is not None and not step.is_prefill else None)
         if step is None:
+            if self.speculation is not None:
+                self.speculation.handed_out(None)
             self._last = None
             return None
-        plain = self.fast_path and not step.is_prefill and step.drafts is None
-        rows = (step.key, tuple(step.seqs)) if plain else None
+        key = step.key
+        prefill = key.chunk_size > 0  # (key.is_prefill, read once: this runs at every step)
+        if self.speculation is not None:
+            self.speculation.handed_out(None if prefill else key)
+        plain = self.fast_path and not prefill and step.drafts is None
+        rows = (key, tuple(step.seqs)) if plain else None
         if rows is not None and rows == self._last:
             step.repeats = True
             bs = self.block_size

@@ -99,6 +99,8 @@ class SpeculationPolicy(Episodes):
         self.drafted_steps = 0  # decisions to draft
         self.plain_steps = 0  # steps with a match that ran the plain key (drafting did not pay)
         self.probes = 0  # decisions made (steps that computed proposals)
+        self.probe_seconds = 0.0  # host time of the probes that did not draft (`spaced`), all told
+        self.hope_probes = 0  # decisions at a probe the last one's hope called (`full_probe`): PROBE_SHARE does not space those
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
         self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
@@ -138,7 +140,13 @@ class SpeculationPolicy(Episodes):
         while the batch drafts on — a verify key's first step (its graph's first replay) and a
         step whose proposals index what the probes skipped (the first drafting steps of an
         episode: at 64 rows on the H200 those measured 4-6 ms a step, and a mean started there
-        kept the batch from drafting again)."""
+        kept the batch from drafting again). The common case, a step of the run's key again
+        (a plain batch's every fast-path step), is a clock read and a count."""
+        run = self._run
+        if run is not None and key is run.key and not self.untimed and self.measure:  # (run.key: handed out, seen)
+            run.steps += 1
+            run.last = time.perf_counter()
+            return
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
             # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
             self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
@@ -147,7 +155,6 @@ class SpeculationPolicy(Episodes):
         if not self.measure:
             return
         now = time.perf_counter()
-        run = self._run
         if key is not None and key.draft_len and key not in self._seen:
             self._seen.add(key)
             untimed, self.untimed = self.untimed, True  # (its own step: the interval ending at the next hand-out)
@@ -209,7 +216,10 @@ class SpeculationPolicy(Episodes):
         times' ratio, else its replay time; a verify key not measured yet costs at least its
         replay time plus the host work that measured verify keys show per row
         (`_host_beyond_replay`)."""
-        keys = self.keys(rows, n)
+        return self._costs_of(self.keys(rows, n))
+
+    def _costs_of(self, keys: tuple[GraphKey, GraphKey] | None) -> tuple[float, float] | None:
+        """`costs` of the (plain, verify) keys `keys` (None: no such keys)."""
         if keys is None:
             return None
         plain, verify = keys
@@ -256,13 +266,15 @@ class SpeculationPolicy(Episodes):
         if not any(matched):
             return False
         n = len(rows) if n is None else n
-        costs = self.costs(rows, n)
+        keys = self.keys(rows, n)  # (looked up once: a probe calls this twice, at every row)
+        costs = self._costs_of(keys)
         if costs is None:
             return True  # no replay times: draft whenever a row matches
         t_plain, t_verify = costs
-        tokens = sum(s.accept.expected_tokens(self.k, hope) if m else 1.0 for s, m in zip(rows, matched))
+        k = self.k
+        tokens = sum(s.accept.expected_tokens(k, hope) if m else 1.0 for s, m in zip(rows, matched))
         self._raw = tokens / len(rows)
-        verify = self.keys(rows, n)[1]
+        verify = keys[1]
         margin = 1.0 if self.drafting else ENTER_MARGIN * 2 ** self._losses(verify)
         return tokens * self.yields.factor(verify) * n / len(rows) * t_plain > n * t_verify * margin
 
@@ -299,14 +311,17 @@ class SpeculationPolicy(Episodes):
         scored short of full acceptance uses up HOPE_LIMIT (paced decode steps come one in two:
         a proposal's K tokens take twice the probes to decide)."""
         probed = rows if probed is None else probed
+        self.hope_probes += self.full_probe
         matched, confirmed, scored = [], False, 0
-        for s in probed:
+        for s in probed:  # (observe and offer called only where they have work: a probe's per-row cost)
             a = s.accept
-            scored -= a.proposals
-            confirmed |= a.observe(s.all_ids)
-            scored += a.proposals
+            if a.pending is not None:
+                scored -= a.proposals
+                confirmed |= a.observe(s.all_ids)
+                scored += a.proposals
             d = proposals.get(id(s))
-            s.accept.offer(len(s.all_ids), d)
+            if d is not None:
+                a.offer(len(s.all_ids), d)
             matched.append(d is not None)
         full = len(probed) == len(rows)
         draft = full and not paced and self.pays(rows, matched)
@@ -340,6 +355,7 @@ class SpeculationPolicy(Episodes):
         priced at the running mean cost per probed row (one slow probe, a GC pause say, moves it
         a quarter of the way) times the next probe's rows (a full probe of a large batch: rarely;
         of one row: every few steps at most), and MAX_FLOOR steps at most."""
+        self.probe_seconds += seconds
         costs = self.costs(rows) if self.measure else None
         if costs is None or costs[0] <= 0:
             return
