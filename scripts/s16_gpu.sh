@@ -23,6 +23,8 @@
 #    calls (call 4's 1B capture spent 14.7 s in kv_cache_and_buffers against 0.1-0.2 before the timing): the
 #    choice's GPU tests and test_gpu.py's out-of-memory capture; the stdlib profiles; the 1B example
 #    captured twice (its phases, record and times).
+#  7 (one H200, after merging h/s16-spec): the 1B example captured (phases: the timing's inputs drawn on
+#    the device now), spec_bench at batch 4 and 8 with the probes table.
 source "$(dirname "$0")/gpu_lib.sh"
 backends() {  # backends MANIFEST: the record and the times to the log
   python3 -c "import json, sys; t = json.load(open(sys.argv[1]))['totals']; print(t.get('linear_backends'), t.get('linear_times_us'))" "$1" >> "$LOG" 2>&1
@@ -50,6 +52,10 @@ spec() {
      --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec"
 }
 case ${CALL:?CALL=1..} in
+7) timeout 120 python3 -m trtgraph capture --config $CFG --out /tmp/art > "$OUT/capture_1b.txt" 2>&1
+   note "capture 1b rc=$? $(tail -1 "$OUT/capture_1b.txt")"; backends /tmp/art/manifest.json
+   timeout 170 python3 scripts/spec_bench.py "$OUT/spec" --batches 4,8 --sets copy,code-like,random,repetitive \
+     --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -30 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec" ;;
 6) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py \
      tests/test_gpu.py -k "choice or timing or out_of_memory" > "$OUT/pytest_choice.log" 2>&1
    note "pytest rc=$?"; tail -2 "$OUT/pytest_choice.log" >> "$LOG"
