@@ -25,6 +25,9 @@
 #    captured twice (its phases, record and times).
 #  7 (one H200, after merging h/s16-spec): the 1B example captured (phases: the timing's inputs drawn on
 #    the device now), spec_bench at batch 4 and 8 with the probes table.
+#  8 (one H200, after the review: no timing with `deterministic`, a start loads the Triton kernels its record
+#    runs, the split gated on cuBLAS at each row of its band): tests/test_linear_choice.py -m gpu (the timer's
+#    calibration, a stdlib capture with a timed record started in a fresh process).
 source "$(dirname "$0")/gpu_lib.sh"
 backends() {  # backends MANIFEST: the record and the times to the log
   python3 -c "import json, sys; t = json.load(open(sys.argv[1]))['totals']; print(t.get('linear_backends'), t.get('linear_times_us'))" "$1" >> "$LOG" 2>&1
@@ -52,6 +55,8 @@ spec() {
      --repeats 3 > "$OUT/spec.txt" 2>&1; note "spec rc=$?"; tail -12 "$OUT/spec.txt" >> "$LOG"; rm -rf "$OUT/spec"
 }
 case ${CALL:?CALL=1..} in
+8) timeout 110 python3 -m pytest -m gpu -q -p no:cacheprovider -s tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
+   note "pytest rc=$?"; grep -h "^record\|passed\|failed\|Error" "$OUT/pytest_choice.log" | tail -8 >> "$LOG" ;;
 7) timeout 120 python3 -m trtgraph capture --config $CFG --out /tmp/art > "$OUT/capture_1b.txt" 2>&1
    note "capture 1b rc=$? $(tail -1 "$OUT/capture_1b.txt")"; backends /tmp/art/manifest.json
    timeout 170 python3 scripts/spec_bench.py "$OUT/spec" --batches 4,8 --sets copy,code-like,random,repetitive \

@@ -27,10 +27,11 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 @pytest.fixture
 def restore_backends():
-    saved, times = dict(linear._BACKENDS), dict(linear._TIMES)
+    tables = (linear._BACKENDS, linear._TRITON_ROWS, linear._TIMES, linear._ROW_TIMES)
+    saved = [dict(t) for t in tables]
     yield
-    linear._BACKENDS.clear(), linear._BACKENDS.update(saved)
-    linear._TIMES.clear(), linear._TIMES.update(times)
+    for t, before in zip(tables, saved):
+        t.clear(), t.update(before)
 
 
 def fake_timer(slow_cublas: set[tuple[int, int]], calls: list):
@@ -63,28 +64,26 @@ def test_timed_choice_recorded_choice_and_untimed_choice(monkeypatch, restore_ba
     monkeypatch.setattr(linear, "cublas_allowed", lambda *a: True)
     monkeypatch.setattr(linear, "time_backend", fake_timer({(40, 48)}, calls))
     counts = {(40, 48): [4, 1, 4, 16], (96, 48): [1, 3], (48, 40): [2]}
-    got = linear.choose_backends(counts, torch.float32, CPU, True, frozenset({(48, 40)}), timer=lambda work: 0.0)
-    # deterministic: one backend a shape, by the sums (40x48: cuBLAS 310, Triton 150 at every row count)
-    assert got == {"40x48": "triton", "96x48": "cublas", "48x40": "cublas"}
-    assert linear.installed_times() == {"40x48": {"cublas": 210.0, "chosen": 150.0},
+    got = linear.choose_backends(counts, torch.float32, CPU, False, frozenset({(48, 40)}), timer=lambda work: 0.0)
+    # Triton timed and taken at the suspect row counts only (40x48 at 1 and 4: cuBLAS 100 against its 10 at 16)
+    assert got == {"40x48": "cublas+triton:1,4", "96x48": "cublas", "48x40": "cublas"}
+    assert linear.installed_times() == {"40x48": {"cublas": 210.0, "chosen": 110.0},
                                         "48x40": {"cublas": 100.0, "chosen": 100.0},
                                         "96x48": {"cublas": 200.0, "chosen": 200.0}}
-    # distinct row counts, sorted; the residual shapes in linear_residual's form; Triton only where
-    # cuBLAS is suspect (then at every row count: the sums decide)
+    assert [linear.runs_cublas((40, 48), m) for m in (1, 4, 16)] == [False, False, True]
+    # distinct row counts, sorted; the residual shapes in linear_residual's form; Triton only where suspect
     assert ("cublas", 40, 48, (1, 4, 16), False) in calls and ("cublas", 48, 40, (2,), True) in calls
-    assert [c for c in calls if c[0] == "triton"] == [("triton", 40, 48, (1, 4, 16), False)]
-
-    calls.clear()  # without deterministic: Triton timed and taken at the suspect row counts only
-    assert linear.choose_backends(counts, torch.float32, CPU, False, timer=lambda work: 0.0) == {
-        "40x48": "cublas+triton:1,4", "96x48": "cublas", "48x40": "cublas"}
     assert [c for c in calls if c[0] == "triton"] == [("triton", 40, 48, (1, 4), False)]
-    assert linear.installed_times()["40x48"] == {"cublas": 210.0, "chosen": 110.0}
 
-    calls.clear()
+    calls.clear()  # with `deterministic` nothing is timed: the choice stays a function of the plan
+    assert linear.choose_backends(counts, torch.float32, CPU, True, timer=lambda work: 0.0) == {
+        "40x48": "cublas", "96x48": "cublas", "48x40": "cublas"}
+    assert calls == [] and linear.installed_times() == {}
+
     record = {"40x48": "cublas", "96x48": "triton", "48x40": "cublas"}
-    assert linear.choose_backends(counts, torch.float32, CPU, True, recorded=record) == record
+    assert linear.choose_backends(counts, torch.float32, CPU, False, recorded=record, timer=lambda work: 0.0) == record
     assert calls == [] and linear.installed_times() == {}  # the record is installed, never re-timed
-    assert linear.choose_backends(counts, torch.float32, CPU, True) == {
+    assert linear.choose_backends(counts, torch.float32, CPU, False) == {
         "40x48": "cublas", "96x48": "cublas", "48x40": "cublas"}  # untimed: cuBLAS wherever allowed
     assert calls == []
     # a record that lacks a shape, or names cuBLAS where this build does not allow it: Triton
@@ -94,6 +93,30 @@ def test_timed_choice_recorded_choice_and_untimed_choice(monkeypatch, restore_ba
     monkeypatch.setattr(linear, "cublas_allowed", lambda *a: False)
     assert linear.choose_backends(counts, torch.float32, CPU, True, recorded=record) == {
         "40x48": "triton", "96x48": "triton", "48x40": "triton"}
+
+
+def test_a_start_loads_the_triton_kernels_its_record_runs(monkeypatch, restore_backends):
+    """Capture's timing loaded the Triton GEMM's variants (one per kind of row count: 1, a multiple of 16,
+    other) before its warm-up chose the keys a start warms; a start that installs the record loads them
+    too (on CUDA), so no key's recording is the first to load one."""
+    loads, launched = [], []
+    monkeypatch.setattr(linear, "cublas_allowed", lambda *a: True)
+    monkeypatch.setattr(linear, "_load_triton", lambda n, k, rows, dtype, device, residual: loads.append(
+        ((n, k), tuple(rows), residual)))
+    counts = {(40, 48): [1, 2, 8, 16, 32, 256], (96, 48): [1, 3, 16, 48], (48, 40): [1, 8]}
+    record = {"40x48": "cublas+triton:2,8,16,32", "96x48": "triton", "48x40": "cublas"}
+    cuda = torch.device("cuda")  # (nothing touches a device: the loads are the spy above)
+    assert linear.choose_backends(counts, torch.float32, cuda, False, frozenset({(96, 48)}), recorded=record) == record
+    assert sorted(loads) == [((40, 48), (2, 8, 16, 32), False), ((96, 48), (1, 3, 16, 48), True)]
+    loads.clear()
+    linear.choose_backends(counts, torch.float32, CPU, False, recorded=record)
+    assert loads == []  # the interpreter loads nothing
+    monkeypatch.undo()
+    monkeypatch.setattr(linear, "triton_linear", lambda x, w, bias=None, residual=None: launched.append(
+        (len(x), residual is not None)))
+    linear._load_triton(40, 48, [2, 8, 16, 32], torch.float32, CPU, False)
+    linear._load_triton(96, 48, [1, 3, 16, 48], torch.float32, CPU, True)
+    assert launched == [(2, False), (16, False), (1, True), (3, True), (16, True)]  # one per kind of row count
 
 
 def test_cublas_is_never_allowed_without_cuda():
@@ -151,9 +174,9 @@ def test_capture_records_the_timed_table_and_a_start_installs_it_untimed(tmp_pat
 @pytest.mark.gpu
 def test_gpu_timing_picks_by_the_measured_times(restore_backends):
     """On CUDA (fp32, the stdlib model's shapes, where cuBLAS's heuristic is slow at 8-16 rows): cuBLAS
-    timed at each distinct row count, Triton where cuBLAS is suspect; the record follows the times, per
-    row count without `deterministic`, by the sums with it; linear_residual through the mixed choice
-    stays correct; timing again holds no more device memory."""
+    timed at each distinct row count, Triton where cuBLAS is suspect; the record follows the times;
+    linear_residual through the mixed choice stays correct; with `deterministic` nothing is timed;
+    timing again holds no more device memory."""
     cuda = torch.device("cuda")
     counts = {(256, 256): [1, 8, 8, 16, 24], (256, 704): [1, 8, 16, 64]}
     got = linear.choose_backends(counts, torch.float32, cuda, False, frozenset({(256, 704)}),
@@ -173,18 +196,28 @@ def test_gpu_timing_picks_by_the_measured_times(restore_backends):
         x = torch.randn(m, 704, device=cuda)
         w, r = torch.randn(256, 704, device=cuda), torch.randn(m, 256, device=cuda)
         torch.testing.assert_close(linear.linear_residual(x, w, r.clone()), r + x @ w.t(), rtol=1e-4, atol=1e-3)
-    got = linear.choose_backends(counts, torch.float32, cuda, True, timer=executor.linear_timer(cuda))
-    for (n, k), rows in linear._ROW_TIMES.items():
-        tri = rows["triton"]
-        assert not tri or sorted(tri) == sorted(set(counts[(n, k)]))  # timed at every row count, or none
-        whole = tri and linear.pick({"cublas": sum(rows["cublas"].values()), "triton": sum(tri.values())})
-        assert got[f"{n}x{k}"] == (whole or "cublas")
+    assert linear.choose_backends(counts, torch.float32, cuda, True, timer=executor.linear_timer(cuda)) and \
+        linear.installed_times() == {}  # with `deterministic` nothing is timed
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved(cuda)
     for _ in range(3):
         linear.choose_backends(counts, torch.float32, cuda, False, timer=executor.linear_timer(cuda))
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved(cuda) == before
+
+
+@pytest.mark.gpu
+def test_gpu_graph_timer_measures_the_device_work():
+    """The timer measures the GPU's time for the recorded work, not the host's: a spin of N cycles
+    reads about twice a spin of N / 2, and ten short kernels well under the host's time to launch them."""
+    from trtgraph.runtime.step.cuda_graph import graph_time_us
+
+    cuda = torch.device("cuda")
+    long, short = (graph_time_us(lambda c=c: torch.cuda._sleep(c), cuda) for c in (2_000_000, 1_000_000))
+    assert 1.7 < long / short < 2.3 and short > 100, (long, short)
+    x = torch.ones(8, device=cuda)
+    tiny = graph_time_us(lambda: [x.add_(1) for _ in range(10)], cuda)
+    assert tiny < 40, tiny  # ten element-wise kernels replayed: a few us each at most
 
 
 def test_without_deterministic_each_row_count_takes_the_faster(monkeypatch, restore_backends):
@@ -202,9 +235,6 @@ def test_without_deterministic_each_row_count_takes_the_faster(monkeypatch, rest
     assert linear.choose_backends(counts, torch.float32, CPU, False, timer=lambda work: 0.0) == record
     assert timed == [("cublas", (1, 4, 8, 12, 16, 24)), ("triton", (8, 12, 16))]
     assert linear.installed_times() == {"256x256": {"cublas": 114.0, "chosen": 61.3}}
-    # with `deterministic`, one backend for every row count: by the sums
-    assert linear.choose_backends(counts, torch.float32, CPU, True, timer=lambda work: 0.0) == {"256x256": "triton"}
-    assert linear.installed_times() == {"256x256": {"cublas": 114.0, "chosen": 59.4}}
     # the record installed as is; refused (Triton) with `deterministic`, where rows may not switch kernels
     assert linear.choose_backends(counts, torch.float32, CPU, False, recorded=record) == record
     ran = []
@@ -258,3 +288,34 @@ def test_a_shape_whose_timing_runs_out_of_memory_keeps_cublas_untimed(monkeypatc
                                  timer=lambda work: 0.0)
     assert got == {"40x48": "cublas+triton:1", "96x48": "cublas"}
     assert set(linear.installed_times()) == {"40x48"}
+
+
+@pytest.mark.gpu
+def test_gpu_a_capture_with_a_timed_record_starts_in_a_fresh_process(tmp_path):
+    """The shipped stdlib model (fp32) at 1-16 rows, where cuBLAS's heuristic is slow at 8-16 rows on the
+    H200: capture (timing, record), then `trtgraph run` in another process, which installs the record,
+    loads the Triton kernels it runs before its warm-up, re-records every key and generates."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = yaml.safe_load(open("examples/stdlib-llama.yaml"))
+    cfg["model"]["path"] = os.path.abspath("trtgraph/assets/stdlib-llama")
+    cfg.update(device="cuda", limits={"max_batch_size": 16, "max_num_tokens": 256},
+               buckets={"batch_sizes": [1, 8, 12, 16], "context_batch_sizes": [1, 2], "chunk_sizes": [64],
+                        "sampling": ["greedy"]}, output=str(tmp_path / "art"))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    cap = subprocess.run([sys.executable, "-m", "trtgraph", "capture", "--config", str(tmp_path / "m.yaml")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert cap.returncode == 0, cap.stderr[-2000:]
+    totals = json.loads((tmp_path / "art" / MANIFEST_NAME).read_text())["totals"]
+    print("record", totals["linear_backends"], totals.get("linear_times_us"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": "def f(x):", "max_tokens": 8}) + "\n" for i in range(16)))
+    run = subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", str(prompts), "--manifest",
+                          str(tmp_path / "art"), "--output", str(tmp_path / "out.jsonl")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 16

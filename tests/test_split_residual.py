@@ -81,19 +81,19 @@ def test_dispatch_runs_the_split_only_where_installed_and_in_its_band(monkeypatc
                                  "no_rows"])
 def test_the_split_is_not_installed_off_its_conditions(monkeypatch, why):
     monkeypatch.setattr(sr, "split_is_invariant", lambda *a: True)
-    args = dict(down_shape=(2048, 8192), row_counts=[1, 40, 64, 512], cublas=True, device=torch.device("cuda"),
-                deterministic=False, tensor_parallel=False, dtype=BF16)
+    args = dict(down_shape=(2048, 8192), row_counts=[1, 40, 64, 512], cublas=lambda m: True,
+                device=torch.device("cuda"), deterministic=False, tensor_parallel=False, dtype=BF16)
     assert sr.choose_split(**args) == {"linear_residual_norm:2048x8192": "split4:17-64"}
     change = {"cpu": dict(device=torch.device("cpu")), "deterministic": dict(deterministic=True),
               "tensor_parallel": dict(tensor_parallel=True), "fp32": dict(dtype=torch.float32),
-              "not_cublas": dict(cublas=False), "no_table": dict(down_shape=(2048, 4096)),
+              "not_cublas": dict(cublas=lambda m: False), "no_table": dict(down_shape=(2048, 4096)),
               "no_rows": dict(row_counts=[1, 8, 16, 512])}[why]
     assert sr.choose_split(**{**args, **change}) == {} and sr.installed_split() == {}
 
 
 def test_a_shape_whose_partials_differ_by_row_count_is_not_installed(monkeypatch):
     monkeypatch.setattr(sr, "split_is_invariant", lambda *a: False)
-    assert sr.choose_split((2048, 8192), [40, 64], True, torch.device("cuda"), False, False, BF16) == {}
+    assert sr.choose_split((2048, 8192), [40, 64], lambda m: True, torch.device("cuda"), False, False, BF16) == {}
 
 
 def test_the_split_takes_the_narrower_band_where_the_wider_one_is_not_invariant(monkeypatch):
@@ -106,7 +106,7 @@ def test_the_split_takes_the_narrower_band_where_the_wider_one_is_not_invariant(
         return min(counts) >= 33
 
     monkeypatch.setattr(sr, "split_is_invariant", invariant)
-    args = ((2048, 8192), [1, 16, 24, 32, 40, 64, 512], True, torch.device("cuda"), False, False, BF16)
+    args = ((2048, 8192), [1, 16, 24, 32, 40, 64, 512], lambda m: True, torch.device("cuda"), False, False, BF16)
     assert sr.choose_split(*args) == {"linear_residual_norm:2048x8192": "split4:33-64"}
     assert probed == [[24, 32, 40, 64], [40, 64]]
     assert [sr.runs_split(torch.zeros(2048, 8192), T) for T in (24, 32, 33, 64, 65)] == [False, False, True, True,
@@ -117,6 +117,14 @@ def test_the_split_takes_the_narrower_band_where_the_wider_one_is_not_invariant(
     probed.clear()
     monkeypatch.setattr(sr, "split_is_invariant", lambda *a: probed.append(a[3]) or False)
     assert sr.choose_split(*args) == {} and probed == [[24, 32, 40, 64], [40, 64]]
+    # the down GEMM on Triton at 24 rows (linear's timed record "cublas+triton:24"): the 17-64 band is not
+    # cuBLAS's everywhere, so not even probed; 33-64 is
+    probed.clear()
+    monkeypatch.setattr(sr, "_SPLITS", {})  # (what this installs is undone after the test)
+    monkeypatch.setattr(sr, "split_is_invariant", lambda *a: probed.append(a[3]) or True)
+    assert sr.choose_split(args[0], args[1], lambda m: m != 24, *args[3:]) == {
+        "linear_residual_norm:2048x8192": "split4:33-64"}
+    assert probed == [[40, 64]]
 
 
 def test_the_manifest_schema_takes_the_split_record_and_refuses_others():
@@ -212,7 +220,7 @@ def test_split_down_gpu_matches_the_composition_and_is_row_invariant(monkeypatch
     # the band choose_split installs for a plan of every row count in 17-64 (33-64 where cuBLAS rounds
     # the partials of fewer rows otherwise): row 0 bitwise the same at every row count of it
     monkeypatch.setattr(sr, "_SPLITS", {})  # restored after the test
-    assert sr.choose_split((2048, 8192), list(range(1, 65)), True, dev, False, False, BF16)
+    assert sr.choose_split((2048, 8192), list(range(1, 65)), lambda m: True, dev, False, False, BF16)
     lo = sr._SPLITS[(2048, 8192)][1]
     assert lo in (17, 33)
     for T in range(lo, 65):

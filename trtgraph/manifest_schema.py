@@ -274,7 +274,7 @@ def check_totals(v: FieldReader, totals: Any, pool_bytes: list[int]) -> None:
     backends = totals.get("linear_backends", {})
     if not isinstance(backends, dict) or len(backends) > 64 or any(
             not isinstance(k, str) or not re.fullmatch(r"[0-9]{1,7}x[0-9]{1,7}", k) or not isinstance(b, str)
-            or not re.fullmatch(r"triton|cublas(\+triton:[0-9]{1,6}(,[0-9]{1,6}){0,255})?", b)
+            or not re.fullmatch(r"triton|cublas(\+triton:[0-9]{1,7}(,[0-9]{1,7}){0,4095})?", b)
             for k, b in backends.items()):
         v.fail("totals.linear_backends", backends, 'an object {"NxK": "triton" | "cublas" | "cublas+triton:M1,M2,..." '
                '(cuBLAS, Triton at those row counts)} per GEMM shape')

@@ -11,16 +11,18 @@ Two backends per weight shape (N, K):
   device and library, that one row's output is bitwise equal for every row count the bucket
   plan can run (or where the config says `deterministic: false`).
 
-Where cuBLAS is allowed, capture times it at each of the plan's row counts (GPU time of replayed
-graphs: the host's launch cost, which the replayed step does not pay, would hide the kernels'
-difference); where it takes over SLOW_FACTOR times its own time at a larger row count (its
-heuristic misfired: cuBLAS's fp32 heuristic picks 32x128 tiles at 8-16 rows that take 5x its own
-at 24 and the Triton kernel's, docs/performance.md, sixteenth session), the Triton kernel is timed
-too, and cuBLAS is kept unless Triton takes at most TRITON_MARGIN of its time: at each row count
-without `deterministic`, over the sums of all row counts with it (one backend for all). Timing is not reproducible, so the manifest records
-the table (`totals.linear_backends`, the times in `totals.linear_times_us`) and the runtime
-installs that record (`recorded=`) instead of choosing again; with `deterministic` it still
-probes a recorded cuBLAS shape for invariance on its own device and library.
+Without `deterministic`, where cuBLAS is allowed, capture times it at each of the plan's row counts
+(GPU time of replayed graphs: the host's launch cost, which the replayed step does not pay, would
+hide the kernels' difference); where it takes over SLOW_FACTOR times its own time at a larger row
+count (its heuristic misfired: cuBLAS's fp32 heuristic picks 32x128 tiles at 8-16 rows that take
+5x its own at 24 and the Triton kernel's, docs/performance.md, sixteenth session), the Triton
+kernel is timed there too and runs at the row counts where it takes at most TRITON_MARGIN of
+cuBLAS's time. Timing is not reproducible, so the manifest records the table
+(`totals.linear_backends`, the times in `totals.linear_times_us`) and the runtime installs that
+record (`recorded=`) instead of choosing again. With `deterministic` nothing is timed: the choice
+stays a pure function of the plan, the device and the library, so a recapture rounds every row
+as the capture before did (the runtime still probes a recorded cuBLAS shape for invariance on its
+own device and library).
 """
 
 from __future__ import annotations
@@ -56,13 +58,13 @@ _TRITON_ROWS: dict[tuple[int, int], frozenset[int]] = {}
 _TIMES: dict[tuple[int, int], dict[str, float]] = {}  # (N, K) -> backend -> us over the plan's row counts
 _ROW_TIMES: dict[tuple[int, int], dict[str, dict[int, float]]] = {}  # the same per row count (for probes)
 # Triton replaces an allowed cuBLAS only where it takes at most this fraction of cuBLAS's time: a
-# margin over the timing's noise, and cuBLAS's choice enables the split down projection
-# (split_residual.choose_split) that a per-op time does not see.
+# margin over the timing's noise, and cuBLAS's choice enables the split down projection at 17-64
+# rows (split_residual.choose_split) that a per-op time does not see.
 TRITON_MARGIN = 0.8
 # cuBLAS at m rows taking more than this times its own time at a larger row count of the plan: its
 # heuristic picked a poor kernel at m (a GEMM of fewer rows does no more work), so the Triton kernel
-# is timed there (with `deterministic`, at every row count: one backend for all). Elsewhere it is not
-# timed at all: its compiles and its slow large-M calls would cost a capture seconds for nothing.
+# is timed there. Elsewhere it is not timed at all: its compiles and its slow large-M calls would cost
+# a capture seconds for nothing.
 SLOW_FACTOR = 1.25
 TIMING_REPEATS = 10  # calls per timed graph at most (the timer takes the best of its replays) ...
 TIMING_BUDGET_US = 500  # ... fewer where one call takes longer than this share: a large prefill GEMM once
@@ -121,11 +123,13 @@ def triton_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.view(*x.shape[:-1], N)
 
 
+def runs_cublas(shape: tuple[int, int], rows: int) -> bool:
+    """Does the GEMM of a weight of this shape run cuBLAS at this row count (the installed choice)?"""
+    return _BACKENDS.get(shape) == CUBLAS and rows not in _TRITON_ROWS.get(shape, ())
+
+
 def _cublas(weight: torch.Tensor, x: torch.Tensor) -> bool:
-    """Does this weight's GEMM run cuBLAS at x's row count (the installed choice)?"""
-    shape = tuple(weight.shape)
-    return _BACKENDS.get(shape) == CUBLAS and (
-        shape not in _TRITON_ROWS or x.numel() // x.shape[-1] not in _TRITON_ROWS[shape])
+    return runs_cublas(tuple(weight.shape), x.numel() // x.shape[-1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -213,7 +217,7 @@ def time_backend(backend: str, n: int, k: int, row_counts: list[int], dtype: tor
 
 def pick(times: dict[str, float]) -> str:
     """cuBLAS unless the Triton kernel takes at most TRITON_MARGIN of its time."""
-    return TRITON if times[TRITON] <= TRITON_MARGIN * times[CUBLAS] else CUBLAS
+    return TRITON if 0 < times[CUBLAS] and times[TRITON] <= TRITON_MARGIN * times[CUBLAS] else CUBLAS
 
 
 def triton_rows(rows: dict[str, dict[int, float]]) -> frozenset[int]:
@@ -245,15 +249,28 @@ def cublas_allowed(n: int, k: int, row_counts: list[int], dtype: torch.dtype, de
         n, k, row_counts, dtype, device, residual=residual))
 
 
-def _timed(n: int, k: int, rows: list[int], dtype: torch.dtype, device: torch.device, deterministic: bool,
-           residual: bool, timer) -> dict[str, dict[int, float]]:
-    """cuBLAS timed at every row count; Triton where cuBLAS is suspect (suspect_rows), and with
-    `deterministic` then at every row count (the choice compares the sums)."""
+def _timed(n: int, k: int, rows: list[int], dtype: torch.dtype, device: torch.device, residual: bool,
+           timer) -> dict[str, dict[int, float]]:
+    """cuBLAS timed at every row count, the Triton kernel where cuBLAS is suspect (suspect_rows)."""
     cub = time_backend(CUBLAS, n, k, rows, dtype, device, residual, timer)
     suspects = suspect_rows(cub)
-    tri = time_backend(TRITON, n, k, rows if deterministic else suspects, dtype, device, residual, timer) \
-        if suspects else {}
+    tri = time_backend(TRITON, n, k, suspects, dtype, device, residual, timer) if suspects else {}
     return {CUBLAS: cub, TRITON: tri}
+
+
+def _load_triton(n: int, k: int, rows: list[int], dtype: torch.dtype, device: torch.device, residual: bool) -> None:
+    """Run the Triton kernel on scratch tensors once per kind of row count among `rows`: a start that installs
+    a record loads the kernel variants that capture's timing loaded, so its warm-up (`totals.warmup_keys`,
+    found at capture after the timing) leaves none to load while recording."""
+    kinds = {}  # Triton specializes an int argument (here M, the row count) as 1, a multiple of 16, or other
+    for m in sorted(rows):
+        kinds.setdefault(1 if m == 1 else 16 if m % 16 == 0 else 0, m)
+    most = max(kinds.values())
+    x = torch.zeros((most, k), device=device, dtype=dtype)
+    w = torch.zeros((n, k), device=device, dtype=dtype)
+    r = torch.zeros((most, n), device=device, dtype=dtype) if residual else None
+    for m in kinds.values():
+        triton_linear(x[:m], w, residual=r[:m] if r is not None else None)
 
 
 def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.dtype, device: torch.device,
@@ -261,16 +278,15 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
                     timer: Callable[[Callable[[], None]], float] | None = None,
                     recorded: dict[str, str] | None = None) -> dict[str, str]:
     """Pick and install each weight shape's backend: Triton where cuBLAS is not allowed
-    (cublas_allowed); where it is, with a `timer` (time_backend's), by time at the distinct row
-    counts that shape meets in the plan (_timed: Triton only where cuBLAS is suspect): with
-    `deterministic` one backend for every row count (pick() on the sums), without it per row count
-    (cuBLAS, Triton at triton_rows()); without a timer cuBLAS. `recorded` (a manifest's
-    `linear_backends`): install that record instead, where this build allows it; a shape it lacks
-    or cannot have gets Triton, which the runtime's check against the record then refuses
-    (Recapture). `residual_shapes`: the shapes linear_residual also runs (o, down), probed and
-    timed in that form. A shape whose timing runs out of device memory keeps cuBLAS, untimed (the
-    capture then meets the memory where it must). Returns {"NxK": record} for the manifest (the
-    times: installed_times())."""
+    (cublas_allowed); where it is, without `deterministic` and with a `timer` (time_backend's),
+    cuBLAS but the Triton kernel at the row counts where it is faster (_timed, triton_rows; all of
+    them: "triton"); otherwise cuBLAS. `recorded` (a manifest's `linear_backends`): install that
+    record instead, where this build allows it, and load the Triton kernels it runs (_load_triton);
+    a shape it lacks or cannot have gets Triton, which the runtime's check against the record then
+    refuses (Recapture). `residual_shapes`: the shapes linear_residual also runs (o, down), probed
+    and timed in that form. A shape whose timing runs out of device memory keeps cuBLAS, untimed
+    (the capture then meets the memory where it must). Returns {"NxK": record} for the manifest
+    (the times: installed_times())."""
     _BACKENDS.clear()
     _TRITON_ROWS.clear()
     _TIMES.clear()
@@ -281,12 +297,14 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
         if wanted != CUBLAS or (rows and deterministic) or not cublas_allowed(
                 n, k, counts, dtype, device, deterministic, residual):
             _BACKENDS[(n, k)] = TRITON
+            if recorded is not None and wanted == TRITON and device.type == "cuda":
+                _load_triton(n, k, sorted(set(counts)), dtype, device, residual)
             continue
         _BACKENDS[(n, k)] = CUBLAS
-        if recorded is None and timer is not None:
+        if recorded is None and timer is not None and not deterministic:
             times = None
             try:
-                times = _timed(n, k, sorted(set(counts)), dtype, device, deterministic, residual, timer)
+                times = _timed(n, k, sorted(set(counts)), dtype, device, residual, timer)
             except torch.cuda.OutOfMemoryError:  # no room to time it (the plan may still fit): untimed, cuBLAS
                 pass
             if times is None:
@@ -294,17 +312,15 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
                 continue
             _ROW_TIMES[(n, k)] = times
             cub, tri = times[CUBLAS], times[TRITON]
-            if deterministic:
-                whole = tri and pick({CUBLAS: sum(cub.values()), TRITON: sum(tri.values())}) == TRITON
-                _BACKENDS[(n, k)] = TRITON if whole else CUBLAS
-            else:
-                rows = triton_rows(times)
-                _BACKENDS[(n, k)] = TRITON if rows == set(cub) else CUBLAS
-            on_triton = set(cub) if _BACKENDS[(n, k)] == TRITON else rows
+            rows = triton_rows(times)
+            if rows == set(cub):
+                _BACKENDS[(n, k)] = TRITON
             _TIMES[(n, k)] = {CUBLAS: sum(cub.values()),
-                              "chosen": sum(tri[m] if m in on_triton else us for m, us in cub.items())}
+                              "chosen": sum(tri[m] if m in rows else us for m, us in cub.items())}
         if rows and _BACKENDS[(n, k)] == CUBLAS:
             _TRITON_ROWS[(n, k)] = rows
+            if recorded is not None and device.type == "cuda":
+                _load_triton(n, k, sorted(rows), dtype, device, residual)
     return installed_backends()
 
 

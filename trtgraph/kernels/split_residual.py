@@ -130,21 +130,23 @@ def split_is_invariant(n: int, k: int, splits: int, row_counts: list[int], dtype
     return same
 
 
-def choose_split(down_shape: tuple[int, int], row_counts: list[int], cublas: bool, device: torch.device,
-                 deterministic: bool, tensor_parallel: bool, dtype: torch.dtype) -> dict[str, str]:
+def choose_split(down_shape: tuple[int, int], row_counts: list[int], cublas: Callable[[int], bool],
+                 device: torch.device, deterministic: bool, tensor_parallel: bool, dtype: torch.dtype) -> dict[str, str]:
     """Install the split down projection for the down weight [N, K] where decode_tuned.SPLIT_DOWN
-    measured it faster: on CUDA, one GPU, 16-bit weights, the shape's GEMM already on cuBLAS (its
-    invariance probed: linear.choose_backends), not with `deterministic`, and the partials bitwise
-    invariant over the plan's row counts in its band (17-64, else 33-64: `_BAND_STARTS`). Returns
-    `installed_split()`."""
+    measured it faster: on CUDA, one GPU, 16-bit weights, not with `deterministic`, the shape's GEMM
+    on cuBLAS at every row count of the band (`cublas(m)`: linear.runs_cublas, as
+    linear.choose_backends installed it), and the partials bitwise invariant over the plan's row
+    counts in its band (17-64, else 33-64: `_BAND_STARTS`). Returns `installed_split()`."""
     _SPLITS.clear()
     splits = decode_tuned.SPLIT_DOWN.get(tuple(down_shape))
-    if not (splits and cublas and device.type == "cuda" and not tensor_parallel and not deterministic
+    if not (splits and device.type == "cuda" and not tensor_parallel and not deterministic
             and dtype.itemsize == 2 and down_shape[1] % splits == 0):
         return installed_split()
     tried: list[int] = []
     for lo in _BAND_STARTS:
         counts = [m for m in row_counts if lo <= m <= SPLIT_MAX_ROWS]
+        if not all(map(cublas, counts)):
+            continue  # the band's GEMM is not cuBLAS's everywhere: its partials' rounding is not the split's
         if counts and counts != tried:  # a narrower band with the same row counts proves nothing new
             tried = counts
             if split_is_invariant(*down_shape, splits, counts, dtype, device):

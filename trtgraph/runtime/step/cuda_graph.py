@@ -147,6 +147,11 @@ def graph_time_us(step, device: torch.device, repeats: int = 3) -> float:
     one made in the recording would hold the pool), recorded once by the driver into a pool of its
     own, replayed `repeats` times between CUDA events, the best replay."""
     index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):  # the events, the replays and the stream on `device`
+        return _graph_time_us(step, device, index, repeats)
+
+
+def _graph_time_us(step, device: torch.device, index: int, repeats: int) -> float:
     stream = _TIMING_STREAMS.setdefault(index, torch.cuda.Stream(index))  # one stream: one workspace
     stream.wait_stream(torch.cuda.current_stream(index))
     with torch.cuda.stream(stream):

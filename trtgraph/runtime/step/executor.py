@@ -32,11 +32,11 @@ from .kv_cache import allocate_kv_caches, auto_num_blocks, blocks_for_tokens
 from .metadata import AttentionMetadata
 
 
-
 def linear_timer(device: torch.device):
     """The GEMM backends' timer at capture (kernels.linear.choose_backends): GPU time of a replayed
     graph on CUDA; none elsewhere (cuBLAS is not allowed off CUDA, so nothing is timed)."""
     return partial(graph_time_us, device=device) if device.type == "cuda" else None
+
 
 @dataclass
 class StepOutputs:
@@ -122,7 +122,7 @@ class Executor(StepInputs):
             loaded = load_model(config.model, config.dtype, device, config.limits.max_seq_len, kernels, tp)
         if loaded.model.ops.name == "triton":  # GEMM backends, fused GEMVs, attention splits, invariant where asked
             from ...kernels.decode_linear import choose_fused
-            from ...kernels.linear import CUBLAS, choose_backends, installed_backends
+            from ...kernels.linear import choose_backends, runs_cublas
             from ...kernels.split_residual import choose_split
             from ...kernels.attention import set_attention_invariant
 
@@ -144,7 +144,7 @@ class Executor(StepInputs):
                          qk_norm=loaded.model.local.qk_norm, dtype=DTYPES[config.dtype])
             # the down projection at 17-64 rows with the next norm: partials + one sum / residual / norm kernel
             down = tuple(first.mlp.down_proj.weight.shape)
-            choose_split(down, counts[down], installed_backends().get("%dx%d" % down) == CUBLAS, device,
+            choose_split(down, counts[down], lambda m: runs_cublas(down, m), device,
                          config.deterministic, loaded.model.tp.active, DTYPES[config.dtype])
         lim = config.limits
         num_blocks = config.kv_cache.num_blocks
