@@ -50,7 +50,7 @@ def manifest_text(manifest: Manifest, path) -> str:
 
 
 def _gemm_lines(totals: dict) -> list[str]:
-    """Each GEMM shape's backend, with capture's times of both where it timed them."""
+    """Each GEMM shape's backend, with capture's times where it timed them: as chosen, and cuBLAS alone."""
     backends, times = totals.get("linear_backends") or {}, totals.get("linear_times_us") or {}
     if not backends:
         return []

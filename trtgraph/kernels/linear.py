@@ -55,8 +55,8 @@ _BACKENDS: dict[tuple[int, int], str] = {}  # (N, K) -> backend; shapes not list
 # (N, K) -> row counts at which a cuBLAS shape runs the Triton kernel instead (`deterministic: false`
 # only: a row's rounding then depends on its step's row count, as cuBLAS's own per-M kernels make it)
 _TRITON_ROWS: dict[tuple[int, int], frozenset[int]] = {}
-_TIMES: dict[tuple[int, int], dict[str, float]] = {}  # (N, K) -> backend -> us over the plan's row counts
-_ROW_TIMES: dict[tuple[int, int], dict[str, dict[int, float]]] = {}  # the same per row count (for probes)
+_TIMES: dict[tuple[int, int], dict[str, float]] = {}  # (N, K) -> "cublas" / "chosen" -> us over the plan's row counts
+_ROW_TIMES: dict[tuple[int, int], dict[str, dict[int, float]]] = {}  # backend -> row count -> us, where timed
 # Triton replaces an allowed cuBLAS only where it takes at most this fraction of cuBLAS's time: a
 # margin over the timing's noise, and cuBLAS's choice enables the split down projection at 17-64
 # rows (split_residual.choose_split) that a per-op time does not see.
@@ -183,8 +183,8 @@ def time_backend(backend: str, n: int, k: int, row_counts: list[int], dtype: tor
     most = max(row_counts)
     x = torch.randn((most, k), generator=g, device=device).to(dtype)
     w = (torch.randn((n, k), generator=g, device=device) / k ** 0.5).to(dtype)
-    # the calls cycle through copies of the weight that together pass twice the L2 (up to one a call):
-    # a step reads each weight from HBM once a layer, not from the L2 the call before filled
+    # the calls cycle through copies of the weight toward twice the L2 (one a call at most, so a weight under
+    # a tenth of that stays in L2 as in a small model's step): a step reads a large weight from HBM
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
     ws = [w] + [w.clone() for _ in range(min(TIMING_REPEATS, -(-2 * l2 // (w.numel() * w.element_size()))) - 1)]
     r = torch.zeros((most, n), device=device, dtype=dtype) if residual else None
