@@ -112,3 +112,35 @@ def test_renders_in_many_threads_time_out_alone(short_deadline):
         t.join(10)
     assert all(isinstance(results[f"slow{i}"], PromptError) for i in range(3))
     assert all(isinstance(results[f"fast{i}"], str) for i in range(3))
+
+
+def test_a_render_stopped_at_its_deadline_leaves_no_pending_state_behind():
+    """Found by the sixteenth session's suite: the watchdog's clearing call (PyThreadState_SetAsyncExc
+    with NULL) left CPython 3.11's eval loop flagged for good, so any profile function set later (cProfile,
+    coverage, a debugger) spun forever at its next call. Run in a child process: the old code hangs."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import cProfile, time
+from trtgraph.models import chat_bounds
+from trtgraph.models.chat import ChatTemplate
+from trtgraph.errors import PromptError
+chat_bounds.RENDER_SECONDS = 0.3
+t = ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "x.jinja",
+                 {"bos_token": "<s>", "eos_token": "</s>"})
+try:
+    t.render([{"role": "user", "content": "hi"}])
+except PromptError:
+    pass
+def f():
+    return sum(g(i) for i in range(1000))
+def g(i):
+    return i + 1
+cProfile.run("f()", "/dev/null")
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]

@@ -354,10 +354,17 @@ class _Watchdog:
             return self._next
 
     def end(self, token: int) -> None:
-        """The render is over; if its deadline fired, a still-pending exception is cleared."""
+        """The render is over. If its deadline fired, the watchdog's _Expired was raised in this thread:
+        delivered already (the render stopped), or still pending (it ended at its deadline), and then it
+        is delivered here, for render_bounded to turn into RenderTimeout. Not cleared with
+        PyThreadState_SetAsyncExc(NULL): on CPython 3.11 that leaves the eval loop's pending flag set
+        for good — every later check takes the slow path, and any later profile or trace function
+        (a profiler, a debugger, coverage) spins at its next call."""
         with self._lock:  # the watchdog removes an entry and raises in its thread under this lock too
-            if self._renders.pop(token, None) is None:  # fired: delivered already, or still pending
-                _set_async_exc(threading.get_ident(), None)
+            fired = self._renders.pop(token, None) is None
+        if fired:
+            for _ in range(2):  # a backward jump: the eval loop delivers a pending exception here
+                pass
 
     def _run(self) -> None:
         with self._cond:
@@ -372,8 +379,7 @@ class _Watchdog:
 
 
 def _set_async_exc(thread_id: int, exc) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
-                                               ctypes.py_object(exc) if exc is not None else None)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc))
 
 
 _WATCHDOG = _Watchdog()
