@@ -168,6 +168,7 @@ def test_capture_records_the_timed_table_and_a_start_installs_it_untimed(tmp_pat
     prompts.write_text(json.dumps({"id": "a", "prompt": "abc", "max_tokens": 2}) + "\n")
     res = CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--manifest", str(art)])
     assert res.exit_code == 2 and "totals.linear_backends records another kernel choice" in res.output
+    assert "cuBLAS is not allowed here where the capture ran it" in res.output
     assert "Recapture" in res.output and "Traceback" not in res.output
 
 

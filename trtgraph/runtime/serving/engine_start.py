@@ -65,13 +65,17 @@ def check_kernel_choices(manifest: Manifest, ex: Executor, mpath: Path) -> None:
     from ...kernels.decode_linear import installed_choice
     from ...kernels.linear import installed_backends
 
+    why = {"linear_backends": "cuBLAS is not allowed here where the capture ran it (another device or library, "
+                              "or with `deterministic` a GEMM that is not row-invariant here or a per-row record), "
+                              "or the record was edited",
+           "fused_ops": "the kernel tables changed since the capture"}
     for field, built in (("linear_backends", installed_backends()), ("fused_ops", installed_choice())):
         recorded = manifest.totals.get(field)
         if recorded is not None and recorded != built:
             changed = sorted(k for k in set(recorded) | set(built) if recorded.get(k) != built.get(k))
             raise ManifestError(f"{mpath}: totals.{field} records another kernel choice than this build "
                                 f"makes ({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}: "
-                                f"the kernel tables changed since the capture). Recapture on this machine.")
+                                f"{why[field]}). Recapture on this machine.")
 
 
 # ---- start-up: re-record exactly the manifest's keys ----------------------------
