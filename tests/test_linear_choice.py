@@ -27,7 +27,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 @pytest.fixture
 def restore_backends():
-    tables = (linear._BACKENDS, linear._TRITON_ROWS, linear._TIMES, linear._ROW_TIMES)
+    tables = (linear._BACKENDS, linear._TRITON_ROWS, linear._ROW_TIMES)
     saved = [dict(t) for t in tables]
     yield
     for t, before in zip(tables, saved):

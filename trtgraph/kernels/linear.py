@@ -55,7 +55,6 @@ _BACKENDS: dict[tuple[int, int], str] = {}  # (N, K) -> backend; shapes not list
 # (N, K) -> row counts at which a cuBLAS shape runs the Triton kernel instead (`deterministic: false`
 # only: a row's rounding then depends on its step's row count, as cuBLAS's own per-M kernels make it)
 _TRITON_ROWS: dict[tuple[int, int], frozenset[int]] = {}
-_TIMES: dict[tuple[int, int], dict[str, float]] = {}  # (N, K) -> "cublas" / "chosen" -> us over the plan's row counts
 _ROW_TIMES: dict[tuple[int, int], dict[str, dict[int, float]]] = {}  # backend -> row count -> us, where timed
 # Triton replaces an allowed cuBLAS only where it takes at most this fraction of cuBLAS's time: a
 # margin over the timing's noise, and cuBLAS's choice enables the split down projection at 17-64
@@ -289,7 +288,6 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
     (the times: installed_times())."""
     _BACKENDS.clear()
     _TRITON_ROWS.clear()
-    _TIMES.clear()
     _ROW_TIMES.clear()
     for (n, k), counts in sorted(row_counts.items()):
         residual = (n, k) in residual_shapes
@@ -311,12 +309,9 @@ def choose_backends(row_counts: dict[tuple[int, int], list[int]], dtype: torch.d
                 torch.cuda.empty_cache()  # after the except: its traceback held the timing's tensors
                 continue
             _ROW_TIMES[(n, k)] = times
-            cub, tri = times[CUBLAS], times[TRITON]
             rows = triton_rows(times)
-            if rows == set(cub):
+            if rows == set(times[CUBLAS]):
                 _BACKENDS[(n, k)] = TRITON
-            _TIMES[(n, k)] = {CUBLAS: sum(cub.values()),
-                              "chosen": sum(tri[m] if m in rows else us for m, us in cub.items())}
         if rows and _BACKENDS[(n, k)] == CUBLAS:
             _TRITON_ROWS[(n, k)] = rows
             if recorded is not None and device.type == "cuda":
@@ -335,4 +330,10 @@ def installed_backends() -> dict[str, str]:
 def installed_times() -> dict[str, dict[str, float]]:
     """{"NxK": {"cublas": us, "chosen": us}} of the shapes choose_backends timed: one call at each of the plan's
     row counts, summed, with cuBLAS alone and with the installed choice."""
-    return {f"{n}x{k}": {b: round(us, 1) for b, us in t.items()} for (n, k), t in sorted(_TIMES.items())}
+    out = {}
+    for (n, k), t in sorted(_ROW_TIMES.items()):
+        cub, tri = t[CUBLAS], t[TRITON]
+        on_triton = set(cub) if _BACKENDS[(n, k)] == TRITON else _TRITON_ROWS.get((n, k), ())
+        out[f"{n}x{k}"] = {CUBLAS: round(sum(cub.values()), 1),
+                           "chosen": round(sum(tri[m] if m in on_triton else us for m, us in cub.items()), 1)}
+    return out

@@ -21,10 +21,7 @@ milliseconds, and a prompt past `MAX_CHARS` is past every context length.
 
 from __future__ import annotations
 
-import ctypes
 import re
-import threading
-import time
 
 import jinja2.constants  # noqa: F401 -- the modules jinja2 imports inside a render (an error's traceback rewrite,
 import jinja2.debug  # noqa: F401     lipsum, pprint, wordwrap), imported here: a deadline landing in a first import
@@ -36,6 +33,8 @@ from jinja2.exceptions import SecurityError
 from jinja2.filters import make_attrgetter
 from jinja2.utils import pass_environment
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .render_watchdog import WATCHDOG, Expired
 
 RENDER_SECONDS = 5.0
 MAX_CHARS = 1 << 24  # 16,777,216 characters (or items of a list)
@@ -321,74 +320,10 @@ class RenderTimeout(RenderLimit):
         super().__init__(*(args or (f"the render did not finish within {RENDER_SECONDS:g} s",)))
 
 
-class _Expired(BaseException):
-    """What the watchdog raises in a rendering thread: a BaseException, so that no `except Exception`
-    on the way (jinja2's `is sequence` test, its getitem's fallbacks) swallows it and lets the render
-    run on with no deadline left; render_bounded turns it into RenderTimeout."""
-
-
-class _Watchdog:
-    """One daemon thread for every render under way: at a render's deadline it raises _Expired
-    (RenderTimeout once out of the render) in the rendering thread (PyThreadState_SetAsyncExc:
-    delivered at that thread's next bytecode, so a template's loop stops there; a single long C
-    call ends first, and the size bounds keep those short). Costs a render nothing but its
-    registration: no trace function."""
-
-    def __init__(self):
-        self._lock = threading.Lock()  # rendering threads take this one: its __enter__ is C, so the exception cannot
-        #   land between taking it and the `with` that releases it (Condition.__enter__ is Python: it did, and
-        #   the lock stayed held for good, every later render and the watchdog waiting on it)
-        self._cond = threading.Condition(self._lock)  # the watchdog's, which no exception is raised in
-        self._renders: dict[int, tuple[int, float]] = {}  # token -> (thread id, deadline)
-        self._next = 0
-        self._thread: threading.Thread | None = None
-
-    def begin(self, seconds: float) -> int:
-        with self._lock:
-            self._next += 1
-            self._renders[self._next] = (threading.get_ident(), time.monotonic() + seconds)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="trtgraph-chat-watchdog", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-            return self._next
-
-    def end(self, token: int) -> None:
-        """The render is over. If its deadline fired, the watchdog's _Expired was raised in this thread:
-        delivered already (the render stopped), or still pending (it ended at its deadline), and then it
-        is delivered here, for render_bounded to turn into RenderTimeout. Not cleared with
-        PyThreadState_SetAsyncExc(NULL): on CPython 3.11 that leaves the eval loop's pending flag set
-        for good — every later check takes the slow path, and any later profile or trace function
-        (a profiler, a debugger, coverage) spins at its next call."""
-        with self._lock:  # the watchdog removes an entry and raises in its thread under this lock too
-            fired = self._renders.pop(token, None) is None
-        if fired:
-            for _ in range(2):  # a backward jump: the eval loop delivers a pending exception here
-                pass
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                for token, (tid, deadline) in list(self._renders.items()):
-                    if deadline <= now:
-                        del self._renders[token]
-                        _set_async_exc(tid, _Expired)
-                soonest = min((d for _, d in self._renders.values()), default=None)
-                self._cond.wait(None if soonest is None else max(soonest - now, 0.001))
-
-
-def _set_async_exc(thread_id: int, exc) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc))
-
-
-_WATCHDOG = _Watchdog()
-
-
 def render_bounded(template, **context) -> str:
     """`template` rendered within the deadline and the output size limit."""
     try:
-        token = _WATCHDOG.begin(RENDER_SECONDS)  # (inside: a deadline short enough to pass within begin)
+        token = WATCHDOG.begin(RENDER_SECONDS)  # (inside: a deadline short enough to pass within begin)
         try:
             parts, total = [], 0
             for chunk in template.generate(**context):
@@ -398,6 +333,6 @@ def render_bounded(template, **context) -> str:
                 parts.append(chunk)
             return "".join(parts)
         finally:
-            _WATCHDOG.end(token)
-    except _Expired:
+            WATCHDOG.end(token)
+    except Expired:
         raise RenderTimeout() from None
