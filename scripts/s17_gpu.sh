@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The seventeenth session's device calls. Every figure goes to a file under $OUT.
+# Usage: OUT=... CALL=N bash scripts/s17_gpu.sh
+#  1 (one H200, at efb5e3a's tree): the GEMM choice's GPU tests that the sixteenth session could not run
+#    (tests/test_linear_choice.py -m gpu: the timer's calibration, a capture with a timed record started in
+#    a fresh process); spec_bench at batch 8 with the policy as shipped and with PROBE_SHARE / HOPE_LIMIT
+#    changed (the A/B the sixteenth session left), the shipped policy last again (the machine's drift);
+#    then `pytest -m gpu` for the time left.
+source "$(dirname "$0")/gpu_lib.sh"
+spec_ab() {  # spec_ab NAME [--policy ...]: batch 8, four sets, 3 repeats, the plan captured once
+  local name=$1; shift
+  local reuse=""; [ -d /tmp/spec/artifacts ] && reuse="--artifacts /tmp/spec/artifacts"
+  timeout ${SPEC_T:-110} python3 scripts/spec_bench.py /tmp/spec $reuse --batches ${SPEC_B:-8} \
+    --sets copy,code-like,random,repetitive --repeats 3 "$@" > "$OUT/spec_$name.txt" 2>&1
+  note "spec $name rc=$?"; cp /tmp/spec/spec_bench.json "$OUT/spec_$name.json" 2>/dev/null
+  python3 - "$OUT/spec_$name.json" >> "$LOG" 2>&1 <<'PY'
+import json, sys
+for c in json.load(open(sys.argv[1]))["cells"]:
+    print(f"  {c['prompts']:>10} b{c['batch']}: ratio {c['ratio_median']:.3f} ({c['ratio_min']:.3f}-{c['ratio_max']:.3f}) "
+          f"probes {c['probes']} hope {c['hope_probes']} share {c['probe_share']:.4f} verify {c['verify_steps']}")
+PY
+}
+case ${CALL:?CALL=1..} in
+1) timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -s tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
+   note "pytest choice rc=$?"; grep -h "^record\|passed\|failed\|Error" "$OUT/pytest_choice.log" | tail -8 >> "$LOG"
+   spec_ab base
+   spec_ab share4 --policy PROBE_SHARE=0.004
+   spec_ab hope1 --policy HOPE_LIMIT=1
+   spec_ab base2
+   left=$(( 585 - ($(date +%s) - T0) )); note "suite with ${left}s"
+   timeout $left python3 -m pytest -m gpu -q -p no:cacheprovider tests/ --deselect tests/test_linear_choice.py \
+     > "$OUT/pytest_gpu.log" 2>&1; note "pytest rc=$?"; tail -3 "$OUT/pytest_gpu.log" >> "$LOG" ;;
+esac
+note done
