@@ -165,6 +165,18 @@ def timed_phases(eng):
     return spent
 
 
+first = [None]  # the step (engine's count) at the timed run's first draft decision
+decide = pol.decide
+
+
+def noting(*a, **kw):
+    out = decide(*a, **kw)
+    if out and first[0] is None:
+        first[0] = spec.stats.steps
+    return out
+
+
+pol.decide = noting
 phase_clock = {id(e): timed_phases(e) for e in (spec, plain)} if args.phases else {}
 rng = random.Random(0)
 workloads = {"never-match": lambda i: {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(32)]},
@@ -182,14 +194,19 @@ for name in args.workloads.split(","):
             spent = phase_clock.get(id(eng))
             if spent:
                 spent.update(dict.fromkeys(spent, 0.0))
-            p0 = pol.probe_seconds
-            t = time.process_time()
+            p0, n0, h0, first[0] = pol.probe_seconds, pol.probes, pol.hope_probes, None
+            t, w = time.process_time(), time.perf_counter()
             out = sorted((r.id, r.token_ids) for r in eng.generate(reqs))
-            wall = time.process_time() - t
+            wall, wall_s = time.process_time() - t, time.perf_counter() - w
             steps = eng.stats.steps
             r = res.setdefault(eng is spec, {"host": [], "out": out, "steps": steps})
             if eng is spec and 1e6 * wall / steps < min(r["host"], default=float("inf")):  # the least disturbed run's
                 r["probe_us"] = 1e6 * (pol.probe_seconds - p0) / steps  # probes (that did not draft), per step
+                plain_ms = min((ms for k, ms in pol.wall_ms.items() if not k.draft_len and k.batch_size >= bs),
+                               default=None) if args.walls else None  # (the GPU's step time: the run's time there)
+                r["probing"] = (pol.probes - n0, pol.hope_probes - h0, (pol.probe_seconds - p0) / wall_s,
+                                plain_ms and (pol.probe_seconds - p0) / (1e-3 * plain_ms * steps),
+                                first[0])
             r["host"].append(1e6 * wall / steps)
             if spent and 1e6 * wall / steps <= min(r["host"]):  # the least disturbed run's phases
                 r["phases"] = {k: 1e6 * v / steps for k, v in spent.items()}
@@ -205,6 +222,7 @@ for name in args.workloads.split(","):
             else:
                 r["ahead"] = eng.stats.to_json().get("fast_path_steps")
         s, p = res[True], res[False]
+        pol.decide = decide  # (unwrapped: the calls per step are the engine's)
         for eng, r in ((spec, s), (plain, p)):
             prof = cProfile.Profile()
             prof.enable()
@@ -215,12 +233,17 @@ for name in args.workloads.split(","):
                 print(f"{name} bs {bs}: speculative, {eng.stats.steps} steps, {eng.stats.verify_steps} verify")
                 pstats.Stats(prof).sort_stats(os.environ.get("SPEC_HOST_SORT", "tottime")).print_stats(args.profile)
         st = spec.stats.to_json().get("speculative") or {}
+        pol.decide = noting
         hs, hp = min(s["host"]), min(p["host"])  # the least disturbed run
         print(f"{name:12s} bs {bs:3d}: host us/step plain {hp:7.1f}  speculative {hs:7.1f}  (+{hs - hp:6.1f}, "
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
               f"verify {s['verify']} accepted {st.get('acceptance_rate')}  rows proposed for {s['calls']}  probes' host us/step "
               f"{s['probe_us']:.1f}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)
+        n_probes, n_hope, share, gpu_share, at = s["probing"]
+        print(f"    probes {n_probes} (hope-called {n_hope})  probes' share of the run's wall time {share:.4f}"
+              + (f", of its steps at the --walls plain step's time {gpu_share:.4f}" if gpu_share else "") + "  "
+              f"first draft decision at step {at}", flush=True)
         for label, r in (("plain", p), ("speculative", s)):  # the last timed run's steps, by kind
             pre, dec, ver, vrows, vtok, drows = r["kinds"]
             print(f"    {label:12s} steps: prefill {pre}  plain decode {dec}  verify {ver}"
