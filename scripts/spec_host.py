@@ -4,7 +4,7 @@ that the loop's CPU time is the host's: packing, scheduling, the policy, proposa
 process time, not wall time: other processes on a shared machine do not count).
 Drafts never match (the tokens are random, none is accepted). The speculative engine's policy
 gets replay times (each verify key 1.5x its plain key) and measures wall times, as on CUDA.
-Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3] [--phases]
+Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3] [--phases] [--policy N=V,...]
 (prints one line per cell: host us/step plain, speculative, the difference, the rows proposed for, the
 host us/step of the probes that did not draft (wall clock, the policy's `probe_seconds`), and
 Python function calls per step of each engine, counted by cProfile in one more run: a figure
@@ -43,7 +43,17 @@ ap.add_argument("--plan", default="default", choices=("default", "spec-bench"),
 ap.add_argument("--walls", help="a spec_bench.json: the speculative policy decides with its measured wall and replay "
                 "times, frozen (the probes' cost and the episodes are timed on this CPU); prints the steps each engine "
                 "ran by kind")
+ap.add_argument("--policy", help="NAME=VALUE,...: constants of the speculation policy (speculation.py) for the run, as "
+                "spec_bench.py's --policy (e.g. PROBE_BUDGET=0: hope-called probes not bounded by the probe budget)")
 args = ap.parse_args()
+if args.policy:
+    from trtgraph.runtime.serving import speculation as _policy
+    for item in args.policy.split(","):
+        name, value = item.split("=")
+        old = getattr(_policy, name, None)
+        if not isinstance(old, (int, float)):
+            ap.error(f"--policy: {name!r} is not a numeric constant of trtgraph/runtime/serving/speculation.py")
+        setattr(_policy, name, type(old)(float(value)))
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
 
