@@ -38,7 +38,9 @@ prefill, too: prompts admitted a chunk of rows at a time do not call a probe at 
 step in between), unless the probe was hopeful. The probes that hope calls are bounded by a
 budget instead (`spaced`): each plain step earns PROBE_SHARE of the plain key's measured time,
 each probe that does not draft spends its host time, the budget banks PROBE_BURST full probes
-at most (it starts full, and again after the batch drafts), and a probe that hope calls comes
+at most (of PROBE_ROWS rows at least; it starts full, and again when the batch stops drafting:
+the decisions of a drafting batch, the one that stops it included, are its episode's cost),
+and a probe that hope calls comes
 at the next step while the budget is not in debt, else at the first step where it is out of
 debt: all the probes of a batch that does not draft, hope's included, take about PROBE_SHARE
 of its steps' time beyond the banked burst, and a batch whose drafts start matching still
@@ -87,7 +89,8 @@ HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would 
 #                where a verify step costs more than a plain one (each one also waits for the probe budget)
 PROBE_BUDGET = 1  # 1: the probes that hope calls wait while the probes' budget (PROBE_SHARE of the plain steps'
 #                   time, earned step by step) is in debt; 0: they come at the next step (before session 17)
-PROBE_BURST = 4  # the probe budget banks at most this many full probes of the batch (hope's early probes)
+PROBE_BURST = 4  # the probe budget banks at most this many full probes of the batch, of PROBE_ROWS rows at least
+#                 (hope's early probes)
 
 
 @dataclass(slots=True)
@@ -117,7 +120,7 @@ class SpeculationPolicy(Episodes):
         self.interval = 1  # generation steps from one decision to the next
         self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
         self.row_ms: float | None = None  # running mean of a probe's host ms per probed row
-        self.budget: float | None = None  # ms of probe time the batch may spend (`spaced`; < 0: in debt; None: not timed yet)
+        self.budget: float | None = None  # ms of probe time the batch may spend (`spaced`; < 0: in debt; None: full)
         self.wait = 0  # generation steps from the last probe until the budget is out of debt (a hope-called probe's)
         self._gap = 0  # generation steps from the decision before the last one to the last (what the budget earned)
         self.since = 0  # generation steps handed out since the last decision
@@ -343,7 +346,6 @@ class SpeculationPolicy(Episodes):
         if draft:
             self.yields.expect(self.keys(rows)[1], self._raw)
             self.drafted_steps += 1
-            self.budget = None  # (the probes paid: the budget starts full again when the batch stops drafting)
         elif any(matched):
             self.plain_steps += 1
         self.probes += 1
@@ -362,6 +364,8 @@ class SpeculationPolicy(Episodes):
         self.full_probe = hopeful and not draft
         if draft != self.drafting and self.measure:
             self._start_episode(rows) if draft else self.end_episode()
+        if draft or self.drafting:  # (the budget is full again once the batch stops drafting: its decisions,
+            self.budget = None  # the one that stops it included, are its episode's cost, judged there)
         self.drafting = draft
         return draft
 
@@ -374,7 +378,9 @@ class SpeculationPolicy(Episodes):
         A probe that hope calls (`full_probe`) is not spaced so; the probe budget bounds it: each
         plain step since the last probe earned PROBE_SHARE of the plain key's measured time,
         each probe that does not draft spends its host time, the budget banks PROBE_BURST full
-        probes at most (a long quiet run does not bank a burst; it starts full), and the probe
+        probes at most (of PROBE_ROWS rows at least: a batch admitted a few rows at a time
+        grows; a long quiet run does not bank more; full at the first timed probe and when the
+        batch stops drafting, that decision not charged: `decide`), and the probe
         that hope calls comes at the first step where the budget is out of debt (the next step
         when it is not in debt: hope's early probe), MAX_FLOOR steps at most. So all the probes
         of a batch that does not draft, those that hope calls included, take about PROBE_SHARE
@@ -390,9 +396,9 @@ class SpeculationPolicy(Episodes):
         nxt = len(self.probe_rows(rows))
         earn = PROBE_SHARE * costs[0]  # ms of probe time a plain step earns
         self.floor = min(math.ceil(self.row_ms * nxt / earn), MAX_FLOOR)
-        burst = PROBE_BURST * self.row_ms * len(rows)
-        budget = burst if self.budget is None else min(self.budget + self._gap * earn, burst)
-        self.budget = budget - 1e3 * seconds
+        burst = PROBE_BURST * self.row_ms * max(len(rows), PROBE_ROWS)
+        # (None: the first timed probe, or the decision that stopped drafting: not charged)
+        self.budget = burst if self.budget is None else min(self.budget + self._gap * earn, burst) - 1e3 * seconds
         if not self.full_probe:  # (a hopeful probe calls the next at the next step, the budget allowing)
             self.interval = max(self.interval, self.floor)
         elif PROBE_BUDGET and self.budget < 0:
