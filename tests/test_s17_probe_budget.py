@@ -44,11 +44,12 @@ def _run(pol: SpeculationPolicy, copying: list[bool], steps: int, probe_ms: floa
     for step in range(steps):
         for s, copies in zip(rows, copying):
             nxt = CYCLE[(CYCLE.index(s.all_ids[-1]) + 1) % len(CYCLE)] if s.all_ids[-1] in CYCLE else CYCLE[0]
-            s.all_ids.append(nxt if copies else rng.choice([t for t in range(10, 40)]))
+            s.all_ids.append(nxt if copies else rng.randrange(10, 40))
         if not pol.proposes():
             continue
         last = [s.all_ids[-1] if s.all_ids[-1] in CYCLE else CYCLE[-1] for s in rows]
-        proposals = {id(s): [CYCLE[(CYCLE.index(t) + 1 + j) % len(CYCLE)] for j in range(K)] for s, t in zip(rows, last)}
+        proposals = {id(s): [CYCLE[(CYCLE.index(t) + 1 + j) % len(CYCLE)] for j in range(K)]
+                     for s, t in zip(rows, last)}
         if pol.decide(rows, proposals):
             first = step if first is None else first
             continue
@@ -60,9 +61,9 @@ def _run(pol: SpeculationPolicy, copying: list[bool], steps: int, probe_ms: floa
 @pytest.mark.parametrize("budget", [1, 0])
 def test_hope_called_probes_of_a_batch_that_never_drafts_stay_within_the_probe_share(monkeypatch, budget):
     """One row copies (its proposals accepted in full: each renews hope, so HOPE_LIMIT never
-    stops it), the other never matches: drafting never pays (a verify step at 3.5x a plain one;
-    hope: 4 tokens a row),
-    yet hope calls a full probe at every step. With the budget, all the probes (50 us each
+    stops it), the other's proposals are never accepted: drafting never pays (a verify step at
+    3.5x a plain one), yet hope (4 tokens a row were the pending proposals accepted) calls a
+    full probe at every step. With the budget, all the probes (50 us each
     against 1 ms plain steps: 5% if made at every step) take about PROBE_SHARE of the run's
     plain steps' time, beyond the PROBE_BURST full probes banked; with PROBE_BUDGET = 0 (the
     policy before it) they take 5%."""
