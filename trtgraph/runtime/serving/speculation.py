@@ -405,8 +405,9 @@ class SpeculationPolicy(Episodes):
             self.wait = self.interval = min(math.ceil(-self.budget / earn), MAX_FLOOR)
 
     def _verify_is_cheap(self, rows: list) -> bool:
-        """A verify step over `rows` costs no more than a plain one (then probing at every step
-        that hope calls for is worth it however long it lasts)."""
+        """A verify step over `rows` costs no more than a plain one (then HOPE_LIMIT does not stop
+        hope: probing at every step that hope calls for is worth it however long it lasts, as
+        far as the probe budget allows: `spaced`)."""
         costs = self.costs(rows)
         return costs is not None and costs[1] <= costs[0]
 
