@@ -94,7 +94,7 @@ def test_hope_calls_an_early_full_probe_while_the_budget_allows_and_waits_out_it
     proposals = {id(s): [7] * K for s in rows}  # pending, agreeing so far: hope (4 tokens a row would pay 3.5)
     pol.hoped = -1000  # (HOPE_LIMIT aside: as if proposals kept being accepted in full)
     intervals = []
-    for _ in range(40):
+    for _ in range(80):  # (the burst: PROBE_BURST * 8 rows * 25 us; each probe spends 50 us, earns 10)
         assert not pol.decide(rows, proposals) and pol.full_probe
         pol.spaced(0.00005, rows, rows)  # 25 us a row
         intervals.append(pol.interval)

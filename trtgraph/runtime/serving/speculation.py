@@ -89,7 +89,7 @@ HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would 
 #                where a verify step costs more than a plain one (each one also waits for the probe budget)
 PROBE_BUDGET = 1  # 1: the probes that hope calls wait while the probes' budget (PROBE_SHARE of the plain steps'
 #                   time, earned step by step) is in debt; 0: they come at the next step (before session 17)
-PROBE_BURST = 4  # the probe budget banks at most this many full probes of the batch, of PROBE_ROWS rows at least
+PROBE_BURST = 8  # the probe budget banks at most this many full probes of the batch, of PROBE_ROWS rows at least
 #                 (hope's early probes)
 
 
