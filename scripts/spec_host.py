@@ -8,7 +8,10 @@ Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--r
 (prints one line per cell: host us/step plain, speculative, the difference, the rows proposed for, the
 host us/step of the probes that did not draft (wall clock, the policy's `probe_seconds`), and
 Python function calls per step of each engine, counted by cProfile in one more run: a figure
-that the machine's load does not move)."""
+that the machine's load does not move; then, of the least disturbed speculative run: its probes,
+those that hope called, their host time's share of the run's wall time (with --walls also of its
+steps at the GPU's plain step time: the share on the GPU), and the step of its first draft
+decision). --policy N=V,...: the speculation policy's constants for the run, as spec_bench.py's."""
 
 import argparse
 import os
