@@ -16,7 +16,9 @@ Usage: python scripts/spec_bench.py OUT_DIR [--cpu-smoke] [--repeats N] [--sets 
 [--artifacts DIR] [--policy NAME=VALUE,...] (writes spec_bench.json, prints a table; --cpu-smoke: a small plan and few tokens, to
 test this script on the CPU; --repeats: paired runs per cell, 5 by default; --sets: which prompt sets,
 all by default; --batches: which batch sizes, of 1, 4, 8 and 64; --artifacts: an earlier run's captured plan, used as it
-is: no capture; --policy: constants of the speculation policy set for the run, e.g. PROBE_SHARE=0.004,HOPE_LIMIT=4)."""
+is: no capture; --policy: constants of the speculation policy set for the run, e.g. PROBE_SHARE=0.004,HOPE_LIMIT=4;
+PROBE_BUDGET=0: the probes that hope calls not bounded by the probe budget, as before session 17; PROBE_BURST=N: the full
+probes the budget banks)."""
 
 import inspect
 import json

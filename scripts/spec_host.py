@@ -4,11 +4,14 @@ that the loop's CPU time is the host's: packing, scheduling, the policy, proposa
 process time, not wall time: other processes on a shared machine do not count).
 Drafts never match (the tokens are random, none is accepted). The speculative engine's policy
 gets replay times (each verify key 1.5x its plain key) and measures wall times, as on CUDA.
-Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3] [--phases]
+Usage: python scripts/spec_host.py OUT_DIR [--batches 1,8,64] [--tokens 64] [--repeats 3] [--phases] [--policy N=V,...]
 (prints one line per cell: host us/step plain, speculative, the difference, the rows proposed for, the
 host us/step of the probes that did not draft (wall clock, the policy's `probe_seconds`), and
 Python function calls per step of each engine, counted by cProfile in one more run: a figure
-that the machine's load does not move)."""
+that the machine's load does not move; then, of the least disturbed speculative run: its probes,
+those that hope called, their host time's share of the run's wall time (with --walls also of its
+steps at the GPU's plain step time: the share on the GPU), and the step of its first draft
+decision). --policy N=V,...: the speculation policy's constants for the run, as spec_bench.py's."""
 
 import argparse
 import os
@@ -43,7 +46,17 @@ ap.add_argument("--plan", default="default", choices=("default", "spec-bench"),
 ap.add_argument("--walls", help="a spec_bench.json: the speculative policy decides with its measured wall and replay "
                 "times, frozen (the probes' cost and the episodes are timed on this CPU); prints the steps each engine "
                 "ran by kind")
+ap.add_argument("--policy", help="NAME=VALUE,...: constants of the speculation policy (speculation.py) for the run, as "
+                "spec_bench.py's --policy (e.g. PROBE_BUDGET=0: hope-called probes not bounded by the probe budget)")
 args = ap.parse_args()
+if args.policy:
+    from trtgraph.runtime.serving import speculation as _policy
+    for item in args.policy.split(","):
+        name, value = item.split("=")
+        old = getattr(_policy, name, None)
+        if not isinstance(old, (int, float)):
+            ap.error(f"--policy: {name!r} is not a numeric constant of trtgraph/runtime/serving/speculation.py")
+        setattr(_policy, name, type(old)(float(value)))
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
 
@@ -165,6 +178,18 @@ def timed_phases(eng):
     return spent
 
 
+first = [None]  # the step (engine's count) at the timed run's first draft decision
+decide = pol.decide
+
+
+def noting(*a, **kw):
+    out = decide(*a, **kw)
+    if out and first[0] is None:
+        first[0] = spec.stats.steps
+    return out
+
+
+pol.decide = noting
 phase_clock = {id(e): timed_phases(e) for e in (spec, plain)} if args.phases else {}
 rng = random.Random(0)
 workloads = {"never-match": lambda i: {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(32)]},
@@ -182,14 +207,19 @@ for name in args.workloads.split(","):
             spent = phase_clock.get(id(eng))
             if spent:
                 spent.update(dict.fromkeys(spent, 0.0))
-            p0 = pol.probe_seconds
-            t = time.process_time()
+            p0, n0, h0, first[0] = pol.probe_seconds, pol.probes, pol.hope_probes, None
+            t, w = time.process_time(), time.perf_counter()
             out = sorted((r.id, r.token_ids) for r in eng.generate(reqs))
-            wall = time.process_time() - t
+            wall, wall_s = time.process_time() - t, time.perf_counter() - w
             steps = eng.stats.steps
             r = res.setdefault(eng is spec, {"host": [], "out": out, "steps": steps})
             if eng is spec and 1e6 * wall / steps < min(r["host"], default=float("inf")):  # the least disturbed run's
                 r["probe_us"] = 1e6 * (pol.probe_seconds - p0) / steps  # probes (that did not draft), per step
+                plain_ms = min((ms for k, ms in pol.wall_ms.items() if not k.draft_len and k.batch_size >= bs),
+                               default=None) if args.walls else None  # (the GPU's step time: the run's time there)
+                r["probing"] = (pol.probes - n0, pol.hope_probes - h0, (pol.probe_seconds - p0) / wall_s,
+                                plain_ms and (pol.probe_seconds - p0) / (1e-3 * plain_ms * steps),
+                                first[0])
             r["host"].append(1e6 * wall / steps)
             if spent and 1e6 * wall / steps <= min(r["host"]):  # the least disturbed run's phases
                 r["phases"] = {k: 1e6 * v / steps for k, v in spent.items()}
@@ -205,6 +235,7 @@ for name in args.workloads.split(","):
             else:
                 r["ahead"] = eng.stats.to_json().get("fast_path_steps")
         s, p = res[True], res[False]
+        pol.decide = decide  # (unwrapped: the calls per step are the engine's)
         for eng, r in ((spec, s), (plain, p)):
             prof = cProfile.Profile()
             prof.enable()
@@ -215,12 +246,17 @@ for name in args.workloads.split(","):
                 print(f"{name} bs {bs}: speculative, {eng.stats.steps} steps, {eng.stats.verify_steps} verify")
                 pstats.Stats(prof).sort_stats(os.environ.get("SPEC_HOST_SORT", "tottime")).print_stats(args.profile)
         st = spec.stats.to_json().get("speculative") or {}
+        pol.decide = noting
         hs, hp = min(s["host"]), min(p["host"])  # the least disturbed run
         print(f"{name:12s} bs {bs:3d}: host us/step plain {hp:7.1f}  speculative {hs:7.1f}  (+{hs - hp:6.1f}, "
               f"{100 * (hs - hp) / hp:+.1f}%)  steps {p['steps']}/{s['steps']}  fast-path {p['ahead']}/{s['ahead']}  "
               f"verify {s['verify']} accepted {st.get('acceptance_rate')}  rows proposed for {s['calls']}  probes' host us/step "
               f"{s['probe_us']:.1f}  Python calls/step {p['calls_per_step']:.0f}/"
               f"{s['calls_per_step']:.0f}", flush=True)
+        n_probes, n_hope, share, gpu_share, at = s["probing"]
+        print(f"    probes {n_probes} (hope-called {n_hope})  probes' share of the run's wall time {share:.4f}"
+              + (f", of its steps at the --walls plain step's time {gpu_share:.4f}" if gpu_share else "") + "  "
+              f"first draft decision at step {at}", flush=True)
         for label, r in (("plain", p), ("speculative", s)):  # the last timed run's steps, by kind
             pre, dec, ver, vrows, vtok, drows = r["kinds"]
             print(f"    {label:12s} steps: prefill {pre}  plain decode {dec}  verify {ver}"

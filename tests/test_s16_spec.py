@@ -73,7 +73,8 @@ def test_a_plain_fast_path_step_of_the_speculative_engine_makes_a_few_more_calls
 
 def test_the_policy_totals_its_probes_host_time_and_counts_the_probes_hope_called(engines, monkeypatch):
     """probe_seconds: the host time of the probes that did not draft (what `spaced` prices);
-    hope_probes: the probes the one before called by hope (PROBE_SHARE does not space those)."""
+    hope_probes: the probes the one before called by hope (the floor PROBE_SHARE sets does not space
+    those: the probe budget bounds them)."""
     spec, plain = engines
     pol = spec.scheduler.speculation
     reqs = [{"id": f"r{i}", "prompt": "one two three four " * (i + 2), "max_tokens": 40} for i in range(3)]

@@ -35,7 +35,18 @@ hope survives it). With `measure`, each probe
 that does not draft is timed, and the next comes no sooner than keeps probes within
 PROBE_SHARE of the plain steps' measured time (a full probe of 64 rows is rare; after a
 prefill, too: prompts admitted a chunk of rows at a time do not call a probe at every decode
-step in between), unless the probe was hopeful. A probe due at a step
+step in between), unless the probe was hopeful. The probes that hope calls are bounded by a
+budget instead (`spaced`): each plain step earns PROBE_SHARE of the plain key's measured time,
+each probe that does not draft spends its host time, the budget banks PROBE_BURST full probes
+at most (of PROBE_ROWS rows at least; it starts full, and again when the batch stops drafting:
+the decisions of a drafting batch, the one that stops it included, are its episode's cost),
+and a probe that hope calls comes
+at the next step while the budget is not in debt, else at the first step where it is out of
+debt: all the probes of a batch that does not draft, hope's included, take about PROBE_SHARE
+of its steps' time beyond the banked burst, and a batch whose drafts start matching still
+probes at every step at first (on the H200 before the budget, hope-called probes of batches
+that never drafted took 0.8-2.5% of the run's time, which ran 1-4% slower than plain
+decoding; PROBE_BUDGET = 0 restores that behaviour). A probe due at a step
 launched ahead is made after that launch (the scheduler's postprocess of the step before), so
 a batch that does not draft runs the plain engine's path: the same steps launched ahead (the
 decode step after a prefill included), no proposal before a launch, and per step only a clock
@@ -75,7 +86,11 @@ PROBE_SHARE = 0.01  # a batch that does not draft spends at most about this shar
 PROBE_WEIGHT = 0.25  # weight of the newest probe's cost per row in its running mean
 MAX_FLOOR = 4 * MAX_INTERVAL  # generation steps between probes that their cost may call for, at most
 HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would pay if accepted) keeps every step
-#                where a verify step costs more than a plain one
+#                where a verify step costs more than a plain one (each one also waits for the probe budget)
+PROBE_BUDGET = 1  # 1: the probes that hope calls wait while the probes' budget (PROBE_SHARE of the plain steps'
+#                   time, earned step by step) is in debt; 0: they come at the next step (before session 17)
+PROBE_BURST = 8  # the probe budget banks at most this many full probes of the batch, of PROBE_ROWS rows at least
+#                 (hope's early probes)
 
 
 @dataclass(slots=True)
@@ -100,11 +115,14 @@ class SpeculationPolicy(Episodes):
         self.plain_steps = 0  # steps with a match that ran the plain key (drafting did not pay)
         self.probes = 0  # decisions made (steps that computed proposals)
         self.probe_seconds = 0.0  # host time of the probes that did not draft (`spaced`), all told
-        self.hope_probes = 0  # decisions at a probe the last one's hope called (`full_probe`): PROBE_SHARE does not space those
+        self.hope_probes = 0  # decisions at a probe the last one's hope called (`full_probe`): the budget spaces those
         self.drafting = False  # the last decision drafted
         self.interval = 1  # generation steps from one decision to the next
         self.floor = 0  # generation steps from one probe to the next, at least, for the probes' cost (`spaced`)
         self.row_ms: float | None = None  # running mean of a probe's host ms per probed row
+        self.budget: float | None = None  # ms of probe time the batch may spend (`spaced`; < 0: in debt; None: full)
+        self.wait = 0  # generation steps from the last probe until the budget is out of debt (a hope-called probe's)
+        self._gap = 0  # generation steps from the decision before the last one to the last (what the budget earned)
         self.since = 0  # generation steps handed out since the last decision
         self.full_probe = False  # the next probe makes proposals for every row (a sample was hopeful)
         self.hoped = 0  # probes in a row since the last draft or prefill that hope alone kept at interval 1
@@ -149,7 +167,7 @@ class SpeculationPolicy(Episodes):
             return
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
             # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
-            self.interval, self.hoped = 1 if self.full_probe else max(self.floor, 1), 0
+            self.interval, self.hoped = max(self.wait, 1) if self.full_probe else max(self.floor, 1), 0
             if self._episode is not None:
                 self.end_episode(rows_changed=True)
         if not self.measure:
@@ -331,7 +349,7 @@ class SpeculationPolicy(Episodes):
         elif any(matched):
             self.plain_steps += 1
         self.probes += 1
-        self.since = 0
+        self._gap, self.since = self.since, 0
         # Probe again (all rows) at the next step while drafting, or while the proposals
         # awaiting their outcome would make drafting pay if accepted in full (HOPE_LIMIT times
         # in a row at most, unless proposals keep being accepted in full: evidence that
@@ -346,6 +364,8 @@ class SpeculationPolicy(Episodes):
         self.full_probe = hopeful and not draft
         if draft != self.drafting and self.measure:
             self._start_episode(rows) if draft else self.end_episode()
+        if draft or self.drafting:  # (the budget is full again once the batch stops drafting: its decisions,
+            self.budget = None  # the one that stops it included, are its episode's cost, judged there)
         self.drafting = draft
         return draft
 
@@ -354,21 +374,40 @@ class SpeculationPolicy(Episodes):
         one comes no sooner than keeps probing under PROBE_SHARE of a plain step's measured time,
         priced at the running mean cost per probed row (one slow probe, a GC pause say, moves it
         a quarter of the way) times the next probe's rows (a full probe of a large batch: rarely;
-        of one row: every few steps at most), and MAX_FLOOR steps at most."""
+        of one row: every few steps at most), and MAX_FLOOR steps at most.
+        A probe that hope calls (`full_probe`) is not spaced so; the probe budget bounds it: each
+        plain step since the last probe earned PROBE_SHARE of the plain key's measured time,
+        each probe that does not draft spends its host time, the budget banks PROBE_BURST full
+        probes at most (of PROBE_ROWS rows at least: a batch admitted a few rows at a time
+        grows; a long quiet run does not bank more; full at the first timed probe and when the
+        batch stops drafting, that decision not charged: `decide`), and the probe
+        that hope calls comes at the first step where the budget is out of debt (the next step
+        when it is not in debt: hope's early probe), MAX_FLOOR steps at most. So all the probes
+        of a batch that does not draft, those that hope calls included, take about PROBE_SHARE
+        of its steps' time beyond the banked burst (PROBE_BUDGET 0: hope's are not bounded so).
+        Arithmetic at probes only: the steps between them are counted by `since` anyway."""
         self.probe_seconds += seconds
+        self.wait = 0
         costs = self.costs(rows) if self.measure else None
         if costs is None or costs[0] <= 0:
             return
         ms = 1e3 * seconds / max(len(probed), 1)
         self.row_ms = ms if self.row_ms is None else self.row_ms + PROBE_WEIGHT * (ms - self.row_ms)
         nxt = len(self.probe_rows(rows))
-        self.floor = min(math.ceil(self.row_ms * nxt / (PROBE_SHARE * costs[0])), MAX_FLOOR)
-        if not self.full_probe:  # (a hopeful probe calls the next at the next step: HOPE_LIMIT bounds those)
+        earn = PROBE_SHARE * costs[0]  # ms of probe time a plain step earns
+        self.floor = min(math.ceil(self.row_ms * nxt / earn), MAX_FLOOR)
+        burst = PROBE_BURST * self.row_ms * max(len(rows), PROBE_ROWS)
+        # (None: the first timed probe, or the decision that stopped drafting: not charged)
+        self.budget = burst if self.budget is None else min(self.budget + self._gap * earn, burst) - 1e3 * seconds
+        if not self.full_probe:  # (a hopeful probe calls the next at the next step, the budget allowing)
             self.interval = max(self.interval, self.floor)
+        elif PROBE_BUDGET and self.budget < 0:
+            self.wait = self.interval = min(math.ceil(-self.budget / earn), MAX_FLOOR)
 
     def _verify_is_cheap(self, rows: list) -> bool:
-        """A verify step over `rows` costs no more than a plain one (then probing at every step
-        that hope calls for is worth it however long it lasts)."""
+        """A verify step over `rows` costs no more than a plain one (then HOPE_LIMIT does not stop
+        hope: probing at every step that hope calls for is worth it however long it lasts, as
+        far as the probe budget allows: `spaced`)."""
         costs = self.costs(rows)
         return costs is not None and costs[1] <= costs[0]
 
