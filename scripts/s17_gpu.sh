@@ -6,12 +6,15 @@
 #    a fresh process); spec_bench at batch 8 with the policy as shipped and with PROBE_SHARE / HOPE_LIMIT
 #    changed (the A/B the sixteenth session left), the shipped policy last again (the machine's drift);
 #    then `pytest -m gpu` for the time left.
+#  2 (one H200, after merging h/s17-spec: the probe budget): spec_bench at batch 1, 4, 8 and 64 with the budget
+#    off (PROBE_BUDGET=0: the policy before) and on, twice each, alternating; the GPU tests of speculation ==
+#    plain; the bench and the step profile (the tree's figures).
 source "$(dirname "$0")/gpu_lib.sh"
 spec_ab() {  # spec_ab NAME [--policy ...]: batch 8, four sets, 3 repeats, the plan captured once
   local name=$1; shift
-  local reuse=""; [ -d /tmp/spec/artifacts ] && reuse="--artifacts /tmp/spec/artifacts"
+  rm -f /tmp/spec/spec_bench.json; local reuse=""; [ -d /tmp/spec/artifacts ] && reuse="--artifacts /tmp/spec/artifacts"
   timeout ${SPEC_T:-110} python3 scripts/spec_bench.py /tmp/spec $reuse --batches ${SPEC_B:-8} \
-    --sets copy,code-like,random,repetitive --repeats 3 "$@" > "$OUT/spec_$name.txt" 2>&1
+    --sets copy,code-like,random,repetitive --repeats 3 "$@" > "/tmp/spec_$name.txt" 2>&1
   note "spec $name rc=$?"; cp /tmp/spec/spec_bench.json "$OUT/spec_$name.json" 2>/dev/null
   python3 - "$OUT/spec_$name.json" >> "$LOG" 2>&1 <<'PY'
 import json, sys
@@ -21,6 +24,13 @@ for c in json.load(open(sys.argv[1]))["cells"]:
 PY
 }
 case ${CALL:?CALL=1..} in
+2) export SPEC_B=1,4,8,64 SPEC_T=140
+   spec_ab off --policy PROBE_BUDGET=0; spec_ab on; spec_ab off2 --policy PROBE_BUDGET=0; spec_ab on2
+   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_capture_pipeline.py > /tmp/pytest_spec.log 2>&1
+   note "pytest spec rc=$?"; tail -1 /tmp/pytest_spec.log >> "$LOG"
+   bench; grep -h "^| *64 \|^| *1 \|floor\|bandwidth" "$OUT/bench.md" | head -12 >> "$LOG"
+   timeout 90 python3 scripts/profile_step.py /tmp/b/artifacts 25 > "$OUT/profile.txt" 2>&1; note "profile rc=$?"
+   grep -h "kernels\|kernel time" "$OUT/profile.txt" | head -8 >> "$LOG" ;;
 1) timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -s tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
    note "pytest choice rc=$?"; grep -h "^record\|passed\|failed\|Error" "$OUT/pytest_choice.log" | tail -8 >> "$LOG"
    spec_ab base
