@@ -9,6 +9,9 @@
 #  2 (one H200, after merging h/s17-spec: the probe budget): spec_bench at batch 1, 4, 8 and 64 with the budget
 #    off (PROBE_BUDGET=0: the policy before) and on, twice each, alternating; the GPU tests of speculation ==
 #    plain; the bench and the step profile (the tree's figures).
+#  3 (one H200, after pricing an unmeasured verify key's host work with a per-step part, HOST_STEP_ROWS): spec_bench
+#    at batch 1, 4, 8 and 64 with it, with HOST_STEP_ROWS=0 (the pricing before: by the rows), with it again;
+#    the GPU test of speculation == plain.
 source "$(dirname "$0")/gpu_lib.sh"
 spec_ab() {  # spec_ab NAME [--policy ...]: batch 8, four sets, 3 repeats, the plan captured once
   local name=$1; shift
@@ -24,6 +27,10 @@ for c in json.load(open(sys.argv[1]))["cells"]:
 PY
 }
 case ${CALL:?CALL=1..} in
+3) export SPEC_B=1,4,8,64 SPEC_T=140
+   spec_ab c16 ; spec_ab c0 --policy HOST_STEP_ROWS=0; spec_ab c16b
+   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_capture_pipeline.py > /tmp/pytest_spec.log 2>&1
+   note "pytest spec rc=$?"; tail -1 /tmp/pytest_spec.log >> "$LOG" ;;
 2) export SPEC_B=1,4,8,64 SPEC_T=140
    spec_ab off --policy PROBE_BUDGET=0; spec_ab on; spec_ab off2 --policy PROBE_BUDGET=0; spec_ab on2
    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_capture_pipeline.py > /tmp/pytest_spec.log 2>&1

@@ -165,7 +165,8 @@ def test_the_short_verify_packing_rewrites_only_the_tables_that_grew_and_checks_
 def test_a_verify_key_above_the_measured_ones_is_priced_along_their_per_row_increment():
     """Host work is partly per step: above the largest measured verify key, where two are
     measured, its host work plus the increment per row between the two largest; below or
-    between them (or with one measured), the nearest one's per row, as before."""
+    between them (or with one measured), the nearest one's scaled by (rows + 16) / (its rows +
+    16)."""
     from trtgraph.runtime.serving.requests import Request
     from trtgraph.runtime.serving.scheduler import Sequence
     from trtgraph.runtime.serving.speculation import SpeculationPolicy
@@ -175,7 +176,8 @@ def test_a_verify_key_above_the_measured_ones_is_priced_along_their_per_row_incr
     pol = SpeculationPolicy(plan, K, replay)
     rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(8)]
     pol.record(GraphKey(1, K, 0, "greedy"), 1.5)  # 0.5 ms beyond its replay at 1 row
-    assert pol.costs(rows) == (0.8, 1.0 + 8 * 0.5)  # one measured: scaled by the rows
+    from trtgraph.runtime.serving.speculation import HOST_STEP_ROWS as C
+    assert pol.costs(rows) == pytest.approx((0.8, 1.0 + 0.5 * (8 + C) / (1 + C)))  # one measured: with its per-step part
     pol.record(GraphKey(2, K, 0, "greedy"), 1.7)  # 0.7 at 2 rows: 0.2 ms more a row
     assert pol.costs(rows) == pytest.approx((0.8, 1.0 + 0.7 + 6 * 0.2))  # 8 rows: along the increment
     assert pol.costs(rows[:4]) == pytest.approx((0.8, 1.0 + 0.7 + 2 * 0.2))

@@ -585,13 +585,15 @@ def test_a_verify_step_over_the_rows_packed_last_writes_what_the_full_path_would
         ex.prepare(key, rows)
 
 
-def test_a_verify_key_not_measured_yet_is_priced_with_the_host_work_measured_ones_show_per_row():
-    """On the GPU a verify step's wall time is mostly host work that grows with its rows (no step
-    is launched ahead of it): a verify key not measured yet costs its replay time plus the
-    measured host work per row of the nearest measured verify key, not the replay times' ratio
-    alone (which priced a 0.38 ms verify step that measured 5.6 ms)."""
+def test_a_verify_key_not_measured_yet_is_priced_with_the_host_work_measured_ones_show():
+    """On the GPU a verify step's wall time is mostly host work, part per step and part growing
+    with its rows (no step is launched ahead of it): a verify key not measured yet costs its
+    replay time plus the nearest measured verify key's host work scaled by (rows + 16) / (its
+    rows + 16), not the replay times' ratio alone (which priced a 0.38 ms verify step that
+    measured 5.6 ms)."""
     from trtgraph.runtime.serving.requests import Request
     from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import HOST_STEP_ROWS as C
     from trtgraph.runtime.serving.speculation import SpeculationPolicy
 
     plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
@@ -601,11 +603,35 @@ def test_a_verify_key_not_measured_yet_is_priced_with_the_host_work_measured_one
     assert pol.costs(rows[:4]) == (0.8, 1.0)  # nothing measured: the replay times
     pol.record(GraphKey(2, K, 0, "greedy"), 2.0)  # 1 ms beyond its replay over 2 rows
     pol.record(GraphKey(4, 0, 0, "greedy"), 0.8)
-    assert pol.costs(rows[:4]) == (0.8, 1.0 + 2 * 1.0)  # 4 rows: twice that host work
-    assert pol.costs(rows[:1]) == (0.8, 1.5)  # (its plain key not measured: its replay time)
+    assert pol.costs(rows[:4]) == pytest.approx((0.8, 1.0 + 1.0 * (4 + C) / (2 + C)))  # more than 2 rows' host work
+    assert pol.costs(rows[:1]) == pytest.approx((0.8, 1.0 + 1.0 * (1 + C) / (2 + C)))  # (plain: its replay time)
     pol.record(GraphKey(8, K, 0, "greedy"), 1.5)  # 8 rows: 0.5 ms beyond the replay
-    assert pol.costs(rows[:4]) == (0.8, 3.0)  # (2 rows are nearer to 4 than 8: their host work prices it)
+    assert pol.costs(rows[:4]) == pytest.approx((0.8, 1.0 + 1.0 * (4 + C) / (2 + C)))  # (2 rows are nearer to 4 than 8)
     assert pol.costs(rows) == (1.5 * 0.8 / 1.0, 1.5)  # measured verify, plain scaled by the replay ratio
+
+
+def test_a_batch_that_copies_drafts_after_single_requests_were_served():
+    """Session 17's H200 run: with only the 1-row verify key measured (0.62 ms of wall against a
+    0.25 ms replay), scaling its host work by the rows priced an 8-row verify step at 3.2 ms, so
+    a batch of 8 whose drafts are 91% accepted (4.6 tokens a step) never drafted (0.35 ms plain
+    steps); priced with the per-step part it drafts."""
+    from trtgraph.runtime.serving.requests import Request
+    from trtgraph.runtime.serving.scheduler import Sequence
+    from trtgraph.runtime.serving.speculation import SpeculationPolicy
+
+    plan = BucketPlan.from_config(tiny_config(speculative={"draft_len": K}))
+    replay = {GraphKey(1, 0, 0, "greedy"): 0.164, GraphKey(1, K, 0, "greedy"): 0.251,
+              GraphKey(8, 0, 0, "greedy"): 0.297, GraphKey(8, K, 0, "greedy"): 0.278}
+    replay.update({GraphKey(b, d, 0, "greedy"): 0.28 for b in (2, 4) for d in (0, K)})
+    pol = SpeculationPolicy(plan, K, replay)
+    pol.record(GraphKey(1, K, 0, "greedy"), 0.6185)
+    pol.record(GraphKey(8, 0, 0, "greedy"), 0.353)
+    rows = [Sequence(Request(id=f"x{i}", prompt_token_ids=(1, 2)), i, [1, 2], seed=0) for i in range(8)]
+    for s in rows:  # a = 0.91: 1 + a + ... + a**K = 4.6 tokens a step
+        s.accept.accepted, s.accept.rejected = 91.0, 9.0
+    plain, verify = pol.costs(rows)
+    assert verify < 1.0 and plain == 0.353
+    assert pol.pays(rows, [True] * 8)
 
 
 def test_a_lost_episode_is_forgotten_once_its_rows_have_all_finished():

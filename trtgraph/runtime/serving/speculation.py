@@ -17,8 +17,9 @@ The costs are, per key, the measured wall time between consecutive generation st
 EWMA, `measure` on; it holds the host's work too: proposals, the full-path packing of a
 verify step, the lost overlap), and the manifest's replay times until a key has been
 measured (one measured key prices the other by the replay times' ratio; a verify key not
-measured yet costs at least its replay plus the host work per row that the measured verify
-keys show: that host work, not the replay, is most of a verify step's cost).
+measured yet costs at least its replay plus the host work that the measured verify keys
+show, scaled to its rows with a per-step part: that host work, not the replay, is most of a
+verify step's cost).
 
 Proposals cost host time on every row, so a batch that does not draft makes none: it runs
 plain steps on the fast path, launched ahead of the last one's tokens, and probes (makes
@@ -89,6 +90,7 @@ HOPE_LIMIT = 4  # probes in a row that hope alone (pending proposals that would 
 #                where a verify step costs more than a plain one (each one also waits for the probe budget)
 PROBE_BUDGET = 1  # 1: the probes that hope calls wait while the probes' budget (PROBE_SHARE of the plain steps'
 #                   time, earned step by step) is in debt; 0: they come at the next step (before session 17)
+HOST_STEP_ROWS = 16  # a verify step's per-step host work, in rows' worth of its per-row work (`_host_beyond_replay`)
 PROBE_BURST = 8  # the probe budget banks at most this many full probes of the batch, of PROBE_ROWS rows at least
 #                 (hope's early probes)
 
@@ -232,7 +234,7 @@ class SpeculationPolicy(Episodes):
         """(plain, verify) cost in ms of a step over `rows` (or over n rows like them):
         measured wall times; a key not measured yet, the other one measured scaled by the replay
         times' ratio, else its replay time; a verify key not measured yet costs at least its
-        replay time plus the host work that measured verify keys show per row
+        replay time plus the host work that measured verify keys show, scaled to its rows
         (`_host_beyond_replay`)."""
         return self._costs_of(self.keys(rows, n))
 
@@ -255,15 +257,18 @@ class SpeculationPolicy(Episodes):
 
     def _host_beyond_replay(self, verify: GraphKey) -> float:
         """What a verify key not measured yet is expected to cost beyond its replay: the host's
-        work of the measured verify key of the nearest batch size (same sampling), per row
-        (proposals, packing and bookkeeping go by rows: a verify step at 64 rows cost 5.6 ms
-        on the H200 against a 0.38 ms replay, at 8 rows 0.70 against 0.28); 0 when none is.
-        Above the largest measured batch size, where two are measured, the largest one's host
-        work plus the rows beyond it at the per-row increment between the two largest (at
-        least the largest one's): part of a step's host work is per step, not per row, so
-        scaling a small batch's by the rows overprices a large one (scripts/spec_host.py's
-        copy workload, host us per speculative step on the CPU: 226 at 1 row, 334 at 8, 641 at
-        64; 8's scaled by the rows says 2,670 at 64, the increment from 1 to 8 says 1,170)."""
+        work of the measured verify keys (same sampling); 0 when none is. That work is part per
+        step and part per row (proposals, packing and bookkeeping go by rows): on the H200
+        (spec_bench, the stdlib model, session 17) a verify step's wall beyond its replay was
+        0.20-0.37 ms at 1 row, 0.38-0.39 at 8 and 1.14 at 64 (`scripts/spec_host.py`'s copy
+        workload on the CPU: 226 us a step at 1 row, 334 at 8, 641 at 64). Above the largest
+        measured batch size, where two are measured, the largest one's host work plus the rows
+        beyond it at the per-row increment between the two largest (at least the largest
+        one's); else the nearest measured one's scaled by (rows + HOST_STEP_ROWS) / (its rows +
+        HOST_STEP_ROWS): the per-step part counted as HOST_STEP_ROWS rows. (Scaled by the rows
+        alone, as before session 17, 1 row's 0.37 ms priced an 8-row verify step's host work at
+        2.9 ms against 0.39 measured, and a batch that copies never drafted after single
+        requests had been served.)"""
         measured = sorted((b, ms) for (s, b), ms in self._host_ms.items() if s == verify.sampling)
         if not measured:
             return 0.0
@@ -272,7 +277,7 @@ class SpeculationPolicy(Episodes):
             (b0, ms0), (b1, ms1) = measured[-2:]
             return ms1 + max((ms1 - ms0) / (b1 - b0), 0.0) * (n - b1)
         _, b, ms = min((abs(b - n), b, ms) for b, ms in measured)
-        return ms * n / b
+        return ms * (n + HOST_STEP_ROWS) / (b + HOST_STEP_ROWS)
 
     # ---- decisions -----------------------------------------------------------------------
     def pays(self, rows: list, matched: list[bool], hope: bool = False, n: int | None = None) -> bool:
