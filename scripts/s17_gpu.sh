@@ -12,12 +12,14 @@
 #  3 (one H200, after pricing an unmeasured verify key's host work with a per-step part, HOST_STEP_ROWS): spec_bench
 #    at batch 1, 4, 8 and 64 with it, with HOST_STEP_ROWS=0 (the pricing before: by the rows), with it again;
 #    the GPU test of speculation == plain.
+#  4 (one H200, at call 3's tree): batch 64 alone, 9 paired runs a set (its cells are 0.2-0.5 s runs whose plain
+#    tokens/s moved by up to 1.5x between processes in calls 2-3), twice; batch 8, 5 paired runs.
 source "$(dirname "$0")/gpu_lib.sh"
 spec_ab() {  # spec_ab NAME [--policy ...]: batch 8, four sets, 3 repeats, the plan captured once
   local name=$1; shift
   rm -f /tmp/spec/spec_bench.json; local reuse=""; [ -d /tmp/spec/artifacts ] && reuse="--artifacts /tmp/spec/artifacts"
   timeout ${SPEC_T:-110} python3 scripts/spec_bench.py /tmp/spec $reuse --batches ${SPEC_B:-8} \
-    --sets copy,code-like,random,repetitive --repeats 3 "$@" > "/tmp/spec_$name.txt" 2>&1
+    --sets copy,code-like,random,repetitive --repeats ${SPEC_R:-3} "$@" > "/tmp/spec_$name.txt" 2>&1
   note "spec $name rc=$?"; cp /tmp/spec/spec_bench.json "$OUT/spec_$name.json" 2>/dev/null
   python3 - "$OUT/spec_$name.json" >> "$LOG" 2>&1 <<'PY'
 import json, sys
@@ -27,6 +29,8 @@ for c in json.load(open(sys.argv[1]))["cells"]:
 PY
 }
 case ${CALL:?CALL=1..} in
+4) export SPEC_T=150
+   SPEC_B=64 SPEC_R=9 spec_ab b64; SPEC_B=8 SPEC_R=5 spec_ab b8; SPEC_B=64 SPEC_R=9 spec_ab b64b ;;
 3) export SPEC_B=1,4,8,64 SPEC_T=140
    spec_ab c16 ; spec_ab c0 --policy HOST_STEP_ROWS=0; spec_ab c16b
    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_capture_pipeline.py > /tmp/pytest_spec.log 2>&1
