@@ -387,8 +387,10 @@ class SpeculationPolicy(Episodes):
         grows; a long quiet run does not bank more; full at the first timed probe and when the
         batch stops drafting, that decision not charged: `decide`), and the probe
         that hope calls comes at the first step where the budget is out of debt (the next step
-        when it is not in debt: hope's early probe), MAX_FLOOR steps at most. So all the probes
-        of a batch that does not draft, those that hope calls included, take about PROBE_SHARE
+        when it is not in debt: hope's early probe), MAX_FLOOR steps at most (a debt beyond what
+        MAX_FLOOR plain steps earn is forgiven: one slow probe, a GC pause say, does not hold
+        every hope-called probe after it at MAX_FLOOR until the plain steps have earned it
+        back). So all the probes of a batch that does not draft, those that hope calls included, take about PROBE_SHARE
         of its steps' time beyond the banked burst (PROBE_BUDGET 0: hope's are not bounded so).
         Arithmetic at probes only: the steps between them are counted by `since` anyway."""
         self.probe_seconds += seconds
@@ -404,6 +406,7 @@ class SpeculationPolicy(Episodes):
         burst = PROBE_BURST * self.row_ms * max(len(rows), PROBE_ROWS)
         # (None: the first timed probe, or the decision that stopped drafting: not charged)
         self.budget = burst if self.budget is None else min(self.budget + self._gap * earn, burst) - 1e3 * seconds
+        self.budget = max(self.budget, -MAX_FLOOR * earn)  # (a debt beyond what MAX_FLOOR steps earn: forgiven)
         if not self.full_probe:  # (a hopeful probe calls the next at the next step, the budget allowing)
             self.interval = max(self.interval, self.floor)
         elif PROBE_BUDGET and self.budget < 0:
