@@ -37,3 +37,19 @@ def test_one_slow_probe_holds_hope_back_for_max_floor_steps_at_most():
         firsts.append(_run(pol, [True, True], 5000)[3])
     assert firsts[0] is not None and firsts[1] is not None, firsts
     assert firsts[1] <= firsts[0] + MAX_FLOOR + 4 * 8, firsts
+
+
+def test_spec_host_refuses_a_policy_constant_that_speculation_only_re_exports(tmp_path):
+    """spec_host.py's --policy is "as spec_bench.py's": JUDGE_STEPS and MAX_LOSSES are episodes.py's,
+    read there, so setting them on speculation.py changes nothing; spec_bench.py refuses them, and
+    spec_host.py accepted them silently (an A/B of two identical policies)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "scripts/spec_host.py"), str(tmp_path), "--policy",
+                          "JUDGE_STEPS=3", "--batches", "1", "--tokens", "2", "--repeats", "1"],
+                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "JUDGE_STEPS" in run.stderr, (run.returncode, run.stderr[-500:])
