@@ -149,9 +149,10 @@ class SpeculationPolicy(Episodes):
     # ---- costs ---------------------------------------------------------------------------
     def handed_out(self, key: GraphKey | None) -> None:
         """A step was handed out (key None: a prefill step, or none). After a prefill the
-        probes start again from an interval of 1, or the floor their measured cost sets (its new
-        rows have no estimate yet; a prefill of a few rows at a time among decode steps does not
-        call a probe at every decode step between them). With
+        probes start again from an interval of 1, or the floor their measured cost sets, or (a
+        probe that hope called) the wait the probe budget set (its new rows have no estimate
+        yet; a prefill of a few rows at a time among decode steps does not call a probe at
+        every decode step between them). With
         `measure`, the time from one generation step's hand-out to the next one's is that step's
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
         count per step; the key's mean is updated when the run ends or a decision needs it). An
@@ -168,7 +169,8 @@ class SpeculationPolicy(Episodes):
             run.last = time.perf_counter()
             return
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
-            # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
+            # cost allows, or where proposals awaiting their outcome hope, as soon as the probe budget allows:
+            # `wait`, `spaced`), backing off afresh
             self.interval, self.hoped = max(self.wait, 1) if self.full_probe else max(self.floor, 1), 0
             if self._episode is not None:
                 self.end_episode(rows_changed=True)
