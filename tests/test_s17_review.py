@@ -43,6 +43,7 @@ def test_spec_host_refuses_a_policy_constant_that_speculation_only_re_exports(tm
     """spec_host.py's --policy is "as spec_bench.py's": JUDGE_STEPS and MAX_LOSSES are episodes.py's,
     read there, so setting them on speculation.py changes nothing; spec_bench.py refuses them, and
     spec_host.py accepted them silently (an A/B of two identical policies)."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -50,6 +51,6 @@ def test_spec_host_refuses_a_policy_constant_that_speculation_only_re_exports(tm
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, str(root / "scripts/spec_host.py"), str(tmp_path), "--policy",
                           "JUDGE_STEPS=3", "--batches", "1", "--tokens", "2", "--repeats", "1"],
-                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)},
+                         cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "JUDGE_STEPS" in run.stderr, (run.returncode, run.stderr[-500:])
