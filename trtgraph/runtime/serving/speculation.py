@@ -149,9 +149,10 @@ class SpeculationPolicy(Episodes):
     # ---- costs ---------------------------------------------------------------------------
     def handed_out(self, key: GraphKey | None) -> None:
         """A step was handed out (key None: a prefill step, or none). After a prefill the
-        probes start again from an interval of 1, or the floor their measured cost sets (its new
-        rows have no estimate yet; a prefill of a few rows at a time among decode steps does not
-        call a probe at every decode step between them). With
+        probes start again from an interval of 1, or the floor their measured cost sets, or (a
+        probe that hope called) the wait the probe budget set (its new rows have no estimate
+        yet; a prefill of a few rows at a time among decode steps does not call a probe at
+        every decode step between them). With
         `measure`, the time from one generation step's hand-out to the next one's is that step's
         wall time: consecutive steps of one key are a run, timed as a whole (a clock read and a
         count per step; the key's mean is updated when the run ends or a decision needs it). An
@@ -168,7 +169,8 @@ class SpeculationPolicy(Episodes):
             run.last = time.perf_counter()
             return
         if key is None:  # new rows (a prefill): probe soon (the next generation step, or as soon as the probes'
-            # cost allows, or at once where proposals awaiting their outcome hope), backing off afresh
+            # cost allows, or where proposals awaiting their outcome hope, as soon as the probe budget allows:
+            # `wait`, `spaced`), backing off afresh
             self.interval, self.hoped = max(self.wait, 1) if self.full_probe else max(self.floor, 1), 0
             if self._episode is not None:
                 self.end_episode(rows_changed=True)
@@ -387,8 +389,10 @@ class SpeculationPolicy(Episodes):
         grows; a long quiet run does not bank more; full at the first timed probe and when the
         batch stops drafting, that decision not charged: `decide`), and the probe
         that hope calls comes at the first step where the budget is out of debt (the next step
-        when it is not in debt: hope's early probe), MAX_FLOOR steps at most. So all the probes
-        of a batch that does not draft, those that hope calls included, take about PROBE_SHARE
+        when it is not in debt: hope's early probe), MAX_FLOOR steps at most (a debt beyond what
+        MAX_FLOOR plain steps earn is forgiven: one slow probe, a GC pause say, does not hold
+        every hope-called probe after it at MAX_FLOOR until the plain steps have earned it
+        back). So all the probes of a batch that does not draft, those that hope calls included, take about PROBE_SHARE
         of its steps' time beyond the banked burst (PROBE_BUDGET 0: hope's are not bounded so).
         Arithmetic at probes only: the steps between them are counted by `since` anyway."""
         self.probe_seconds += seconds
@@ -404,6 +408,7 @@ class SpeculationPolicy(Episodes):
         burst = PROBE_BURST * self.row_ms * max(len(rows), PROBE_ROWS)
         # (None: the first timed probe, or the decision that stopped drafting: not charged)
         self.budget = burst if self.budget is None else min(self.budget + self._gap * earn, burst) - 1e3 * seconds
+        self.budget = max(self.budget, -MAX_FLOOR * earn)  # (a debt beyond what MAX_FLOOR steps earn: forgiven)
         if not self.full_probe:  # (a hopeful probe calls the next at the next step, the budget allowing)
             self.interval = max(self.interval, self.floor)
         elif PROBE_BUDGET and self.budget < 0:
