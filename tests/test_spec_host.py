@@ -164,9 +164,9 @@ def test_the_short_verify_packing_rewrites_only_the_tables_that_grew_and_checks_
 
 def test_a_verify_key_above_the_measured_ones_is_priced_along_their_per_row_increment():
     """Host work is partly per step: above the largest measured verify key, where two are
-    measured, its host work plus the increment per row between the two largest; below or
-    between them (or with one measured), the nearest one's scaled by (rows + 16) / (its rows +
-    16)."""
+    measured, its host work plus the increment per row between the two largest, or that one's
+    scaled by (rows + 16) / (its rows + 16) where more (two noisy small batches: session 17's
+    H200 figures); below or between them (or with one measured), the nearest one's scaled so."""
     from trtgraph.runtime.serving.requests import Request
     from trtgraph.runtime.serving.scheduler import Sequence
     from trtgraph.runtime.serving.speculation import SpeculationPolicy
@@ -182,4 +182,8 @@ def test_a_verify_key_above_the_measured_ones_is_priced_along_their_per_row_incr
     assert pol.costs(rows) == pytest.approx((0.8, 1.0 + 0.7 + 6 * 0.2))  # 8 rows: along the increment
     assert pol.costs(rows[:4]) == pytest.approx((0.8, 1.0 + 0.7 + 2 * 0.2))
     pol.record(GraphKey(2, K, 0, "greedy"), 0.9, n=2)  # its running mean falls to 1.35: 0.35 beyond its replay
-    assert pol.costs(rows[:4]) == pytest.approx((0.8, 1.0 + 0.35))  # a negative increment: the largest one's
+    assert pol.costs(rows[:4]) == pytest.approx((0.8, 1.0 + 0.35 * (4 + C) / (2 + C)))  # a negative increment: scaled
+    pol = SpeculationPolicy(plan, K, replay)
+    pol.record(GraphKey(1, K, 0, "greedy"), 1.0 + 0.37)  # the H200: 0.37 ms beyond the replay at 1 row,
+    pol.record(GraphKey(8, K, 0, "greedy"), 1.0 + 0.39)  # 0.39 at 8; 1.14 measured at 64 rows (the plan stops at 8)
+    assert pol._host_beyond_replay(GraphKey(64, K, 0, "greedy")) == pytest.approx(0.39 * (64 + C) / (8 + C))  # not 0.55

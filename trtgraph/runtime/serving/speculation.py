@@ -265,9 +265,11 @@ class SpeculationPolicy(Episodes):
         0.20-0.37 ms at 1 row, 0.38-0.39 at 8 and 1.14 at 64 (`scripts/spec_host.py`'s copy
         workload on the CPU: 226 us a step at 1 row, 334 at 8, 641 at 64). Above the largest
         measured batch size, where two are measured, the largest one's host work plus the rows
-        beyond it at the per-row increment between the two largest (at least the largest
-        one's); else the nearest measured one's scaled by (rows + HOST_STEP_ROWS) / (its rows +
-        HOST_STEP_ROWS): the per-step part counted as HOST_STEP_ROWS rows. (Scaled by the rows
+        beyond it at the per-row increment between the two largest, or, where more, that
+        largest one's scaled by (rows + HOST_STEP_ROWS) / (its rows + HOST_STEP_ROWS) (two noisy
+        small batches' increment says little: 0.37 ms at 1 row and 0.39 at 8 extrapolate to 0.55
+        at 64 rows against 1.14 measured; scaled, 1.30); else the nearest measured one's scaled
+        so: the per-step part counted as HOST_STEP_ROWS rows. (Scaled by the rows
         alone, as before session 17, 1 row's 0.37 ms priced an 8-row verify step's host work at
         2.9 ms against 0.39 measured, and a batch that copies never drafted after single
         requests had been served.)"""
@@ -275,11 +277,12 @@ class SpeculationPolicy(Episodes):
         if not measured:
             return 0.0
         n = verify.batch_size
+        _, b, ms = min((abs(b - n), b, ms) for b, ms in measured)
+        scaled = ms * (n + HOST_STEP_ROWS) / (b + HOST_STEP_ROWS)
         if len(measured) > 1 and n > measured[-1][0]:
             (b0, ms0), (b1, ms1) = measured[-2:]
-            return ms1 + max((ms1 - ms0) / (b1 - b0), 0.0) * (n - b1)
-        _, b, ms = min((abs(b - n), b, ms) for b, ms in measured)
-        return ms * (n + HOST_STEP_ROWS) / (b + HOST_STEP_ROWS)
+            return max(ms1 + max((ms1 - ms0) / (b1 - b0), 0.0) * (n - b1), scaled)
+        return scaled
 
     # ---- decisions -----------------------------------------------------------------------
     def pays(self, rows: list, matched: list[bool], hope: bool = False, n: int | None = None) -> bool:
