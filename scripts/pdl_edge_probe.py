@@ -14,8 +14,9 @@ the producer's output safely.
    Triton consumer without griddepcontrol.wait behind a programmatic edge (should show stale reads:
    the test can see a race), and one with it (must match).
 2. Time: 16 x (a Triton row kernel -> cuBLAS 64 x 2048 x 2048 on distinct weights), the Triton ->
-   cuBLAS edges plain vs programmatic (Triton triggering at its end, as a producer must), us a replay,
-   median of 5 x 200 replays, interleaved.
+   cuBLAS edges plain vs programmatic (the row kernel triggering at its end, or at its start: safe
+   where the dependent waits, as part 1 shows cuBLAS's does), us a replay, median of 5 x 200
+   replays, interleaved.
 Usage: python scripts/pdl_edge_probe.py [--spin N] [--replays N]   (CUDA, compute capability 9.0+)
 """
 
@@ -144,9 +145,11 @@ def consumer(X, Y, N: tl.constexpr, BLOCK: tl.constexpr, WAIT: tl.constexpr):
 
 @triton.jit
 def row_op(X, Y, N: tl.constexpr, BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
+    if TRIGGER == 2:  # at the start (safe only where every dependent waits: cuBLAS's did, part 1)
+        gdc_launch_dependents()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(Y + offs, tl.load(X + offs, mask=offs < N) * 0.5 + 0.25, mask=offs < N)
-    if TRIGGER:
+    if TRIGGER == 1:
         gdc_launch_dependents()
 
 
@@ -219,11 +222,12 @@ def chain(trigger):
 
 
 with torch.cuda.stream(stream):
-    chain(True)(), chain(False)()
+    chain(1)(), chain(0)(), chain(2)()
 torch.cuda.synchronize()
 row_to_gemm = lambda a, b: "row_op" in a and "row_op" not in b
-execs = {"plain": record(chain(False), stream)[0], "programmatic": record(chain(True), stream, row_to_gemm)[0],
-         "triggers, plain edges": record(chain(True), stream)[0]}
+execs = {"plain": record(chain(0), stream)[0], "programmatic": record(chain(1), stream, row_to_gemm)[0],
+         "triggers, plain edges": record(chain(1), stream)[0],
+         "programmatic, the row op triggering at its start": record(chain(2), stream, row_to_gemm)[0]}
 times = {k: [] for k in execs}
 s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 for rep in range(5):

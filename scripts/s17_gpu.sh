@@ -18,6 +18,7 @@
 #    spec_bench at batch 1, 4, 8 and 64; the GPU test of speculation == plain; scripts/pdl_edge_probe.py (do
 #    cuBLAS's kernels wait behind a programmatic graph edge, and what does one save).
 #  6 (one H200, the landing tree): batch 64 alone, 9 paired runs a set, twice (call 5's 3-pair cells were 0.96-0.98).
+#  7 (one H200): pdl_edge_probe.py again with the row op triggering at its start behind programmatic edges.
 source "$(dirname "$0")/gpu_lib.sh"
 spec_ab() {  # spec_ab NAME [--policy ...]: batch 8, four sets, 3 repeats, the plan captured once
   local name=$1; shift
@@ -33,6 +34,8 @@ for c in json.load(open(sys.argv[1]))["cells"]:
 PY
 }
 case ${CALL:?CALL=1..} in
+7) timeout 150 python3 scripts/pdl_edge_probe.py > "$OUT/pdl_probe.txt" 2>&1; note "pdl probe rc=$?"
+   tail -12 "$OUT/pdl_probe.txt" >> "$LOG" ;;
 6) export SPEC_T=150; SPEC_B=64 SPEC_R=9 spec_ab b64; SPEC_B=64 SPEC_R=9 spec_ab b64b ;;
 5) SPEC_B=1,4,8,64 SPEC_T=150 spec_ab final
    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_capture_pipeline.py > /tmp/pytest_spec.log 2>&1
