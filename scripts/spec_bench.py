@@ -44,16 +44,14 @@ BATCHES = (1, 8) if SMOKE else (1, 8, 64)
 RUN_BATCHES = tuple(int(b) for b in sys.argv[sys.argv.index("--batches") + 1].split(",")) \
     if "--batches" in sys.argv[2:] else BATCHES
 REUSE = sys.argv[sys.argv.index("--artifacts") + 1] if "--artifacts" in sys.argv[2:] else None
-if "--policy" in sys.argv[2:]:  # NAME=VALUE,...: the speculation policy's constants (speculation.py), for A/B runs
-    from trtgraph.runtime.serving import speculation as _policy
+if "--policy" in sys.argv[2:]:  # NAME=VALUE,...: the speculation policy's constants, for A/B runs
+    from trtgraph.runtime.serving.speculation import set_constant
     for item in sys.argv[sys.argv.index("--policy") + 1].split(","):
-        name, value = item.split("=")
-        from trtgraph.runtime.serving import episodes as _episodes  # (its constants are read there: not settable here)
-        if not isinstance(getattr(_policy, name, None), (int, float)) or hasattr(_episodes, name):
-            sys.exit(f"--policy: {name!r} is not a numeric constant of trtgraph/runtime/serving/speculation.py")
-        setattr(_policy, name, type(getattr(_policy, name))(float(value)) if isinstance(getattr(_policy, name), int)
-                else float(value))
-        print(f"policy constant {name} = {getattr(_policy, name)}", flush=True)
+        name, _, value = item.partition("=")
+        try:
+            print(f"policy constant {name} = {set_constant(name, value)}", flush=True)
+        except ValueError as e:
+            sys.exit(f"--policy: {e}")
 MAX_TOKENS = 4 if SMOKE else 128
 raw = yaml.safe_load(Path("examples/stdlib-llama.yaml").read_text())
 raw["model"]["path"] = str(Path("trtgraph/assets/stdlib-llama").resolve())

@@ -50,14 +50,13 @@ ap.add_argument("--policy", help="NAME=VALUE,...: constants of the speculation p
                 "spec_bench.py's --policy (e.g. PROBE_BUDGET=0: hope-called probes not bounded by the probe budget)")
 args = ap.parse_args()
 if args.policy:
-    from trtgraph.runtime.serving import episodes as _episodes  # (its constants are read there: not settable here)
-    from trtgraph.runtime.serving import speculation as _policy
+    from trtgraph.runtime.serving.speculation import set_constant
     for item in args.policy.split(","):
-        name, value = item.split("=")
-        old = getattr(_policy, name, None)
-        if not isinstance(old, (int, float)) or hasattr(_episodes, name):
-            ap.error(f"--policy: {name!r} is not a numeric constant of trtgraph/runtime/serving/speculation.py")
-        setattr(_policy, name, type(old)(float(value)))
+        name, _, value = item.partition("=")
+        try:
+            set_constant(name, value)
+        except ValueError as e:
+            ap.error(f"--policy: {e}")
 batches = [int(b) for b in args.batches.split(",")]
 torch.set_num_threads(1)
 

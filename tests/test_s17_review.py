@@ -3,6 +3,8 @@ verify key's price): regression tests for what the review found."""
 
 from __future__ import annotations
 
+import pytest
+
 from test_s17_probe_budget import _policy, _run
 from trtgraph.runtime.serving import speculation
 from trtgraph.runtime.serving.requests import Request
@@ -54,3 +56,20 @@ def test_spec_host_refuses_a_policy_constant_that_speculation_only_re_exports(tm
                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "JUDGE_STEPS" in run.stderr, (run.returncode, run.stderr[-500:])
+
+
+def test_a_policy_constant_is_set_where_it_is_read():
+    """The benches' --policy sets a constant in the module that reads it: HOST_STEP_ROWS lives in
+    step_prices.py (set on speculation.py's re-export, the pricing would not change); episodes.py's
+    constants and non-numbers are refused with the name."""
+    from trtgraph.runtime.serving import speculation, step_prices
+
+    old, share = step_prices.HOST_STEP_ROWS, speculation.PROBE_SHARE
+    try:
+        assert speculation.set_constant("HOST_STEP_ROWS", "0") == 0 and step_prices.HOST_STEP_ROWS == 0
+        assert speculation.set_constant("PROBE_SHARE", "0.004") == 0.004 and speculation.PROBE_SHARE == 0.004
+    finally:
+        step_prices.HOST_STEP_ROWS, speculation.PROBE_SHARE = old, share
+    for bad in (("JUDGE_STEPS", "3"), ("Episodes", "1"), ("NOPE", "1"), ("PROBE_SHARE", "abc")):
+        with pytest.raises(ValueError, match=bad[0]):
+            speculation.set_constant(*bad)
