@@ -19,6 +19,8 @@
 #    cuBLAS's kernels wait behind a programmatic graph edge, and what does one save).
 #  6 (one H200, the landing tree): batch 64 alone, 9 paired runs a set, twice (call 5's 3-pair cells were 0.96-0.98).
 #  7 (one H200): pdl_edge_probe.py again with the row op triggering at its start behind programmatic edges.
+#  8, 9 (one H200): ran on branch h/s17-pdledge (not merged: its script has them): programmatic edges into cuBLAS's
+#    kernels in the real step (decode_ablation `pdl-cublas`, then one cuBLAS kernel's edges at a time).
 source "$(dirname "$0")/gpu_lib.sh"
 spec_ab() {  # spec_ab NAME [--policy ...]: batch 8, four sets, 3 repeats, the plan captured once
   local name=$1; shift
