@@ -70,6 +70,7 @@ def test_a_policy_constant_is_set_where_it_is_read():
         assert speculation.set_constant("PROBE_SHARE", "0.004") == 0.004 and speculation.PROBE_SHARE == 0.004
     finally:
         step_prices.HOST_STEP_ROWS, speculation.PROBE_SHARE = old, share
-    for bad in (("JUDGE_STEPS", "3"), ("Episodes", "1"), ("NOPE", "1"), ("PROBE_SHARE", "abc")):
+    for bad in (("JUDGE_STEPS", "3"), ("Episodes", "1"), ("NOPE", "1"), ("PROBE_SHARE", "abc"),
+                ("PROBE_SHARE", "nan"), ("PROBE_SHARE", "-0.01")):
         with pytest.raises(ValueError, match=bad[0]):
             speculation.set_constant(*bad)

@@ -311,8 +311,8 @@ class SpeculationPolicy(Episodes, StepPrices):
         self.floor = min(math.ceil(self.row_ms * nxt / earn), MAX_FLOOR)
         burst = PROBE_BURST * self.row_ms * max(len(rows), PROBE_ROWS)
         # (None: the first timed probe, or the decision that stopped drafting: not charged)
-        self.budget = burst if self.budget is None else min(self.budget + self._gap * earn, burst) - 1e3 * seconds
-        self.budget = max(self.budget, -MAX_FLOOR * earn)  # (a debt beyond what MAX_FLOOR steps earn: forgiven)
+        left = burst if self.budget is None else min(self.budget + self._gap * earn, burst) - 1e3 * seconds
+        self.budget = max(left, -MAX_FLOOR * earn)  # (a debt beyond what MAX_FLOOR steps earn: forgiven)
         if not self.full_probe:  # (a hopeful probe calls the next at the next step, the budget allowing)
             self.interval = max(self.interval, self.floor)
         elif PROBE_BUDGET and self.budget < 0:
@@ -351,6 +351,8 @@ def set_constant(name: str, value: str) -> int | float:
     try:
         number = float(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r}: the value is not a number") from None
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name}={value!r}: the value is not a number >= 0")
     setattr(home, name, type(old)(number))
     return getattr(home, name)
