@@ -8,9 +8,10 @@ records it into a new pool: a new tensor and an op on the side stream before eac
 the one driver-recorded case of scripts/stream_probe.py that switched (WARM=1 ALLOC=1).
 
 One process per TIMER:
-- `graph`: the tree's timer (cuda_graph.graph_time_us);
-- `nowarm`: the same with the warm-up call on the current stream (on the timing stream only the
-  first time, where cuBLAS makes that stream's workspace);
+- `graph`: the tree's timer (cuda_graph.graph_time_us; since this session the step's warm-up call
+  runs on the current stream, the timing stream only records: call 1's `nowarm`, which ran the
+  first warm-up there, measured 1.057-1.060 ms at bs 64 and left the canary at 84.9 us);
+- `side`: the timer before (`side_time_us`: the step run on the timing stream before each recording);
 - `sleep`: no graph: the eager calls queued behind a sleep kernel, timed between CUDA events;
 - `off`: nothing timed (cuBLAS everywhere, as the 1B's record is anyway).
 
@@ -18,7 +19,7 @@ Prints a canary (a driver-recorded chain of 100 in-place adds, us a replay) fres
 Executor.build (which times the GEMMs), and recorded anew; then the bs-64 greedy step (ms a replay,
 median of 5 x 20, 128 cached tokens) captured alone and after the plan's other keys.
 
-    TIMER=graph|nowarm|sleep|off python3 scripts/timer_state_probe.py [CONFIG.yaml]
+    TIMER=graph|side|sleep|off python3 scripts/timer_state_probe.py [CONFIG.yaml]
 """
 
 from __future__ import annotations
@@ -68,22 +69,15 @@ def per_replay_us(g: DriverGraph) -> float:
     return statistics.median(times)
 
 
-_WARMED: set[int] = set()
-
-
-def nowarm_time_us(step, device: torch.device, repeats: int = 3) -> float:
+def side_time_us(step, device: torch.device, repeats: int = 3) -> float:
+    """The sixteenth / seventeenth sessions' timer: the step run on the timing stream before each recording."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = cuda_graph._TIMING_STREAMS.setdefault(index, torch.cuda.Stream(index))
-    if index not in _WARMED:  # cuBLAS's workspace for the timing stream, once
-        _WARMED.add(index)
-        stream.wait_stream(torch.cuda.current_stream(index))
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream(index).wait_stream(stream)
-    else:
+    stream = cuda_graph._timing_stream(index)
+    stream.wait_stream(torch.cuda.current_stream(index))
+    with torch.cuda.stream(stream):
         step()
-    pool = torch.cuda.graph_pool_handle()
-    graph = DriverGraph(device, pool, stream)
+    torch.cuda.current_stream(index).wait_stream(stream)
+    graph = DriverGraph(device, torch.cuda.graph_pool_handle(), stream)
     try:
         graph.record(step)
         graph.replay()
@@ -130,8 +124,8 @@ def main() -> None:
     print(f"TIMER={timer}: canary fresh {per_replay_us(g0):.1f} us", flush=True)
     if timer == "off":
         executor.linear_timer = lambda device: None
-    elif timer == "nowarm":
-        executor.linear_timer = lambda device: partial(nowarm_time_us, device=device)
+    elif timer == "side":
+        executor.linear_timer = lambda device: partial(side_time_us, device=device)
     elif timer == "sleep":
         executor.linear_timer = lambda device: partial(sleep_time_us, device=device)
     cfg = Config.from_yaml(path)

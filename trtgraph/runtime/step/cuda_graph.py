@@ -140,23 +140,42 @@ class DriverGraph:
 _TIMING_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
+def _timing_stream(index: int) -> torch.cuda.Stream:
+    """The device's one timing stream (one stream: one cuBLAS workspace), made with that workspace:
+    a GEMM and an in-place addmm run on it once, outside any recording (torch keeps a stream's
+    workspace for good, so one made in a recording would hold the recording's pool)."""
+    stream = _TIMING_STREAMS.get(index)
+    if stream is None:
+        stream = _TIMING_STREAMS[index] = torch.cuda.Stream(index)
+        stream.wait_stream(torch.cuda.current_stream(index))
+        with torch.cuda.stream(stream):
+            a = torch.ones((16, 16), device=torch.device("cuda", index))
+            torch.nn.functional.linear(a, a)
+            a.addmm_(a, a.t())
+        torch.cuda.current_stream(index).wait_stream(stream)
+        stream.synchronize()
+    return stream
+
+
 def graph_time_us(step, device: torch.device, repeats: int = 3) -> float:
     """GPU microseconds of `step()` (launches on the current stream only) as a replayed graph spends
-    them, without the host's launch cost: run once on the timing stream (compiles, and cuBLAS makes
-    its workspace for that stream outside the recording: torch keeps a stream's workspace for good, so
-    one made in the recording would hold the pool), recorded once by the driver into a pool of its
-    own, replayed `repeats` times between CUDA events, the best replay."""
+    them, without the host's launch cost: run once on the current stream (compiles, lets cuBLAS
+    pick), recorded once by the driver on the timing stream into a pool of its own, replayed
+    `repeats` times between CUDA events, the best replay.
+
+    Never run on the timing stream outside its recordings (but once, _timing_stream): work on a side
+    stream and then its recording, over new tensors, put the process in the slow-launch state that
+    DriverGraph avoids — once capture's GEMM timing ran the step there before each recording, every
+    graph of the process launched its kernels later (docs/performance.md, eighteenth session: a
+    100-kernel canary 84.6 -> 102.6 us a replay, the 1B's bs-64 step 1.06 -> 1.10 ms)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):  # the events, the replays and the stream on `device`
         return _graph_time_us(step, device, index, repeats)
 
 
 def _graph_time_us(step, device: torch.device, index: int, repeats: int) -> float:
-    stream = _TIMING_STREAMS.setdefault(index, torch.cuda.Stream(index))  # one stream: one workspace
-    stream.wait_stream(torch.cuda.current_stream(index))
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream(index).wait_stream(stream)
+    stream = _timing_stream(index)
+    step()
     pool = torch.cuda.graph_pool_handle()
     graph = DriverGraph(device, pool, stream)
     try:
