@@ -7,6 +7,7 @@
 #  2 (one H200, the fix: the timer's warm-up on the current stream): the new GPU test of the launch state, and its
 #    snippet with the timer before patched in (it must fail there); tests/test_linear_choice.py -m gpu; the probe
 #    with the tree's timer and the one before; the bench and the step profile.
+#  3 (one H200, the landing tree): `pytest -m gpu tests/`; 256 greedy prompts captured, replayed and --eager.
 source "$(dirname "$0")/gpu_lib.sh"
 probe() {  # probe TIMER [NAME]
   TIMER=$1 timeout ${PROBE_T:-150} python3 scripts/timer_state_probe.py $CFG > "$OUT/state_${2:-$1}.txt" 2>&1
@@ -26,6 +27,9 @@ PY
   note "old timer state rc=$? (canary before, after: above)"
 }
 case ${CALL:?CALL=1..} in
+3) timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
+   note "pytest rc=$?"; tail -4 "$OUT/pytest_gpu.log" >> "$LOG"
+   parity256; tail -3 "$OUT/compare.txt" >> "$LOG" ;;
 2) timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_linear_choice.py > "$OUT/pytest_choice.log" 2>&1
    note "pytest linear_choice rc=$?"; tail -3 "$OUT/pytest_choice.log" >> "$LOG"
    old_state
