@@ -8,6 +8,8 @@
 #    snippet with the timer before patched in (it must fail there); tests/test_linear_choice.py -m gpu; the probe
 #    with the tree's timer and the one before; the bench and the step profile.
 #  3 (one H200, the landing tree): `pytest -m gpu tests/`; 256 greedy prompts captured, replayed and --eager.
+#  4 (one H200, the landing tree): the bench again (the spread of call 2's figures), the ablation's `light` at
+#    bs 1, 40 and 64 (each variant captured afresh in one process, forwards then backwards).
 source "$(dirname "$0")/gpu_lib.sh"
 probe() {  # probe TIMER [NAME]
   TIMER=$1 timeout ${PROBE_T:-150} python3 scripts/timer_state_probe.py $CFG > "$OUT/state_${2:-$1}.txt" 2>&1
@@ -27,6 +29,8 @@ PY
   note "old timer state rc=$? (canary before, after: above)"
 }
 case ${CALL:?CALL=1..} in
+4) bench; grep -h "^| *[0-9]* |\|bandwidth" "$OUT/bench.md" | head -14 >> "$LOG"
+   ablation abl light light --batches 1,40,64 ;;
 3) timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
    note "pytest rc=$?"; tail -4 "$OUT/pytest_gpu.log" >> "$LOG"
    parity256; tail -3 "$OUT/compare.txt" >> "$LOG" ;;
