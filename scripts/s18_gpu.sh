@@ -10,10 +10,26 @@
 #  3 (one H200, the landing tree): `pytest -m gpu tests/`; 256 greedy prompts captured, replayed and --eager.
 #  4 (one H200, the landing tree): the bench again (the spread of call 2's figures), the ablation's `light` at
 #    bs 1, 40 and 64 (each variant captured afresh in one process, forwards then backwards).
+#  5 (one H200): tests/test_cuda_graph.py -m gpu (the launch-state checks moved there, and one over a whole
+#    capture), and that capture's check with the timer before patched in (it must fail there).
 source "$(dirname "$0")/gpu_lib.sh"
 probe() {  # probe TIMER [NAME]
   TIMER=$1 timeout ${PROBE_T:-150} python3 scripts/timer_state_probe.py $CFG > "$OUT/state_${2:-$1}.txt" 2>&1
   note "probe ${2:-$1} rc=$?"; grep -v "^  [0-9]*x[0-9]*:\|backends" "$OUT/state_${2:-$1}.txt" | tail -6 >> "$LOG"
+}
+old_capture() {  # test_cuda_graph's whole-capture check with the timer before patched into the executor
+  python3 - >> "$LOG" 2>&1 <<'PY'
+import sys
+sys.path.insert(0, "scripts"); sys.path.insert(0, "tests")
+from functools import partial
+import timer_state_probe as p
+import trtgraph.runtime.step.executor as ex
+ex.linear_timer = lambda device: partial(p.side_time_us, device=device)
+import test_cuda_graph as t
+sys.argv = ["-", "/tmp/oldcap"]
+exec(t._CANARY + t._CAPTURE)
+PY
+  note "old timer capture rc=$? (canary before, after: above)"
 }
 old_state() {  # the GPU test's snippet with the timer before (timer_state_probe.side_time_us) patched in
   python3 - >> "$LOG" 2>&1 <<'PY'
@@ -29,6 +45,9 @@ PY
   note "old timer state rc=$? (canary before, after: above)"
 }
 case ${CALL:?CALL=1..} in
+5) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graph.py > "$OUT/pytest_graph.log" 2>&1
+   note "pytest cuda_graph rc=$?"; tail -3 "$OUT/pytest_graph.log" >> "$LOG"
+   old_capture ;;
 4) bench; grep -h "^| *[0-9]* |\|bandwidth" "$OUT/bench.md" | head -14 >> "$LOG"
    ablation abl light light --batches 1,40,64 ;;
 3) timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
