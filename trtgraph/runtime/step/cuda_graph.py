@@ -8,7 +8,8 @@ of the 1B: +32 us). Graphs recorded by the driver's stream capture did not bring
 the runtime (the bs-64 key recorded six times; the bench after its 92 keys) nor in the probes,
 whatever the capture mode, instantiation flags, stream waits or allocator pool — except one probe
 case (a kernel on the capture stream before each recording, scripts/stream_probe.py WARM=1
-ALLOC=1), so the state is a driver behaviour this path avoids in practice, not by construction.
+ALLOC=1), so the state is a driver behaviour this path avoids in practice, not by construction:
+capture's GEMM timer did exactly that until the eighteenth session (graph_time_us).
 The recording is the same stream capture as torch's, so replays compute the same thing.
 
 What torch's capture does that this one does not: register RNG generator states (no step of this
