@@ -320,4 +320,3 @@ def test_gpu_a_capture_with_a_timed_record_starts_in_a_fresh_process(tmp_path):
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 16
-
