@@ -9,7 +9,7 @@ Prompts are a string, a list of token ids, a request dict with the JSONL fields 
 optional), or a list of those. `sampling` (a SamplingParams or a dict of the JSONL sampling
 fields) applies to every prompt; a dict prompt's own fields win. Every request goes through
 the JSONL validator. Several `generate` / `stream` / `chat` calls may be live at once (a
-stream consumed alternately with another, a generate in between): they share one scheduler
+stream consumed alternately with another, a generate in between, on several threads): they share one scheduler
 and each gets exactly the tokens it would get alone.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import numbers
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -89,13 +90,14 @@ class CompletionDelta:
 
 
 class LLM:
-    """One engine, used from one thread (the server gives its engine a thread of its own)."""
+    """One engine; its calls may be live at once, on one thread or several (each step holds the engine's lock)."""
 
     def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False,
                  model: str | Path | None = None):
         """Load and check the manifest, re-record its graphs, lock. `eager=True` runs the same
         scheduler without graphs, for A/B checks. `model`: the checkpoint directory where it has
         moved since capture (checked against the manifest's file sizes and sha256)."""
+        _check_arguments(manifest_path, eager, model)
         self.engine = Engine(manifest_path, eager=eager, model=model)
         self._next_id = itertools.count()
 
@@ -105,12 +107,13 @@ class LLM:
         reqs = self._requests(prompts, sampling)
         done: dict[str, Completion] = {}
         ids = self.engine.submit(reqs)
+        owners = self.engine.owners(ids)
         try:
-            for out in self.engine.outputs_of(ids):
+            for out in self.engine.outputs_of(ids, owners):
                 if out.finished:
                     done[out.id] = Completion.of(out.result)
         finally:  # interrupted (Ctrl-C): the rest must not be served for nobody
-            self.engine.abort_unfinished(ids, set(done))
+            self.engine.abort_unfinished(ids, set(done), owners)
         gone = [r.id for r in reqs if r.id not in done]
         if gone:
             raise PromptError(f"request {gone[0]!r} was aborted (Engine.abort) before it finished; "
@@ -141,15 +144,17 @@ class LLM:
 
     def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
         ids: list[str] = []
+        owners: dict = {}
         finished: set[str] = set()
         try:
             ids = self.engine.submit(reqs)
-            for out in self.engine.outputs_of(ids):
+            owners = self.engine.owners(ids)
+            for out in self.engine.outputs_of(ids, owners):
                 if out.finished:
                     finished.add(out.id)
                 yield CompletionDelta.of(out)
         finally:  # closed early: the rest leaves the engine at its next step
-            self.engine.abort_unfinished(ids, finished)
+            self.engine.abort_unfinished(ids, finished, owners)
 
     def _requests(self, prompts, sampling) -> list[Request]:
         """Every prompt as a validated Request (ids made for those without one)."""
@@ -174,6 +179,20 @@ class LLM:
                                  and not self.engine._is_live(rid))
             reqs.append(parse_request(raw, f"prompts[{i}]", vocab))
         return reqs
+
+
+def _check_arguments(manifest_path, eager, model) -> None:
+    """LLM's arguments of a type it cannot mean (LLM(eager="no") would serve eagerly), refused by name."""
+    for name, value in (("manifest_path", manifest_path), ("model", model)):
+        if value is None and name == "model":
+            continue
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            raise PromptError(f"LLM: `{name}` = {value!r} is not allowed; expected a non-empty path (a str or "
+                              f"os.PathLike): the artifacts directory or its manifest.json" if name == "manifest_path"
+                              else f"LLM: `{name}` = {value!r} is not allowed; expected None or the checkpoint "
+                              f"directory's path (a str or os.PathLike).")
+    if not isinstance(eager, bool):
+        raise PromptError(f"LLM: `eager` = {eager!r} is not allowed; expected True or False.")
 
 
 def _is_one_prompt(prompts) -> bool:

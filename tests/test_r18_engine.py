@@ -1,0 +1,134 @@
+"""The eighteenth session's adversarial pass over the Python API and the serving engine
+(trtgraph.LLM, Engine: ids reused after an abort, consumers on several threads, the
+arguments of the API). Each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import trtgraph
+from trtgraph.errors import PromptError
+
+REQS = [{"id": f"q{i}", "prompt_token_ids": [(7 * i + 3 * j) % 300 for j in range(5 + 9 * i)], "max_tokens": 9 + i,
+         **({"temperature": 0.9, "seed": 40 + i} if i % 2 else {})} for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def llm(default_artifacts, one_torch_thread):
+    return trtgraph.LLM(default_artifacts)
+
+
+@pytest.fixture(scope="module")
+def alone(llm):
+    """Each request of REQS served by itself: its tokens."""
+    return {r["id"]: llm.generate([r])[0].token_ids for r in REQS}
+
+
+class _StepBound:
+    """Engine.step, failing the test past `most` calls instead of spinning for ever."""
+
+    def __init__(self, engine, most=2000):
+        self.engine, self.most, self.calls, self.step = engine, most, 0, engine.step
+
+    def __call__(self):
+        self.calls += 1
+        assert self.calls <= self.most, "the engine was stepped for ever: a consumer waits for outputs that never come"
+        return self.step()
+
+
+def test_an_id_is_free_again_as_soon_as_its_stream_is_closed(llm, alone):
+    """Closing a stream (or an interrupted generate) aborts its requests; submitting their
+    ids again right away is a new request, not 'still being served'."""
+    req = REQS[1]
+    stream = llm.stream(req)
+    next(stream)
+    stream.close()
+    assert llm.generate([req])[0].token_ids == alone[req["id"]]
+
+    engine = llm.engine
+    results = engine.generate([dict(r) for r in REQS[:3]])
+    next(results)
+    results.close()
+    assert [c.token_ids for c in llm.generate(REQS[:3])] == [alone[r["id"]] for r in REQS[:3]]
+    assert not engine.has_unfinished() and engine.scheduler.allocator.num_free == engine.executor.num_blocks - 1
+
+
+def test_an_aborted_stream_never_takes_the_tokens_of_a_newer_request_with_its_id(llm, alone, monkeypatch):
+    """A stream whose request was aborted by Engine.abort, resumed after a new request
+    reused the id, ends without it: the new request's tokens go to its own stream."""
+    monkeypatch.setattr(llm.engine, "step", _StepBound(llm.engine))
+    old = llm.stream({"id": "x", "prompt": "the first x", "max_tokens": 30})
+    first = next(old)
+    assert llm.engine.abort("x")
+    llm.generate(["something else"], {"max_tokens": 2})  # applies the abort
+    new = llm.stream(dict(REQS[0], id="x"))
+    got = list(next(new).token_ids)
+    assert [d.token_ids for d in old] == [], "the aborted stream took the new request's tokens"
+    for d in new:
+        got += d.token_ids
+    assert got == alone["q0"] and first.id == "x"
+
+    # aborted and reused before the old consumer's next step: the same
+    old = llm.stream({"id": "y", "prompt": "the first y", "max_tokens": 30})
+    next(old)
+    llm.engine.abort("y")
+    new = llm.stream(dict(REQS[3], id="y"))
+    got = list(next(new).token_ids)
+    assert all(not d.token_ids for d in old)
+    got += [t for d in new for t in d.token_ids]
+    assert got == alone["q3"]
+    assert not llm.engine.has_unfinished()
+
+
+def test_a_closed_stream_never_aborts_a_newer_request_that_reuses_its_aborted_id(llm, alone, monkeypatch):
+    monkeypatch.setattr(llm.engine, "step", _StepBound(llm.engine))
+    old = llm.stream({"id": "z", "prompt": "old z", "max_tokens": 30})
+    next(old)
+    llm.engine.abort("z")
+    new = llm.stream(dict(REQS[2], id="z"))
+    got = list(next(new).token_ids)
+    old.close()  # its clean-up aborts what it did not finish: not the new "z"
+    got += [t for d in new for t in d.token_ids]
+    assert got == alone["q2"]
+
+
+def _consume(llm, kind, reqs, out, errors):
+    try:
+        if kind == "generate":
+            out.update({c.id: c.token_ids for c in llm.generate(reqs)})
+        else:
+            for d in llm.stream(reqs):
+                out.setdefault(d.id, []).extend(d.token_ids)
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("kinds", [("stream", "generate"), ("stream", "stream"), ("generate", "generate")])
+def test_calls_on_several_threads_each_get_their_own_tokens(llm, alone, kinds):
+    """One LLM used from several threads at once (a stream consumed on a worker thread while
+    the main thread generates): each call gets exactly the tokens its requests get alone."""
+    for rnd in range(3):
+        outs, errors, threads = [{} for _ in range(4)], [], []
+        for t in range(4):
+            reqs = [dict(r, id=f"{r['id']}-{rnd}-{t}") for r in REQS[t % 2::2]]
+            threads.append(threading.Thread(target=_consume, args=(llm, kinds[t % 2], reqs, outs[t], errors)))
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert not errors, errors
+        for out in outs:
+            assert out and all(toks == alone[rid.split("-")[0]] for rid, toks in out.items())
+    assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("kwargs, name", [({"eager": "no"}, "eager"), ({"eager": 1}, "eager"),
+                                          ({"manifest_path": 5}, "manifest_path"), ({"model": 3}, "model"),
+                                          ({"manifest_path": None}, "manifest_path")])
+def test_llm_refuses_arguments_of_the_wrong_type_naming_them(default_artifacts, kwargs, name):
+    """LLM(eager="no") served eagerly (a truthy string), LLM(5) raised a TypeError from pathlib."""
+    args = {"manifest_path": default_artifacts, **kwargs}
+    with pytest.raises(PromptError, match=f"LLM: `{name}`"):
+        trtgraph.LLM(**args)
