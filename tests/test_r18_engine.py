@@ -132,3 +132,89 @@ def test_llm_refuses_arguments_of_the_wrong_type_naming_them(default_artifacts, 
     args = {"manifest_path": default_artifacts, **kwargs}
     with pytest.raises(PromptError, match=f"LLM: `{name}`"):
         trtgraph.LLM(**args)
+
+
+SHORT = {"id": "short", "prompt_token_ids": [9, 8, 7, 9, 8, 7], "max_tokens": 2}
+OTHERS = [{"id": f"b{i}", "prompt_token_ids": [(11 * i + j) % 290 for j in range(20 + 4 * i)], "max_tokens": 25 if i else 3}
+          for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def alone_more(llm):
+    return {r["id"]: llm.generate([r])[0].token_ids for r in [SHORT, *OTHERS]}
+
+
+def _interrupt(obj, name, at, monkeypatch):
+    """obj.name raises KeyboardInterrupt at its `at`-th call."""
+    orig, calls = getattr(obj, name), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        return orig(*args, **kwargs)
+    monkeypatch.setattr(obj, name, interrupted)
+
+
+@pytest.mark.parametrize("where", ["launcher.wait", "launcher.launch", "scheduler.postprocess", "_news"])
+@pytest.mark.parametrize("at", [2, 6])
+def test_a_call_interrupted_mid_step_leaves_every_other_stream_its_exact_tokens(llm, alone, alone_more, where, at,
+                                                                              monkeypatch):
+    """Ctrl-C inside one generate while another call's stream is live: the stream got tokens
+    of the wrong positions (24 of 25, others shifted), lost the outputs handed back to it (a
+    finished request never came: its consumer stepped for ever) or an AssertionError deep in
+    the scheduler; the interrupted call's requests must not stay either."""
+    engine = llm.engine
+    monkeypatch.setattr(engine, "step", _StepBound(engine))
+    stream = llm.stream([*REQS, SHORT])
+    got: dict[str, list[int]] = {}
+    first = next(stream)
+    got[first.id] = list(first.token_ids)
+    obj, _, name = where.rpartition(".")
+    with pytest.MonkeyPatch.context() as mp:
+        _interrupt(getattr(engine, obj) if obj else engine, name, at, mp)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(OTHERS)
+    finished = set()
+    for d in stream:
+        got.setdefault(d.id, []).extend(d.token_ids)
+        if d.finished:
+            finished.add(d.id)
+            assert d.completion.token_ids == got[d.id]
+    want = {**alone, "short": alone_more["short"]}
+    assert got == want and finished == set(want) - ({first.id} if first.finished else set())
+    assert [c.token_ids for c in llm.generate(OTHERS)] == [alone_more[r["id"]] for r in OTHERS]
+    assert not engine.has_unfinished() and engine.scheduler.allocator.num_free == engine.executor.num_blocks - 1
+
+
+@pytest.mark.parametrize("stop", [None, "strings"])
+def test_a_request_that_finished_in_a_step_cut_short_still_gets_its_result(llm, alone, alone_more, stop,
+                                                                           monkeypatch):
+    """A step interrupted after a request's last token was read but before its Result was
+    made: the Result comes at the next step (its consumer waited for ever)."""
+    engine = llm.engine
+    monkeypatch.setattr(engine, "step", _StepBound(engine))
+    req = dict(SHORT, max_tokens=6 if stop else 2, **({"stop": [llm.generate(SHORT)[0].text[-1]]} if stop else {}))
+    want = llm.generate(req)[0]
+    assert want.finish_reason == ("stop" if stop else "length")
+    stream = llm.stream([req, *REQS[:2]])
+    got = list(next(stream).token_ids)
+    news, cuts = engine._news, []
+
+    def cut(seq, reason, text=None):
+        if reason is not None and seq.request.id == "short" and not cuts:
+            cuts.append(1)
+            raise KeyboardInterrupt
+        return news(seq, reason, text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_news", cut)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(OTHERS)
+    last = None
+    for d in stream:
+        if d.id == "short":
+            got += d.token_ids
+            last = d
+    assert last is not None and last.finished and last.completion.to_json() | {"ttft_ms": 0, "tpot_ms": 0} == \
+        want.to_json() | {"ttft_ms": 0, "tpot_ms": 0}
+    assert got == want.token_ids and not engine.has_unfinished()

@@ -52,8 +52,9 @@ class Consumers:
             with self._lock:
                 outputs = self.step()
                 if self._aborts_applied != aborts:  # requests were aborted: none of ours among them comes
-                    aborts = self._aborts_applied
-                    remaining = {rid for rid in remaining if self._is_live(rid) and self._owners.get(rid) is mine[rid]}
+                    aborts, here = self._aborts_applied, {o.id for o in outputs}
+                    remaining = {rid for rid in remaining if (rid in here or self._is_live(rid))
+                                 and self._owners.get(rid) is mine[rid]}
                 self.hand_back([o for o in outputs if o.id not in remaining])
             for out in outputs:
                 if out.id in remaining:

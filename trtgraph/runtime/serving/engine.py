@@ -201,6 +201,7 @@ class Engine(Deliveries, Consumers):
         try:
             outputs = self._step()
         except BaseException:
+            self._recover()
             collection.release(self)
             raise
         if not self.has_unfinished():
@@ -247,7 +248,6 @@ class Engine(Deliveries, Consumers):
                             self._flight.append(self.launcher.launch(ahead, self.stats))
             self._admit_slice()  # while the device runs what was just launched
             collection.collect_due(self, len(self._flight), any(f.step.is_prefill for f in self._flight))
-            outputs, self._undelivered = self._undelivered, []
             drew = self._drawn(self._flight.popleft()) if self._flight else []
             while self._flight and all(s.finished for s in self._flight[0].step.seqs):
                 self._drawn(self._flight.popleft())  # ran ahead for rows that all finished: drain it
@@ -255,7 +255,9 @@ class Engine(Deliveries, Consumers):
                 # The rows changed (a request finished, or one waits to be admitted): form and
                 # launch the next step now, before turning this one's tokens into text.
                 self._launch_next()
-            outputs += [o for d in drew for o in self._news(*d)]
+            for d in drew:  # (kept as they are made: a step that raises loses none, Engine._recover)
+                self._undelivered += self._news(*d)
+            outputs, self._undelivered = self._undelivered, []
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
             self.stats.seconds = time.perf_counter() - self._run_start
@@ -333,6 +335,15 @@ class Engine(Deliveries, Consumers):
             self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
             self._aborts_applied += len(self._aborts)
             self._aborts.clear()
+
+    def _recover(self) -> None:
+        """A step raised part-way (Ctrl-C, a device error): the steps in flight are dropped and
+        every sequence is recomputed from its prompt and the tokens it has, as after a
+        preemption, so the requests of other consumers go on with exactly their tokens; one that
+        finished before its Result was made gets it now."""
+        self._flight.clear()
+        self.scheduler.requeue_all()
+        self._undelivered += self._orphans()
 
     def _launch_next(self) -> None:
         """Form and launch a step (it joins the steps in flight), unless nothing is left to run."""
