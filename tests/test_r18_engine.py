@@ -218,3 +218,9 @@ def test_a_request_that_finished_in_a_step_cut_short_still_gets_its_result(llm, 
     assert last is not None and last.finished and last.completion.to_json() | {"ttft_ms": 0, "tpot_ms": 0} == \
         want.to_json() | {"ttft_ms": 0, "tpot_ms": 0}
     assert got == want.token_ids and not engine.has_unfinished()
+
+
+def test_the_api_names_are_listed_by_dir():
+    """`dir(trtgraph)` (tab completion, help()) listed none of the lazily imported API names."""
+    assert set(trtgraph.__all__) <= set(dir(trtgraph))
+    assert all(getattr(trtgraph, name) is not None for name in trtgraph.__all__)
