@@ -60,6 +60,9 @@ class Consumers:
                 if out.id in remaining:
                     if out.finished:
                         remaining.discard(out.id)
+                        with self._lock:  # (its id is free now: a newer request may take it)
+                            if self._owners.get(out.id) is mine[out.id]:
+                                del self._owners[out.id]
                     yield out
 
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
