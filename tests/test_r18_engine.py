@@ -224,3 +224,30 @@ def test_the_api_names_are_listed_by_dir():
     """`dir(trtgraph)` (tab completion, help()) listed none of the lazily imported API names."""
     assert set(trtgraph.__all__) <= set(dir(trtgraph))
     assert all(getattr(trtgraph, name) is not None for name in trtgraph.__all__)
+
+
+def test_a_request_interrupted_while_being_admitted_is_still_served(llm, alone, alone_more, monkeypatch):
+    """Ctrl-C while a step admits another consumer's request (encoding its text, rendering its
+    chat): that request was gone (neither waiting nor served), its consumer stepped for ever."""
+    engine = llm.engine
+    monkeypatch.setattr(engine, "step", _StepBound(engine))
+    stream = llm.stream(REQS[:2])
+    next(stream)  # busy: what is submitted now waits to be admitted by a step
+    ids = engine.submit([dict(REQS[4], id="victim")])
+    owners = engine.owners(ids)
+    admit, cuts = engine.admission.admit, []
+
+    def cut(req, *args, **kwargs):
+        if req.id == "victim" and not cuts:
+            cuts.append(1)
+            raise KeyboardInterrupt
+        return admit(req, *args, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine.admission, "admit", cut)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(OTHERS)
+    assert cuts
+    got = [t for out in engine.outputs_of(ids, owners) for t in out.token_ids]
+    assert got == alone["q4"]
+    list(stream)
+    assert not engine.has_unfinished()

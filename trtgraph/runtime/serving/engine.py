@@ -131,8 +131,8 @@ class Engine(Deliveries, Consumers):
         if self._run_start is None:
             self._run_start = time.perf_counter()
         self._arrivals += 1
-        self.stats.requests += 1
         item = self.admission.admit(req, self._arrivals, speculative=self.drafter is not None)
+        self.stats.requests += 1
         if isinstance(item, Result):
             self.stats.refused += 1
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
@@ -144,9 +144,15 @@ class Engine(Deliveries, Consumers):
     def _admit_pending(self, most: int) -> None:
         """Admit up to `most` of the submitted requests, in order."""
         while self._pending and most > 0:
-            req, stream, arrived = self._pending.popleft()
+            req, stream, arrived = item = self._pending.popleft()
             self._pending_ids.discard(req.id)
-            self._admit(req, stream, arrived)
+            try:
+                self._admit(req, stream, arrived)
+            except BaseException:  # (Ctrl-C while encoding its text): it waits on, not lost
+                if req.id not in self._live and all(o.id != req.id for o in self._undelivered):
+                    self._pending.appendleft(item)
+                    self._pending_ids.add(req.id)
+                raise
             most -= 1
 
     def _top_up(self) -> None:
