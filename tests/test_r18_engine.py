@@ -125,6 +125,7 @@ def test_calls_on_several_threads_each_get_their_own_tokens(llm, alone, kinds):
 
 
 @pytest.mark.parametrize("kwargs, name", [({"eager": "no"}, "eager"), ({"eager": 1}, "eager"),
+                                          ({"speculative": "off"}, "speculative"),
                                           ({"manifest_path": 5}, "manifest_path"), ({"model": 3}, "model"),
                                           ({"manifest_path": None}, "manifest_path")])
 def test_llm_refuses_arguments_of_the_wrong_type_naming_them(default_artifacts, kwargs, name):
@@ -251,3 +252,16 @@ def test_a_request_interrupted_while_being_admitted_is_still_served(llm, alone, 
     assert got == alone["q4"]
     list(stream)
     assert not engine.has_unfinished()
+
+
+def test_llm_serves_a_speculative_capture_with_plain_steps_when_asked(tmp_path_factory, one_torch_thread):
+    """`run --no-speculative` had no Python twin: LLM(speculative=False), with the same tokens."""
+    from conftest import tiny_config
+    from trtgraph.compiler.pipeline import capture
+
+    art = tmp_path_factory.mktemp("spec-art")
+    capture(tiny_config(speculative={"draft_len": 3, "ngram_min": 1, "ngram_max": 2}), art)
+    reqs = [dict(r, prompt_token_ids=r["prompt_token_ids"][:4] * 6, max_tokens=20) for r in REQS]
+    spec, plain = trtgraph.LLM(art), trtgraph.LLM(art, speculative=False)
+    assert [c.token_ids for c in spec.generate(reqs)] == [c.token_ids for c in plain.generate(reqs)]
+    assert spec.stats["speculative"]["verify_steps"] > 0 and "speculative" not in plain.stats

@@ -93,12 +93,14 @@ class LLM:
     """One engine; its calls may be live at once, on one thread or several (each step holds the engine's lock)."""
 
     def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False,
-                 model: str | Path | None = None):
+                 model: str | Path | None = None, speculative: bool = True):
         """Load and check the manifest, re-record its graphs, lock. `eager=True` runs the same
         scheduler without graphs, for A/B checks. `model`: the checkpoint directory where it has
-        moved since capture (checked against the manifest's file sizes and sha256)."""
-        _check_arguments(manifest_path, eager, model)
-        self.engine = Engine(manifest_path, eager=eager, model=model)
+        moved since capture (checked against the manifest's file sizes and sha256).
+        `speculative=False`: plain decode steps where the manifest has a speculative section
+        (`run --no-speculative`), for A/B runs on the same capture."""
+        _check_arguments(manifest_path, eager, model, speculative)
+        self.engine = Engine(manifest_path, eager=eager, model=model, speculative=speculative)
         self._next_id = itertools.count()
 
     def generate(self, prompts, sampling=None) -> list[Completion]:
@@ -181,7 +183,7 @@ class LLM:
         return reqs
 
 
-def _check_arguments(manifest_path, eager, model) -> None:
+def _check_arguments(manifest_path, eager, model, speculative) -> None:
     """LLM's arguments of a type it cannot mean (LLM(eager="no") would serve eagerly), refused by name."""
     for name, value in (("manifest_path", manifest_path), ("model", model)):
         if value is None and name == "model":
@@ -191,8 +193,9 @@ def _check_arguments(manifest_path, eager, model) -> None:
                               f"os.PathLike): the artifacts directory or its manifest.json" if name == "manifest_path"
                               else f"LLM: `{name}` = {value!r} is not allowed; expected None or the checkpoint "
                               f"directory's path (a str or os.PathLike).")
-    if not isinstance(eager, bool):
-        raise PromptError(f"LLM: `eager` = {eager!r} is not allowed; expected True or False.")
+    for name, value in (("eager", eager), ("speculative", speculative)):
+        if not isinstance(value, bool):
+            raise PromptError(f"LLM: `{name}` = {value!r} is not allowed; expected True or False.")
 
 
 def _is_one_prompt(prompts) -> bool:
