@@ -265,3 +265,20 @@ def test_llm_serves_a_speculative_capture_with_plain_steps_when_asked(tmp_path_f
     spec, plain = trtgraph.LLM(art), trtgraph.LLM(art, speculative=False)
     assert [c.token_ids for c in spec.generate(reqs)] == [c.token_ids for c in plain.generate(reqs)]
     assert spec.stats["speculative"]["verify_steps"] > 0 and "speculative" not in plain.stats
+
+
+def test_a_request_aborted_and_its_id_reused_before_its_consumer_waits_is_left_to_the_newer(llm, alone, monkeypatch):
+    """Engine.submit, abort, submit of the same id, then each consumer's outputs_of: the first
+    took the newer request's tokens and the newer one's consumer stepped for ever."""
+    engine = llm.engine
+    monkeypatch.setattr(engine, "step", _StepBound(engine))
+    stream = llm.stream(REQS[:1])
+    next(stream)  # busy
+    old = engine.submit([{"id": "w", "prompt": "old w", "max_tokens": 10}])
+    old_owners = engine.owners(old)
+    engine.abort("w")
+    new = engine.submit([dict(REQS[5], id="w")])
+    new_owners = engine.owners(new)
+    assert list(engine.outputs_of(old, old_owners)) == []
+    assert [t for o in engine.outputs_of(new, new_owners) for t in o.token_ids] == alone["q5"]
+    list(stream)

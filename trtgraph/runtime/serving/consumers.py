@@ -47,7 +47,7 @@ class Consumers:
         consumer. owners: `owners(ids)` taken at submit (else now)."""
         remaining = set(ids)
         mine = self.owners(remaining) if owners is None else owners
-        aborts = self._aborts_applied
+        aborts = -1  # (the first step checks too: aborts may have been applied since the submit)
         while remaining:
             with self._lock:
                 outputs = self.step()
