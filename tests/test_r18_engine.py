@@ -282,3 +282,18 @@ def test_a_request_aborted_and_its_id_reused_before_its_consumer_waits_is_left_t
     assert list(engine.outputs_of(old, old_owners)) == []
     assert [t for o in engine.outputs_of(new, new_owners) for t in o.token_ids] == alone["q5"]
     list(stream)
+
+
+def test_token_ids_in_a_numpy_array_or_a_torch_tensor_are_a_prompt(llm, alone):
+    """np.array([...]) of token ids was read as a list of prompts ("prompts[0]: ... got int64")."""
+    import numpy as np
+    import torch
+
+    ids = list(REQS[2]["prompt_token_ids"])
+    want = llm.generate(ids, {"max_tokens": 5})[0].token_ids
+    for prompts in (np.array(ids), torch.tensor(ids), [np.array(ids, dtype=np.int32)]):
+        assert [c.token_ids for c in llm.generate(prompts, {"max_tokens": 5})] == [want]
+    rows = llm.generate(np.array([ids, ids[::-1]]), {"max_tokens": 5})
+    assert [c.token_ids for c in rows] == [want, llm.generate(ids[::-1], {"max_tokens": 5})[0].token_ids]
+    with pytest.raises(PromptError, match="prompts\\[0\\]"):
+        llm.generate(np.array([1.5, 2.0]))

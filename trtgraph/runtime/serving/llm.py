@@ -162,6 +162,7 @@ class LLM:
         """Every prompt as a validated Request (ids made for those without one)."""
         defaults = _sampling_fields(sampling)
         vocab = self.engine.executor.loaded.config.vocab_size
+        prompts = _array_ids(prompts, (1, 2))
         if not _is_one_prompt(prompts) and (isinstance(prompts, (bytes, bytearray))
                                              or not isinstance(prompts, Iterable)):
             raise PromptError(f"prompts: expected a string, a list of token ids, a request dict or a list of those; "
@@ -207,7 +208,16 @@ def _is_token(t) -> bool:
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)  # numpy integers too
 
 
+def _array_ids(value, ndims: tuple[int, ...]):
+    """A numpy array or torch tensor of token ids (one prompt; 2-D: one per row) as lists."""
+    if not isinstance(value, (str, dict, list, tuple)) and getattr(value, "ndim", None) in ndims \
+            and hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
 def _prompt_fields(item, where: str) -> dict:
+    item = _array_ids(item, (1,))
     if isinstance(item, str):
         return {"prompt": item}
     if isinstance(item, dict):
