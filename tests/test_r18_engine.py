@@ -297,3 +297,17 @@ def test_token_ids_in_a_numpy_array_or_a_torch_tensor_are_a_prompt(llm, alone):
     assert [c.token_ids for c in rows] == [want, llm.generate(ids[::-1], {"max_tokens": 5})[0].token_ids]
     with pytest.raises(PromptError, match="prompts\\[0\\]"):
         llm.generate(np.array([1.5, 2.0]))
+
+
+def test_sampling_params_take_n_as_the_readme_says(llm):
+    """`SamplingParams(n=2)` raised TypeError (README: SamplingParams holds the table's fields, `n` among them)."""
+    from trtgraph import SamplingParams
+
+    sp = SamplingParams(n=3, seed=8, temperature=1.0, max_tokens=4)
+    got = llm.generate([REQS[0]["prompt_token_ids"], {"prompt": "own n", "n": 1}], sp)
+    assert [len(c.choices or []) for c in got] == [3, 0]
+    assert [c.token_ids for c in got[0].choices] == [
+        llm.generate(REQS[0]["prompt_token_ids"], {"seed": 8 + i, "temperature": 1.0, "max_tokens": 4})[0].token_ids
+        for i in range(3)]
+    with pytest.raises(PromptError, match="`n` = 17"):
+        SamplingParams(n=17)
