@@ -19,3 +19,7 @@ def __getattr__(name):  # keep `import trtgraph` light: torch loads on first use
 
         return SamplingParams
     raise AttributeError(f"module 'trtgraph' has no attribute {name!r}")
+
+
+def __dir__():  # the lazy names too (help(), tab completion)
+    return sorted(set(globals()) | set(__all__))

@@ -65,6 +65,21 @@ class Deliveries:
         return [RequestOutput(result.id, result.token_ids[live.num_sent:], live.text.finish(result.text),
                               True, result.finish_reason, result)]
 
+    def _orphans(self) -> list[RequestOutput]:
+        """After a failed step (Engine._recover): the Result of each request (n = 1) whose
+        sequence finished in a step read before the failure but whose news was never made."""
+        outputs = []
+        for live in list(self._live.values()):
+            seq, f = live.seq, live.seq.facts
+            if not seq.finished or seq.request.n > 1:
+                continue
+            text = _stop_string(seq, live.text) if f.stop_strings else None
+            out = seq.output_ids
+            stopped = text is not None or (len(out) >= max(f.min_tokens, 1) and (
+                out[-1] in f.stop_ids or (not f.ignore_eos and out[-1] in self.stop_ids)))
+            outputs += self._news(seq, "stop" if stopped or len(out) < f.max_tokens else "length", text)
+        return outputs
+
     def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:
         """n > 1: hold each finished completion until all n have; then the request's one
         output, a Result carrying them as `choices`."""

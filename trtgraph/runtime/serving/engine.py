@@ -6,10 +6,11 @@ never imports the compiler.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
 
@@ -29,12 +30,13 @@ from .launcher import InFlight, StepLauncher
 from .requests import Request, Result, parse_request
 from .scheduler import Scheduler
 from .stats import RunStats
+from .consumers import Consumers, locked
 from .deliveries import Deliveries, Live
 from .streaming import RequestOutput, TextStream
 
 ADMIT_SLICE = 8  # submitted requests admitted per step() while the device runs (Engine._admit_slice)
 
-class Engine(Deliveries):
+class Engine(Deliveries, Consumers):
     def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
                  tp: TPGroup = TPGroup(), model: str | Path | None = None):
         """speculative=False ignores the manifest's speculative section (plain decode steps),
@@ -88,6 +90,8 @@ class Engine(Deliveries):
         self._pending: deque[tuple[Request, bool, float]] = deque()
         self._pending_ids: set[str] = set()
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
+        self._lock = threading.RLock()  # around every change: consumers may step it from several threads
+        self._owners: dict[str, Request] = {}  # id -> the submit() request now under it (consumers.py)
         # Form the step after a rows-changing one before reading it (form_ahead); False: after (A/B runs).
         self.pipeline_changes = True
         startup.lap("tokenizer_and_scheduler")
@@ -97,6 +101,7 @@ class Engine(Deliveries):
         return self.executor.config
 
     # ---- the incremental core: add, abort, step -----------------------------------------
+    @locked
     def add_request(self, request: Request | dict, where: str = "request", stream: bool = True) -> None:
         """Queue a request; it joins the running batch at a coming step. A request no
         recorded key can serve comes back from the next step() as an error Result. Raises
@@ -104,9 +109,11 @@ class Engine(Deliveries):
         output until it finishes (its text is decoded once, at the end)."""
         req = request if isinstance(request, Request) else parse_request(
             request, where, self.executor.loaded.config.vocab_size)
+        self._settle_aborts([req.id])
         if self._is_live(req.id):
             raise PromptError(f"{where}: duplicate id {req.id!r}: a request with that id is still being "
                               f"served; ids must be unique, results are keyed by them.")
+        self._owners.pop(req.id, None)  # (a consumer still waiting on an aborted request of this id: not this one)
         if self._pending:  # after the submitted ones still waiting for admission, in order
             self._queue(req, stream)
             return
@@ -124,8 +131,8 @@ class Engine(Deliveries):
         if self._run_start is None:
             self._run_start = time.perf_counter()
         self._arrivals += 1
-        self.stats.requests += 1
         item = self.admission.admit(req, self._arrivals, speculative=self.drafter is not None)
+        self.stats.requests += 1
         if isinstance(item, Result):
             self.stats.refused += 1
             self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
@@ -137,9 +144,15 @@ class Engine(Deliveries):
     def _admit_pending(self, most: int) -> None:
         """Admit up to `most` of the submitted requests, in order."""
         while self._pending and most > 0:
-            req, stream, arrived = self._pending.popleft()
+            req, stream, arrived = item = self._pending.popleft()
             self._pending_ids.discard(req.id)
-            self._admit(req, stream, arrived)
+            try:
+                self._admit(req, stream, arrived)
+            except BaseException:  # (Ctrl-C while encoding its text): it waits on, not lost
+                if req.id not in self._live and all(o.id != req.id for o in self._undelivered):
+                    self._pending.appendleft(item)
+                    self._pending_ids.add(req.id)
+                raise
             most -= 1
 
     def _top_up(self) -> None:
@@ -160,6 +173,7 @@ class Engine(Deliveries):
         return (request_id in self._live or request_id in self._pending_ids
                 or any(o.id == request_id for o in self._undelivered))
 
+    @locked
     def abort(self, request_id: str) -> bool:
         """Stop serving a live request at the next step: it leaves the scheduler, its KV
         blocks are freed, and no more outputs come for it. False if it is not live."""
@@ -180,6 +194,7 @@ class Engine(Deliveries):
         """Whether step() has anything left to do or hand out."""
         return bool(self._live or self._undelivered or self._flight or self._pending)
 
+    @locked
     def step(self) -> list[RequestOutput]:
         """Advance by one step: apply aborts, launch a step if none is in flight (and, in
         steady decoding, the next one before reading this one's tokens; where every row ends
@@ -192,6 +207,7 @@ class Engine(Deliveries):
         try:
             outputs = self._step()
         except BaseException:
+            self._recover()
             collection.release(self)
             raise
         if not self.has_unfinished():
@@ -238,7 +254,6 @@ class Engine(Deliveries):
                             self._flight.append(self.launcher.launch(ahead, self.stats))
             self._admit_slice()  # while the device runs what was just launched
             collection.collect_due(self, len(self._flight), any(f.step.is_prefill for f in self._flight))
-            outputs, self._undelivered = self._undelivered, []
             drew = self._drawn(self._flight.popleft()) if self._flight else []
             while self._flight and all(s.finished for s in self._flight[0].step.seqs):
                 self._drawn(self._flight.popleft())  # ran ahead for rows that all finished: drain it
@@ -246,56 +261,15 @@ class Engine(Deliveries):
                 # The rows changed (a request finished, or one waits to be admitted): form and
                 # launch the next step now, before turning this one's tokens into text.
                 self._launch_next()
-            outputs += [o for d in drew for o in self._news(*d)]
+            for d in drew:  # (kept as they are made: a step that raises loses none, Engine._recover)
+                self._undelivered += self._news(*d)
+            outputs, self._undelivered = self._undelivered, []
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
             self.stats.seconds = time.perf_counter() - self._run_start
         return outputs
 
-    def hand_back(self, outputs: list[RequestOutput]) -> None:
-        """Outputs a consumer took from step() that belong to another consumer's requests:
-        the next step() returns them first."""
-        self._undelivered = list(outputs) + self._undelivered
-
-    def outputs_of(self, ids: Iterable[str]) -> Iterator[RequestOutput]:
-        """Step until every request in `ids` has finished (or was aborted: none comes for it),
-        yielding their outputs as they come and handing every other request's back for its own
-        consumer."""
-        remaining = set(ids)
-        aborts = self._aborts_applied
-        while remaining:
-            outputs = self.step()
-            self.hand_back([o for o in outputs if o.id not in remaining])
-            for out in outputs:
-                if out.id in remaining:
-                    if out.finished:
-                        remaining.discard(out.id)
-                    yield out
-            if self._aborts_applied != aborts:  # someone aborted requests: none of ours among them comes
-                aborts = self._aborts_applied
-                remaining = {rid for rid in remaining if self._is_live(rid)}
-
-    def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
-        """Serve `requests`; yield each Result as soon as it finishes (refusals first).
-        gpu_timing: record CUDA events around every step to report the GPU's idle time."""
-        ids = self.submit(requests, gpu_timing, stream=False)
-        finished: set[str] = set()
-        try:
-            for out in self.outputs_of(ids):
-                if out.finished:
-                    finished.add(out.id)
-                    yield out.result
-        finally:  # interrupted or left early: what did not finish goes (nobody would read it)
-            self.abort_unfinished(ids, finished)
-
-    def abort_unfinished(self, ids: Iterable[str], finished: set[str]) -> None:
-        """A consumer of `ids` stops (an exception, a generator left early): abort those not in
-        `finished`, which would otherwise be served and their outputs held for nobody; a
-        finished one's id may be a newer request's by now."""
-        for rid in ids:
-            if rid not in finished:
-                self.abort(rid)
-
+    @locked
     def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False, stream: bool = True) -> list[str]:
         """Validate every request (ids unique within the batch and among live requests),
         then queue them all; their ids. Submitted to an idle engine they start a new run:
@@ -304,6 +278,7 @@ class Engine(Deliveries):
         vocab = self.executor.loaded.config.vocab_size
         reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab)
                 for i, r in enumerate(requests)]
+        self._settle_aborts(r.id for r in reqs)
         first: dict[str, int] = {}
         for i, r in enumerate(reqs):
             if r.id in first:
@@ -319,6 +294,7 @@ class Engine(Deliveries):
             self.start_run(gpu_timing)
         for req in reqs:
             self._queue(req, stream)
+            self._owners[req.id] = req
         if idle:
             # Admit what the first step can take, launch it, and admit the rest in slices while
             # the device runs (every step is the one it would be with all admitted now: _top_up).
@@ -365,6 +341,15 @@ class Engine(Deliveries):
             self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
             self._aborts_applied += len(self._aborts)
             self._aborts.clear()
+
+    def _recover(self) -> None:
+        """A step raised part-way (Ctrl-C, a device error): the steps in flight are dropped and
+        every sequence is recomputed from its prompt and the tokens it has, as after a
+        preemption, so the requests of other consumers go on with exactly their tokens; one that
+        finished before its Result was made gets it now."""
+        self._flight.clear()
+        self.scheduler.requeue_all()
+        self._undelivered += self._orphans()
 
     def _launch_next(self) -> None:
         """Form and launch a step (it joins the steps in flight), unless nothing is left to run."""

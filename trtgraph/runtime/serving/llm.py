@@ -9,7 +9,7 @@ Prompts are a string, a list of token ids, a request dict with the JSONL fields 
 optional), or a list of those. `sampling` (a SamplingParams or a dict of the JSONL sampling
 fields) applies to every prompt; a dict prompt's own fields win. Every request goes through
 the JSONL validator. Several `generate` / `stream` / `chat` calls may be live at once (a
-stream consumed alternately with another, a generate in between): they share one scheduler
+stream consumed alternately with another, a generate in between, on several threads): they share one scheduler
 and each gets exactly the tokens it would get alone.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import numbers
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -89,14 +90,17 @@ class CompletionDelta:
 
 
 class LLM:
-    """One engine, used from one thread (the server gives its engine a thread of its own)."""
+    """One engine; its calls may be live at once, on one thread or several (each step holds the engine's lock)."""
 
     def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False,
-                 model: str | Path | None = None):
+                 model: str | Path | None = None, speculative: bool = True):
         """Load and check the manifest, re-record its graphs, lock. `eager=True` runs the same
         scheduler without graphs, for A/B checks. `model`: the checkpoint directory where it has
-        moved since capture (checked against the manifest's file sizes and sha256)."""
-        self.engine = Engine(manifest_path, eager=eager, model=model)
+        moved since capture (checked against the manifest's file sizes and sha256).
+        `speculative=False`: plain decode steps where the manifest has a speculative section
+        (`run --no-speculative`), for A/B runs on the same capture."""
+        _check_arguments(manifest_path, eager, model, speculative)
+        self.engine = Engine(manifest_path, eager=eager, model=model, speculative=speculative)
         self._next_id = itertools.count()
 
     def generate(self, prompts, sampling=None) -> list[Completion]:
@@ -105,12 +109,13 @@ class LLM:
         reqs = self._requests(prompts, sampling)
         done: dict[str, Completion] = {}
         ids = self.engine.submit(reqs)
+        owners = self.engine.owners(ids)
         try:
-            for out in self.engine.outputs_of(ids):
+            for out in self.engine.outputs_of(ids, owners):
                 if out.finished:
                     done[out.id] = Completion.of(out.result)
         finally:  # interrupted (Ctrl-C): the rest must not be served for nobody
-            self.engine.abort_unfinished(ids, set(done))
+            self.engine.abort_unfinished(ids, set(done), owners)
         gone = [r.id for r in reqs if r.id not in done]
         if gone:
             raise PromptError(f"request {gone[0]!r} was aborted (Engine.abort) before it finished; "
@@ -141,20 +146,23 @@ class LLM:
 
     def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
         ids: list[str] = []
+        owners: dict = {}
         finished: set[str] = set()
         try:
             ids = self.engine.submit(reqs)
-            for out in self.engine.outputs_of(ids):
+            owners = self.engine.owners(ids)
+            for out in self.engine.outputs_of(ids, owners):
                 if out.finished:
                     finished.add(out.id)
                 yield CompletionDelta.of(out)
         finally:  # closed early: the rest leaves the engine at its next step
-            self.engine.abort_unfinished(ids, finished)
+            self.engine.abort_unfinished(ids, finished, owners)
 
     def _requests(self, prompts, sampling) -> list[Request]:
         """Every prompt as a validated Request (ids made for those without one)."""
         defaults = _sampling_fields(sampling)
         vocab = self.engine.executor.loaded.config.vocab_size
+        prompts = _array_ids(prompts, (1, 2))
         if not _is_one_prompt(prompts) and (isinstance(prompts, (bytes, bytearray))
                                              or not isinstance(prompts, Iterable)):
             raise PromptError(f"prompts: expected a string, a list of token ids, a request dict or a list of those; "
@@ -176,6 +184,21 @@ class LLM:
         return reqs
 
 
+def _check_arguments(manifest_path, eager, model, speculative) -> None:
+    """LLM's arguments of a type it cannot mean (LLM(eager="no") would serve eagerly), refused by name."""
+    for name, value in (("manifest_path", manifest_path), ("model", model)):
+        if value is None and name == "model":
+            continue
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            raise PromptError(f"LLM: `{name}` = {value!r} is not allowed; expected a non-empty path (a str or "
+                              f"os.PathLike): the artifacts directory or its manifest.json" if name == "manifest_path"
+                              else f"LLM: `{name}` = {value!r} is not allowed; expected None or the checkpoint "
+                              f"directory's path (a str or os.PathLike).")
+    for name, value in (("eager", eager), ("speculative", speculative)):
+        if not isinstance(value, bool):
+            raise PromptError(f"LLM: `{name}` = {value!r} is not allowed; expected True or False.")
+
+
 def _is_one_prompt(prompts) -> bool:
     return isinstance(prompts, (str, dict, Request)) or (
         isinstance(prompts, (list, tuple)) and bool(prompts) and all(_is_token(t) for t in prompts))
@@ -185,7 +208,16 @@ def _is_token(t) -> bool:
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)  # numpy integers too
 
 
+def _array_ids(value, ndims: tuple[int, ...]):
+    """A numpy array or torch tensor of token ids (one prompt; 2-D: one per row) as lists."""
+    if not isinstance(value, (str, dict, list, tuple)) and getattr(value, "ndim", None) in ndims \
+            and hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
 def _prompt_fields(item, where: str) -> dict:
+    item = _array_ids(item, (1,))
     if isinstance(item, str):
         return {"prompt": item}
     if isinstance(item, dict):

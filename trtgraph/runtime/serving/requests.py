@@ -24,11 +24,10 @@ from pathlib import Path
 
 from ...errors import PromptError
 from ...inputs import InputTooLarge, JSONProblem, int_problem, is_int, loads_json, read_bounded, short, text_problem
-from .sampling_params import (LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_STOP_TOKEN_IDS, MAX_TOKENS_CAP,  # noqa: F401
-                              SAMPLING_DEFAULTS, SAMPLING_FIELDS, RequestFields, SamplingParams)
+from .sampling_params import (LOGIT_BIAS_CAPACITY, MAX_LOGPROBS, MAX_N, MAX_STOP_TOKEN_IDS,  # noqa: F401
+                              MAX_TOKENS_CAP, SAMPLING_DEFAULTS, SAMPLING_FIELDS, RequestFields, SamplingParams)
 
 FIELDS = ("id", "prompt", "prompt_token_ids", "messages", "n") + SAMPLING_FIELDS
-MAX_N = 16  # completions of one prompt (`n`)
 CHAT_ROLES = ("system", "user", "assistant")
 
 

@@ -18,6 +18,7 @@ MIN_REPETITION_PENALTY = 0.01
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
 MAX_TOKENS_CAP = 1 << 20
+MAX_N = 16  # completions of one prompt (`n`)
 # Stop strings are looked for in a request's text at every step it draws in (and held back from
 # its stream while they could be starting): bounded, so one request cannot stall every other's steps.
 MAX_STOP_STRINGS = 16
@@ -60,7 +61,9 @@ class SamplingParams:
     `resolved()` fills them from the model's defaults (greedy, 1.0, 0 until generation_config
     is read). stop: strings and token ids. logit_bias: {token id: bias in [-100, 100]} (OpenAI),
     at most LOGIT_BIAS_CAPACITY entries, kept as sorted (id, bias) pairs. logprobs: None (off)
-    or N in [0, 20] alternatives per generated token, from the raw model logits."""
+    or N in [0, 20] alternatives per generated token, from the raw model logits. n: completions
+    of each prompt (a request field: LLM.generate gives it to each request, as a `sampling`
+    dict's `n`; a Request keeps its own)."""
     max_tokens: int = 16
     temperature: float | None = None
     top_p: float | None = None
@@ -75,13 +78,15 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: tuple = ()
     logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self):
         set_, c = object.__setattr__, _CHECK
-        for name in SAMPLING_FIELDS:  # numpy numbers (np.float32 temperature, np.int64 ids) as the Python ones
+        for name in SAMPLING_FIELDS + ("n",):  # numpy numbers (np.float32 temperature, np.int64 ids) as the Python ones
             if type(val := getattr(self, name)) not in _PLAIN_TYPES:
                 set_(self, name, _plain(val))
         c.integer(self.max_tokens, "max_tokens", 1, MAX_TOKENS_CAP)
+        c.integer(self.n, "n", 1, MAX_N)
         for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
                              ("repetition_penalty", MIN_REPETITION_PENALTY, 2.0), ("presence_penalty", -2.0, 2.0),
                              ("frequency_penalty", -2.0, 2.0)):

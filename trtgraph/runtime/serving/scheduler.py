@@ -302,6 +302,19 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
         self.waiting.insert(pos, seq)
 
+    def requeue_all(self) -> None:
+        """A step failed between its forming and its read (Ctrl-C, a device error): the steps in
+        flight are lost, so every sequence that ran is preempted (recomputed from its prompt and
+        the tokens appended so far), a retired one included, and no step repeats one before."""
+        for seq in sorted(self._retired, key=lambda s: s.arrival):  # (blocks and slot freed already)
+            seq.retired, seq.num_computed = False, 0
+            pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
+            self.waiting.insert(pos, seq)
+        self._retired.clear()
+        for seq in list(self.running):
+            self.preempt(seq)
+        self._last, self._after_prefill, self._probe = None, False, None
+
     def _insert_running(self, seq: Sequence) -> None:
         running = self.running
         if not running or running[-1].arrival < seq.arrival:  # the newest (admission in order): at the end

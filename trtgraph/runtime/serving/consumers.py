@@ -1,0 +1,99 @@
+"""Consumers of one engine (`Consumers`, mixed into the Engine): callers that each wait for
+their own requests (LLM.generate / stream / chat calls, Engine.generate), stepping the
+engine and handing every other request's outputs back, from one thread or several.
+
+Every change to the engine runs under its lock (`locked`: step, submit, add_request, abort,
+hand_back; a consumer's step and hand-back together), never across a yield. A request is
+known by its id and by the submission that made it (`_owners`): a consumer whose request was
+aborted while another reused the id neither takes the newer request's outputs nor aborts it
+when it closes. An id is free for a new request as soon as its abort is asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Iterator
+
+from .requests import Request, Result
+from .streaming import RequestOutput
+
+
+def locked(method):
+    """The engine method runs holding the engine's (reentrant) lock."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
+class Consumers:
+    """The engine's waiting side: outputs_of, generate, hand_back, abort_unfinished."""
+
+    @locked
+    def hand_back(self, outputs: list[RequestOutput]) -> None:
+        """Outputs a consumer took from step() that belong to another consumer's requests:
+        the next step() returns them first."""
+        self._undelivered = list(outputs) + self._undelivered
+
+    def owners(self, ids: Iterable[str]) -> dict[str, object]:
+        """Which submission each id's live request is, for outputs_of and abort_unfinished:
+        taken right after submit()."""
+        return {rid: self._owners.get(rid) for rid in ids}
+
+    def outputs_of(self, ids: Iterable[str], owners: dict[str, object] | None = None) -> Iterator[RequestOutput]:
+        """Step until every request in `ids` has finished (or was aborted: none comes for it),
+        yielding their outputs as they come and handing every other request's back for its own
+        consumer. owners: `owners(ids)` taken at submit (else now)."""
+        remaining = set(ids)
+        mine = self.owners(remaining) if owners is None else owners
+        aborts = -1  # (the first step checks too: aborts may have been applied since the submit)
+        while remaining:
+            with self._lock:
+                outputs = self.step()
+                if self._aborts_applied != aborts:  # requests were aborted: none of ours among them comes
+                    aborts, here = self._aborts_applied, {o.id for o in outputs}
+                    remaining = {rid for rid in remaining if (rid in here or self._is_live(rid))
+                                 and self._owners.get(rid) is mine[rid]}
+                self.hand_back([o for o in outputs if o.id not in remaining])
+            for out in outputs:
+                if out.id in remaining:
+                    if out.finished:
+                        remaining.discard(out.id)
+                        with self._lock:  # (its id is free now: a newer request may take it)
+                            if self._owners.get(out.id) is mine[out.id]:
+                                del self._owners[out.id]
+                    yield out
+
+    def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
+        """Serve `requests`; yield each Result as soon as it finishes (refusals first).
+        gpu_timing: record CUDA events around every step to report the GPU's idle time."""
+        ids = self.submit(requests, gpu_timing, stream=False)
+        owners = self.owners(ids)
+        finished: set[str] = set()
+        try:
+            for out in self.outputs_of(ids, owners):
+                if out.finished:
+                    finished.add(out.id)
+                    yield out.result
+        finally:  # interrupted or left early: what did not finish goes (nobody would read it)
+            self.abort_unfinished(ids, finished, owners)
+
+    @locked
+    def abort_unfinished(self, ids: Iterable[str], finished: set[str], owners: dict[str, object] | None = None) -> None:
+        """A consumer of `ids` stops (an exception, a generator left early): abort those not in
+        `finished`, which would otherwise be served and their outputs held for nobody. An id
+        whose request is no longer the consumer's (`owners`: it finished, or was aborted and
+        the id reused) is left alone."""
+        for rid in ids:
+            mine = owners is None or self._owners.get(rid) is owners.get(rid)
+            if rid not in finished and mine:
+                self.abort(rid)
+            if owners is not None and mine:
+                self._owners.pop(rid, None)
+
+    def _settle_aborts(self, ids: Iterable[str]) -> None:
+        """Aborts asked for these ids applied now rather than at the next step, so the ids are
+        free for the requests being submitted."""
+        if self._aborts and not self._aborts.isdisjoint(ids):
+            self._apply_aborts()
