@@ -83,10 +83,16 @@ def completion_request(body, request_id: str, where: str = "request", allow_stre
     return native
 
 
-def chat_request(body, request_id: str, where: str = "request", allow_stream: bool = False) -> dict:
-    """A `/v1/chat/completions` body -> a native request dict with `messages`."""
+def chat_request(body, request_id: str, where: str = "request", allow_stream: bool = False,
+                 fill_context: bool = False) -> dict:
+    """A `/v1/chat/completions` body -> a native request dict with `messages`. fill_context: a
+    body without `max_tokens` / `max_completion_tokens` gets MAX_TOKENS_CAP, for a caller that
+    lowers it to what the context leaves once the prompt is encoded (OpenAI's and vLLM's default
+    for chat; `fills_context(body)`); otherwise the native default."""
     _check_fields(body, CHAT_FIELDS, where, "/v1/chat/completions", allow_stream)
     native = {"id": request_id, "messages": _messages(body.get("messages"), where), **_sampling(body)}
+    if fill_context and fills_context(body):
+        native["max_tokens"] = MAX_TOKENS_CAP
     mct = body.get("max_completion_tokens")
     if mct is not None:
         if not is_int(mct) or not 1 <= mct <= MAX_TOKENS_CAP:  # named here: the native check says `max_tokens`
@@ -108,6 +114,11 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
     if logprobs:
         native["logprobs"] = 0 if top is None else top
     return native
+
+
+def fills_context(body: dict) -> bool:
+    """Whether a chat body leaves its length to the context (no max_tokens of either name)."""
+    return body.get("max_tokens") is None and body.get("max_completion_tokens") is None
 
 
 def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stream: bool) -> None:

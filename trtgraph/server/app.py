@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -27,7 +28,7 @@ from .. import startup
 from ..errors import ConfigError, PromptError, TrtgraphError
 from ..formats import openai as oa
 from ..inputs import JSONProblem, loads_json, short
-from ..runtime.serving.requests import parse_request
+from ..runtime.serving.requests import Request as ParsedRequest, Result, parse_request
 from ..runtime.serving.streaming import RequestOutput
 from .engine_thread import Aborted, EngineThread
 from .metrics import CONTENT_TYPE, Metrics
@@ -121,9 +122,15 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     shapes = oa.Response(chat, model_name, token_bytes=getattr(thread.engine.tokenizer, "token_bytes", None))
 
     def translate():
-        native = (oa.chat_request if chat else oa.completion_request)(body, shapes.id, WHERE, allow_stream=True)
+        if chat:
+            native = oa.chat_request(body, shapes.id, WHERE, allow_stream=True, fill_context=True)
+        else:
+            native = oa.completion_request(body, shapes.id, WHERE, allow_stream=True)
         req = parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
-        return thread.engine.admission.prepare(req)  # rendered and encoded here, not on the engine thread
+        req, refused = thread.engine.admission.prepare(req)  # rendered and encoded here, not on the engine thread
+        if chat and refused is None and oa.fills_context(body):
+            return _fill_context(req, thread.engine.admission.max_seq_len)
+        return req, refused
 
     try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
         req, refused = await asyncio.to_thread(translate)
@@ -153,6 +160,22 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         item = await _next(queue, request, thread, rid)
         _raise_if_refused(item)
     return shapes.full(item.result)
+
+
+def _fill_context(req: ParsedRequest, max_seq_len: int) -> tuple[ParsedRequest, Result | None]:
+    """A chat without max_tokens (its prompt encoded): max_tokens is what the context leaves,
+    as OpenAI and vLLM have it; a prompt that leaves nothing is refused."""
+    prompt = len(req.prompt_token_ids)
+    rest = max_seq_len - prompt
+    if rest < 1:
+        return req, Result(id=req.id, finish_reason="error", prompt_tokens=prompt,
+                           error=f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len "
+                                 f"({max_seq_len}), leaving no room for a reply; shorten `messages`")
+    if req.sampling.min_tokens > rest:
+        raise oa.OpenAIRequestError(f"{WHERE}: `min_tokens` = {req.sampling.min_tokens} is more than the {rest} "
+                                    f"tokens limits.max_seq_len ({max_seq_len}) leaves after the prompt "
+                                    f"({prompt} tokens).", "min_tokens")
+    return req.with_sampling(replace(req.sampling, max_tokens=min(rest, req.sampling.max_tokens))), None
 
 
 async def _body(request: Request) -> dict:

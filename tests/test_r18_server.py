@@ -1,0 +1,92 @@
+"""The eighteenth session's adversarial pass over `trtgraph serve` (trtgraph/server/,
+trtgraph/formats/): each test is a defect found by talking to a real server on 127.0.0.1
+with the official `openai` client and raw HTTP, fixed, and kept here. The server serves the
+shipped model (examples/stdlib-llama.yaml: a real tokenizer, chat template and
+generation_config), captured once for the module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+from openai.types import Completion, Model  # noqa: E402
+from openai.types.chat import ChatCompletion  # noqa: E402
+
+from test_server import API_KEY, serving  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "stdlib-llama"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, one_torch_thread):
+    from trtgraph.compiler.pipeline import capture
+    from trtgraph.config import Config
+
+    config = Config.from_yaml(ROOT / "examples" / "stdlib-llama.yaml").to_dict()
+    config["device"] = "cpu"
+    out = tmp_path_factory.mktemp("stdlib-llama-art")
+    capture(Config.from_dict(config, base_dir=ROOT / "examples"), out)
+    with serving(out) as running:
+        yield running
+
+
+def client(server, key: str = API_KEY) -> openai.OpenAI:
+    return server.client(key)
+
+
+def post(server, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"} if headers is None else headers)
+
+
+# ---- a chat without max_tokens is not cut at 16 tokens ------------------------------------
+
+def test_a_chat_without_max_tokens_may_run_to_the_end_of_the_context(server):
+    """OpenAI's chat API (and vLLM) give a chat without `max_tokens` / `max_completion_tokens`
+    the rest of the context; the server gave it the native default of 16 tokens, so every such
+    reply stopped mid-sentence with finish_reason "length"."""
+    c = client(server)
+    whole = c.chat.completions.create(model=MODEL, messages=HELLO, temperature=0.7, seed=3,
+                                      extra_body={"ignore_eos": True})
+    max_seq_len = server.engine.admission.max_seq_len
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.prompt_tokens + whole.usage.completion_tokens == max_seq_len
+    streamed = list(c.chat.completions.create(model=MODEL, messages=HELLO, temperature=0.7, seed=3, stream=True,
+                                              extra_body={"ignore_eos": True}))
+    assert sum(len(ch.choices[0].token_ids) for ch in streamed) == whole.usage.completion_tokens
+    # the same tokens as asking for exactly that many
+    asked = c.chat.completions.create(model=MODEL, messages=HELLO, temperature=0.7, seed=3,
+                                      max_completion_tokens=whole.usage.completion_tokens,
+                                      extra_body={"ignore_eos": True})
+    assert asked.choices[0].token_ids == whole.choices[0].token_ids
+    # completions keep OpenAI's default of 16
+    r = c.completions.create(model=MODEL, prompt="def f():\n", temperature=0.5, seed=1, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16
+
+
+def test_a_chat_without_max_tokens_and_with_min_tokens_past_16_is_served(server):
+    c = client(server)
+    r = c.chat.completions.create(model=MODEL, messages=HELLO, temperature=0, extra_body={"min_tokens": 40})
+    assert r.usage.completion_tokens >= 40
+
+
+def test_a_long_chat_without_max_tokens_gets_what_the_context_leaves(server):
+    """A chat whose prompt leaves fewer than 16 tokens was refused for a max_tokens of 16 that
+    the client never sent; one that leaves none is refused saying so."""
+    max_seq_len = server.engine.admission.max_seq_len
+    long = [{"role": "user", "content": " x" * (max_seq_len - 20)}]
+    prompt = client(server).chat.completions.create(model=MODEL, messages=long, max_tokens=1).usage.prompt_tokens
+    assert max_seq_len - 16 < prompt < max_seq_len
+    r = client(server).chat.completions.create(model=MODEL, messages=long, temperature=0,
+                                               extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == max_seq_len - prompt and r.choices[0].finish_reason == "length"
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "user", "content": " x" * (max_seq_len + 10)}]})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "max_seq_len" in message and "max_tokens" not in message
+
