@@ -81,7 +81,8 @@ def test_chat_body_becomes_native_request_with_messages():
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "max_completion_tokens": 4},
      "max_completion_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
     ({"prompt": "x"}, "prompt"),
 ])
 def test_chat_body_refusals_name_the_field(body, param):

@@ -90,3 +90,31 @@ def test_a_long_chat_without_max_tokens_gets_what_the_context_leaves(server):
     message = r.json()["error"]["message"]
     assert r.status_code == 400 and "max_seq_len" in message and "max_tokens" not in message
 
+
+
+# ---- OpenAI fields at their "not used" values ----------------------------------------------
+
+@pytest.mark.parametrize("extra", [
+    {"tools": None}, {"tool_choice": None}, {"response_format": None}, {"functions": None},
+    {"parallel_tool_calls": None}, {"store": None}, {"metadata": None}, {"service_tier": None},
+    {"tools": []}, {"response_format": {"type": "text"}}, {"tool_choice": "none"}, {"store": False},
+])
+def test_openai_fields_left_at_not_used_values_are_served(server, extra):
+    """Clients that spell out every field send `tools: null`, `response_format: {"type":
+    "text"}` and the like; they were refused as unsupported, though null is OpenAI's "not
+    given" and these values ask for nothing. The response is the one without them."""
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 4, "temperature": 0}
+    r = post(server, "/v1/chat/completions", {**body, **extra})
+    assert r.status_code == 200, r.text
+    assert ChatCompletion.model_validate(r.json()).choices[0].token_ids == \
+        post(server, "/v1/chat/completions", body).json()["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tool_choice": "auto"}, "tool_choice"), ({"store": True}, "store"), ({"max_token": None}, "max_token"),
+])
+def test_openai_fields_that_ask_for_something_are_still_a_400_naming_them(server, extra, param):
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": HELLO, "max_tokens": 4, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param

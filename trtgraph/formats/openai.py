@@ -51,6 +51,12 @@ _SHARED = ("model", "user", "stream", "stream_options", "n", "max_tokens", "temp
 DEFAULT_ONLY = {"best_of": 1, "echo": False, "suffix": None}
 COMPLETION_FIELDS = ("prompt", *_SHARED, *DEFAULT_ONLY)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "top_logprobs", *_SHARED)
+# Chat fields not implemented, accepted where they ask for nothing: null (OpenAI's "not given")
+# or one of these values (clients that spell out every field send them); otherwise refused.
+UNUSED_CHAT = {"tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+               "response_format": ({"type": "text"},), "parallel_tool_calls": (True, False), "store": (False,),
+               "metadata": (), "service_tier": ("auto", "default"), "modalities": (["text"],), "audio": (),
+               "prediction": (), "reasoning_effort": (), "web_search_options": ()}
 # Copied to the native request unchanged when given (and not null).
 _PASSED = ("n", "max_tokens", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
            *EXTENSIONS)
@@ -89,7 +95,7 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
     body without `max_tokens` / `max_completion_tokens` gets MAX_TOKENS_CAP, for a caller that
     lowers it to what the context leaves once the prompt is encoded (OpenAI's and vLLM's default
     for chat; `fills_context(body)`); otherwise the native default."""
-    _check_fields(body, CHAT_FIELDS, where, "/v1/chat/completions", allow_stream)
+    _check_fields(body, CHAT_FIELDS, where, "/v1/chat/completions", allow_stream, UNUSED_CHAT)
     native = {"id": request_id, "messages": _messages(body.get("messages"), where), **_sampling(body)}
     if fill_context and fills_context(body):
         native["max_tokens"] = MAX_TOKENS_CAP
@@ -121,10 +127,11 @@ def fills_context(body: dict) -> bool:
     return body.get("max_tokens") is None and body.get("max_completion_tokens") is None
 
 
-def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stream: bool) -> None:
+def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stream: bool,
+                  unused: dict | None = None) -> None:
     if not isinstance(body, dict):
         raise OpenAIRequestError(f"{where}: the body of a {url} request must be a JSON object.")
-    unknown = sorted(_name(k) for k in body if k not in valid)
+    unknown = sorted(_name(k) for k in body if k not in valid and not _asks_nothing(k, body[k], unused or {}))
     if unknown:
         raise OpenAIRequestError(f"{where}: unsupported field{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)} for {url}; supported: {', '.join(valid)}.", unknown[0])
@@ -150,6 +157,12 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
         if body.get("logprobs") is not None and body["logprobs"] is not False:  # 0 == False: `in` let 0 through
             raise OpenAIRequestError(f"{where}: `logprobs` with `stream: true` is not supported; ask for "
                                      f"logprobs without streaming.", "logprobs")
+
+
+def _asks_nothing(name: str, value, unused: dict) -> bool:
+    """An unimplemented field given as null or a value that asks for nothing (UNUSED_CHAT); types
+    compared too (`store: 0` is not `false`)."""
+    return name in unused and (value is None or any(type(value) is type(v) and value == v for v in unused[name]))
 
 
 def _name(key: str) -> str:
