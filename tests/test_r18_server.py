@@ -118,3 +118,34 @@ def test_openai_fields_left_at_not_used_values_are_served(server, extra):
 def test_openai_fields_that_ask_for_something_are_still_a_400_naming_them(server, extra, param):
     r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": HELLO, "max_tokens": 4, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+# ---- auth and the models endpoint ------------------------------------------------------------
+
+def test_the_bearer_scheme_is_case_insensitive_and_a_401_says_which_scheme(server):
+    """RFC 9110: an authentication scheme is case-insensitive (`bearer KEY` was a 401), and a
+    401 names the scheme it wants in WWW-Authenticate (RFC 6750)."""
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        assert post(server, "/v1/completions", body, {"Authorization": f"{scheme} {API_KEY}"}).status_code == 200
+    for headers in ({}, {"Authorization": f"Basic {API_KEY}"}, {"Authorization": "Bearer wrong"},
+                    {"Authorization": API_KEY}):
+        r = post(server, "/v1/completions", body, headers)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+        assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_model_can_be_retrieved_by_its_id(server):
+    """`client.models.retrieve(id)` (GET /v1/models/{id}) was a 404 for the served model."""
+    got = client(server).models.retrieve(MODEL)
+    assert Model.model_validate(got.model_dump()).id == MODEL
+    with pytest.raises(openai.NotFoundError) as exc:
+        client(server).models.retrieve("gpt-4")
+    assert exc.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):
+        client(server, "wrong").models.retrieve(MODEL)
+
+
+def test_health_answers_head(server):
+    """Load balancers probe with HEAD; it was a 405."""
+    assert httpx.head(server.url + "/health", timeout=30).status_code == 200

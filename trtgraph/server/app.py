@@ -44,10 +44,16 @@ class OpenAIError(Exception):
     """An HTTP error answered with OpenAI's error JSON (formats/openai.py's error_object)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 error_type: str = "invalid_request_error", code: str | None = None, body: dict | None = None):
+                 error_type: str = "invalid_request_error", code: str | None = None, body: dict | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers
         self.body = body or oa.error_object(message, param, error_type, code)
+
+
+def _not_served(model: str, model_name: str) -> OpenAIError:
+    return OpenAIError(404, f"model {short(model)} is not served here; this server serves {model_name!r} "
+                            f"(GET /v1/models).", "model", code="model_not_found")
 
 
 def bad_request(message: str) -> OpenAIError:
@@ -67,7 +73,7 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request, exc: OpenAIError):
-        return JSONResponse(exc.body, status_code=exc.status)
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):  # an unknown path, a wrong method: OpenAI's shape too
@@ -78,11 +84,13 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
         if api_key is None:
             return
         given = request.headers.get("authorization", "")  # HTTP header bytes, as latin-1 text
-        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode("latin-1"), api_key.encode())):
+        scheme, _, key = given.partition(" ")  # the scheme is case-insensitive (RFC 9110)
+        if not (scheme.lower() == "bearer" and secrets.compare_digest(key.encode("latin-1"), api_key.encode())):
             raise OpenAIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`.",
-                              error_type="authentication_error", code="invalid_api_key")
+                              error_type="authentication_error", code="invalid_api_key",
+                              headers={"WWW-Authenticate": 'Bearer realm="trtgraph"'})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if thread.ready.is_set():
             return {"status": "ok"}
@@ -92,10 +100,18 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
     async def metrics():
         return Response(thread.metrics.text(), media_type=CONTENT_TYPE)
 
+    def model_object() -> dict:
+        return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "trtgraph"}
+
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "trtgraph"}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)])
+    async def model(model: str):
+        if model != model_name:
+            raise _not_served(model, model_name)
+        return model_object()
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request):
@@ -117,8 +133,7 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         raise OpenAIError(400, f"`model` must be a string, the served model's name ({model_name!r}, GET /v1/models); "
                                f"got {short(body['model'])}.", "model")
     if body.get("model", model_name) != model_name:
-        raise OpenAIError(404, f"model {short(body.get('model'))} is not served here; this server serves "
-                               f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
+        raise _not_served(body["model"], model_name)
     shapes = oa.Response(chat, model_name, token_bytes=getattr(thread.engine.tokenizer, "token_bytes", None))
 
     def translate():
