@@ -149,3 +149,23 @@ def test_a_model_can_be_retrieved_by_its_id(server):
 def test_health_answers_head(server):
     """Load balancers probe with HEAD; it was a 405."""
     assert httpx.head(server.url + "/health", timeout=30).status_code == 200
+
+
+# ---- a prompt over the context is OpenAI's context_length_exceeded ------------------------------
+
+@pytest.mark.parametrize("path,field", [("/v1/completions", "prompt"), ("/v1/chat/completions", "messages")])
+def test_a_prompt_over_the_context_is_context_length_exceeded_naming_the_prompt(server, path, field):
+    """Clients (LiteLLM, LangChain) tell a context overflow, which they can trim and retry, from
+    other 400s by OpenAI's code `context_length_exceeded`; it came with code and param null."""
+    max_seq_len = server.engine.admission.max_seq_len
+    text = " x" * (max_seq_len + 10)
+    body = {"prompt": text} if field == "prompt" else {"messages": [{"role": "user", "content": text}]}
+    for extra in ({"max_tokens": 4}, {}):
+        r = post(server, path, {"model": MODEL, **body, **extra})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == field, err
+        assert f"limits.max_seq_len ({max_seq_len})" in err["message"]
+    r = post(server, path, {"model": MODEL, "max_tokens": max_seq_len, **(
+        {"prompt": "x"} if field == "prompt" else {"messages": HELLO})})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == "max_tokens", err
