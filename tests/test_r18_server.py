@@ -169,3 +169,13 @@ def test_a_prompt_over_the_context_is_context_length_exceeded_naming_the_prompt(
         {"prompt": "x"} if field == "prompt" else {"messages": HELLO})})
     err = r.json()["error"]
     assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == "max_tokens", err
+
+
+def test_a_developer_message_is_a_system_message(server):
+    """OpenAI's `developer` role (the `openai` client's ChatCompletionDeveloperMessageParam; for
+    OpenAI's models it replaces `system`) was a 400; it is rendered as the system message."""
+    def tokens(role):
+        return client(server).chat.completions.create(
+            model=MODEL, messages=[{"role": role, "content": "Answer in Python."}, *HELLO], max_tokens=6,
+            temperature=0).choices[0].token_ids
+    assert tokens("developer") == tokens("system")

@@ -61,6 +61,8 @@ UNUSED_CHAT = {"tools": ([],), "tool_choice": ("none",), "functions": ([],), "fu
 _PASSED = ("n", "max_tokens", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
            *EXTENSIONS)
 _MESSAGE_FIELDS = ("role", "content")
+# OpenAI's `developer` messages replace `system` ones for its newer models: rendered as `system`.
+ROLE_ALIASES = {"developer": "system"}
 _FINISH_OF = {"stop": "stop", "length": "length"}  # native finish_reason -> OpenAI's
 TokenText = Callable[[int], str]
 TokenBytes = Callable[[int], "bytes | None"]  # a token's own bytes (tokenizer.token_bytes), None: its text's UTF-8
@@ -211,10 +213,11 @@ def _messages(messages, where: str) -> list[dict]:
         if extra:
             raise OpenAIRequestError(f"{where}: `{name}` has unsupported field(s) {', '.join(extra)}; "
                                      f"supported: {', '.join(_MESSAGE_FIELDS)}.", f"{name}.{extra[0]}")
-        if m.get("role") not in CHAT_ROLES:
+        role = ROLE_ALIASES.get(m.get("role"), m.get("role")) if isinstance(m.get("role"), str) else m.get("role")
+        if role not in CHAT_ROLES:
             raise OpenAIRequestError(f"{where}: `{name}.role` = {short(m.get('role'))}; expected one of "
-                                     f"{', '.join(CHAT_ROLES)}.", f"{name}.role")
-        out.append({"role": m["role"], "content": _content(m.get("content"), where, f"{name}.content")})
+                                     f"{', '.join((*CHAT_ROLES, *ROLE_ALIASES))}.", f"{name}.role")
+        out.append({"role": role, "content": _content(m.get("content"), where, f"{name}.content")})
     return out
 
 
