@@ -81,7 +81,8 @@ def test_chat_body_becomes_native_request_with_messages():
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "max_completion_tokens": 4},
      "max_completion_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
     ({"prompt": "x"}, "prompt"),
 ])
 def test_chat_body_refusals_name_the_field(body, param):
@@ -180,7 +181,7 @@ def test_native_sampling_fields_pass_as_extensions_and_are_validated_natively():
         parse_request(oa.completion_request({"prompt": "a", "top_k": -1}, "r"), "body")
     assert oa.error_from_exception(e.value)["error"]["param"] == "top_k"
     for message, param in [({"role": "user", "content": "q", "name": "bob"}, "messages[0].name"),
-                           ({"role": "developer", "content": "q"}, "messages[0].role")]:
+                           ({"role": "tool", "content": "q"}, "messages[0].role")]:
         with pytest.raises(oa.OpenAIRequestError) as e:
             oa.chat_request({"messages": [message]}, "r")
         assert e.value.param == param

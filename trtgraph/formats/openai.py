@@ -51,10 +51,18 @@ _SHARED = ("model", "user", "stream", "stream_options", "n", "max_tokens", "temp
 DEFAULT_ONLY = {"best_of": 1, "echo": False, "suffix": None}
 COMPLETION_FIELDS = ("prompt", *_SHARED, *DEFAULT_ONLY)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "top_logprobs", *_SHARED)
+# Chat fields not implemented, accepted where they ask for nothing: null (OpenAI's "not given")
+# or one of these values (clients that spell out every field send them); otherwise refused.
+UNUSED_CHAT = {"tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+               "response_format": ({"type": "text"},), "parallel_tool_calls": (True, False), "store": (False,),
+               "metadata": (), "service_tier": ("auto", "default"), "modalities": (["text"],), "audio": (),
+               "prediction": (), "reasoning_effort": (), "web_search_options": ()}
 # Copied to the native request unchanged when given (and not null).
 _PASSED = ("n", "max_tokens", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
            *EXTENSIONS)
 _MESSAGE_FIELDS = ("role", "content")
+# OpenAI's `developer` messages replace `system` ones for its newer models: rendered as `system`.
+ROLE_ALIASES = {"developer": "system"}
 _FINISH_OF = {"stop": "stop", "length": "length"}  # native finish_reason -> OpenAI's
 TokenText = Callable[[int], str]
 TokenBytes = Callable[[int], "bytes | None"]  # a token's own bytes (tokenizer.token_bytes), None: its text's UTF-8
@@ -83,10 +91,16 @@ def completion_request(body, request_id: str, where: str = "request", allow_stre
     return native
 
 
-def chat_request(body, request_id: str, where: str = "request", allow_stream: bool = False) -> dict:
-    """A `/v1/chat/completions` body -> a native request dict with `messages`."""
-    _check_fields(body, CHAT_FIELDS, where, "/v1/chat/completions", allow_stream)
+def chat_request(body, request_id: str, where: str = "request", allow_stream: bool = False,
+                 fill_context: bool = False) -> dict:
+    """A `/v1/chat/completions` body -> a native request dict with `messages`. fill_context: a
+    body without `max_tokens` / `max_completion_tokens` gets MAX_TOKENS_CAP, for a caller that
+    lowers it to what the context leaves once the prompt is encoded (OpenAI's and vLLM's default
+    for chat; `fills_context(body)`); otherwise the native default."""
+    _check_fields(body, CHAT_FIELDS, where, "/v1/chat/completions", allow_stream, UNUSED_CHAT)
     native = {"id": request_id, "messages": _messages(body.get("messages"), where), **_sampling(body)}
+    if fill_context and fills_context(body):
+        native["max_tokens"] = MAX_TOKENS_CAP
     mct = body.get("max_completion_tokens")
     if mct is not None:
         if not is_int(mct) or not 1 <= mct <= MAX_TOKENS_CAP:  # named here: the native check says `max_tokens`
@@ -110,10 +124,16 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
     return native
 
 
-def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stream: bool) -> None:
+def fills_context(body: dict) -> bool:
+    """Whether a chat body leaves its length to the context (no max_tokens of either name)."""
+    return body.get("max_tokens") is None and body.get("max_completion_tokens") is None
+
+
+def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stream: bool,
+                  unused: dict | None = None) -> None:
     if not isinstance(body, dict):
         raise OpenAIRequestError(f"{where}: the body of a {url} request must be a JSON object.")
-    unknown = sorted(_name(k) for k in body if k not in valid)
+    unknown = sorted(_name(k) for k in body if k not in valid and not _asks_nothing(k, body[k], unused or {}))
     if unknown:
         raise OpenAIRequestError(f"{where}: unsupported field{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(unknown)} for {url}; supported: {', '.join(valid)}.", unknown[0])
@@ -139,6 +159,12 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
         if body.get("logprobs") is not None and body["logprobs"] is not False:  # 0 == False: `in` let 0 through
             raise OpenAIRequestError(f"{where}: `logprobs` with `stream: true` is not supported; ask for "
                                      f"logprobs without streaming.", "logprobs")
+
+
+def _asks_nothing(name: str, value, unused: dict) -> bool:
+    """An unimplemented field given as null or a value that asks for nothing (UNUSED_CHAT); types
+    compared too (`store: 0` is not `false`)."""
+    return name in unused and (value is None or any(type(value) is type(v) and value == v for v in unused[name]))
 
 
 def _name(key: str) -> str:
@@ -187,10 +213,11 @@ def _messages(messages, where: str) -> list[dict]:
         if extra:
             raise OpenAIRequestError(f"{where}: `{name}` has unsupported field(s) {', '.join(extra)}; "
                                      f"supported: {', '.join(_MESSAGE_FIELDS)}.", f"{name}.{extra[0]}")
-        if m.get("role") not in CHAT_ROLES:
+        role = ROLE_ALIASES.get(m.get("role"), m.get("role")) if isinstance(m.get("role"), str) else m.get("role")
+        if role not in CHAT_ROLES:
             raise OpenAIRequestError(f"{where}: `{name}.role` = {short(m.get('role'))}; expected one of "
-                                     f"{', '.join(CHAT_ROLES)}.", f"{name}.role")
-        out.append({"role": m["role"], "content": _content(m.get("content"), where, f"{name}.content")})
+                                     f"{', '.join((*CHAT_ROLES, *ROLE_ALIASES))}.", f"{name}.role")
+        out.append({"role": role, "content": _content(m.get("content"), where, f"{name}.content")})
     return out
 
 

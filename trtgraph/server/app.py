@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -27,7 +28,7 @@ from .. import startup
 from ..errors import ConfigError, PromptError, TrtgraphError
 from ..formats import openai as oa
 from ..inputs import JSONProblem, loads_json, short
-from ..runtime.serving.requests import parse_request
+from ..runtime.serving.requests import Request as ParsedRequest, Result, parse_request
 from ..runtime.serving.streaming import RequestOutput
 from .engine_thread import Aborted, EngineThread
 from .metrics import CONTENT_TYPE, Metrics
@@ -43,10 +44,16 @@ class OpenAIError(Exception):
     """An HTTP error answered with OpenAI's error JSON (formats/openai.py's error_object)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 error_type: str = "invalid_request_error", code: str | None = None, body: dict | None = None):
+                 error_type: str = "invalid_request_error", code: str | None = None, body: dict | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers
         self.body = body or oa.error_object(message, param, error_type, code)
+
+
+def _not_served(model: str, model_name: str) -> OpenAIError:
+    return OpenAIError(404, f"model {short(model)} is not served here; this server serves {model_name!r} "
+                            f"(GET /v1/models).", "model", code="model_not_found")
 
 
 def bad_request(message: str) -> OpenAIError:
@@ -66,7 +73,7 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request, exc: OpenAIError):
-        return JSONResponse(exc.body, status_code=exc.status)
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):  # an unknown path, a wrong method: OpenAI's shape too
@@ -77,11 +84,13 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
         if api_key is None:
             return
         given = request.headers.get("authorization", "")  # HTTP header bytes, as latin-1 text
-        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode("latin-1"), api_key.encode())):
+        scheme, _, key = given.partition(" ")  # the scheme is case-insensitive (RFC 9110)
+        if not (scheme.lower() == "bearer" and secrets.compare_digest(key.encode("latin-1"), api_key.encode())):
             raise OpenAIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`.",
-                              error_type="authentication_error", code="invalid_api_key")
+                              error_type="authentication_error", code="invalid_api_key",
+                              headers={"WWW-Authenticate": 'Bearer realm="trtgraph"'})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if thread.ready.is_set():
             return {"status": "ok"}
@@ -91,10 +100,18 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
     async def metrics():
         return Response(thread.metrics.text(), media_type=CONTENT_TYPE)
 
+    def model_object() -> dict:
+        return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "trtgraph"}
+
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "trtgraph"}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)])
+    async def model(model: str):
+        if model != model_name:
+            raise _not_served(model, model_name)
+        return model_object()
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request):
@@ -116,22 +133,17 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         raise OpenAIError(400, f"`model` must be a string, the served model's name ({model_name!r}, GET /v1/models); "
                                f"got {short(body['model'])}.", "model")
     if body.get("model", model_name) != model_name:
-        raise OpenAIError(404, f"model {short(body.get('model'))} is not served here; this server serves "
-                               f"{model_name!r} (GET /v1/models).", "model", code="model_not_found")
+        raise _not_served(body["model"], model_name)
     shapes = oa.Response(chat, model_name, token_bytes=getattr(thread.engine.tokenizer, "token_bytes", None))
 
-    def translate():
-        native = (oa.chat_request if chat else oa.completion_request)(body, shapes.id, WHERE, allow_stream=True)
-        req = parse_request(native, WHERE, thread.engine.executor.loaded.config.vocab_size)
-        return thread.engine.admission.prepare(req)  # rendered and encoded here, not on the engine thread
-
     try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
-        req, refused = await asyncio.to_thread(translate)
+        req, refused, over = await asyncio.to_thread(_translate, body, chat, shapes.id, thread.engine)
     except PromptError as exc:
         raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
     if refused is not None:  # the prompt's refusal admission would give, counted as the engine counts it
         thread.metrics.finished(refused)
-        raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, name_request=False))
+        raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, name_request=False)) if over is None \
+            else OpenAIError(400, refused.error, over, code="context_length_exceeded")
     stream, include_usage = oa.stream_mode(body)
     rid = req.id
     queue = thread.submit(req)
@@ -153,6 +165,41 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         item = await _next(queue, request, thread, rid)
         _raise_if_refused(item)
     return shapes.full(item.result)
+
+
+def _translate(body: dict, chat: bool, rid: str, engine) -> tuple[ParsedRequest, Result | None, str | None]:
+    """A body -> (the request with its prompt rendered and encoded, the refusal admission would
+    give it or None, the field to name where that refusal is a prompt over the context).
+    Raises PromptError for a bad body."""
+    if chat:
+        native = oa.chat_request(body, rid, WHERE, allow_stream=True, fill_context=True)
+    else:
+        native = oa.completion_request(body, rid, WHERE, allow_stream=True)
+    req = parse_request(native, WHERE, engine.executor.loaded.config.vocab_size)
+    req, refused = engine.admission.prepare(req)
+    if refused is not None:
+        return req, refused, None
+    prompt, limit, field = len(req.prompt_token_ids), engine.admission.max_seq_len, "messages" if chat else "prompt"
+    if chat and oa.fills_context(body):  # max_tokens: what the context leaves, as OpenAI and vLLM have it
+        if prompt >= limit:
+            return req, _over(req, prompt, f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len "
+                                           f"({limit}), leaving no room for a reply; shorten `messages`"), field
+        if req.sampling.min_tokens > limit - prompt:
+            raise oa.OpenAIRequestError(f"{WHERE}: `min_tokens` = {req.sampling.min_tokens} is more than the "
+                                        f"{limit - prompt} tokens limits.max_seq_len ({limit}) leaves after the "
+                                        f"prompt ({prompt} tokens).", "min_tokens")
+        return req.with_sampling(replace(req.sampling, max_tokens=min(limit - prompt, req.sampling.max_tokens))), \
+            None, None
+    if prompt + req.sampling.max_tokens > limit:  # admission's refusal, with OpenAI's code and the field to cut
+        named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        return req, _over(req, prompt, f"prompt ({prompt} tokens) + max_tokens ({req.sampling.max_tokens}) = "
+                                       f"{prompt + req.sampling.max_tokens} exceeds the manifest's limits.max_seq_len "
+                                       f"({limit})"), field if prompt >= limit else named
+    return req, None, None
+
+
+def _over(req: ParsedRequest, prompt: int, error: str) -> Result:
+    return Result(id=req.id, finish_reason="error", prompt_tokens=prompt, error=error)
 
 
 async def _body(request: Request) -> dict:
