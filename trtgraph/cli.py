@@ -62,7 +62,7 @@ def _load_config(path: str | None):
     from .config import Config
 
     _not_empty("--config", path, "a YAML file, or leave --config out to use the embedded default")
-    return Config.from_yaml(path) if path else Config.default()
+    return Config.from_yaml(path, for_capture=True) if path else Config.default()
 
 
 def _not_empty(option: str, value: str | None, what: str) -> None:
@@ -185,7 +185,8 @@ def inspect(path, as_json, check):
 @click.option("--output", "output", type=click.Path(dir_okay=False, allow_dash=True),
               help="Write results JSONL here ('-' or not given: standard output).")
 @click.option("--eager", is_flag=True, help="Run the same scheduler eagerly instead of replaying graphs (A/B checks).")
-@click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
+@click.option("--summary-json", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Also write the closing summary as JSON here ('-': standard output, with --output FILE).")
 @click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append "
                                               "the rest; a result whose request was edited since is refused.")
 @click.option("--no-speculative", is_flag=True, help="Plain decode steps even if the manifest has verify keys.")
@@ -212,12 +213,18 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
     from .runtime.serving.requests import resume_point
 
+    _not_empty("--prompts", prompts_path, "a JSONL file, or - for standard input")
     _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
     _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
+    _not_empty("--output", output, "a file, or leave --output out for standard output")
+    _not_empty("--summary-json", summary_json, "a file, or leave --summary-json out")
     output = None if output == "-" else output
     if resume and not output:
         raise click.UsageError("--resume needs --output: the results file of the interrupted run")
-    outputs = [place("--output", output), place("--summary-json", summary_json)]
+    if summary_json == "-" and not output:  # the indented summary would land among the JSONL results
+        raise click.UsageError("--summary-json - and the results (no --output, or --output -) would both go to "
+                               "standard output; give --output FILE, or write the summary to a file")
+    outputs = [place("--output", output), place("--summary-json", None if summary_json == "-" else summary_json)]
     inputs = [stdin_place("the prompts file (--prompts -, standard input)") if prompts_path == "-" else
               place("the prompts file (--prompts)", prompts_path),
               place("the checkpoint directory (--model)", model, is_dir=True)]

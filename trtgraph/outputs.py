@@ -112,7 +112,9 @@ def _check_writable(out: Place) -> None:
     directory = path if out.is_dir else path.parent
     if not directory.exists():
         if not (out.is_dir or out.makedirs):
-            raise OutputPathError(f"{out.label} {out.path}: the directory {out.path.parent} does not exist; "
+            linked = Path(os.path.abspath(out.path)) != path  # a symlink: name the directory it points into
+            missing = f"{directory} (where {out.path} points)" if linked else out.path.parent
+            raise OutputPathError(f"{out.label} {out.path}: the directory {missing} does not exist; "
                                   f"create it first, or choose another path.")
         directory = next(p for p in directory.parents if p.exists())
     _probe_dir(out, directory)
