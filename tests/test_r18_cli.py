@@ -116,3 +116,64 @@ def test_a_dangling_output_link_names_the_missing_directory_it_points_into(tmp_p
     res = invoke("run", "--prompts", prompts, "--manifest", default_artifacts, "--output", "link")
     assert res.exit_code == 2, (res.output, res.exception)
     assert str(tmp_path / "missing") in res.output and "directory . " not in res.output, res.output
+
+
+# ---- config: what capture found only after loading, or after starting its ranks -----------------
+
+def test_an_incomplete_synthetic_spec_names_the_config_file_and_line(tmp_path):
+    """A synthetic spec without hidden_size was accepted on reading and refused by the capture
+    as "model config: model.synthetic has no `hidden_size`", naming no file."""
+    cfg = default_yaml(tmp_path / "m.yaml", lambda d: d["model"]["synthetic"].pop("hidden_size"))
+    res = invoke("capture", "--config", cfg, "--out", tmp_path / "art")
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert f"{cfg} line {line_of(cfg, 'synthetic:')}: " in res.stderr, res.stderr
+    assert "hidden_size" in res.stderr and "model config" not in res.stderr, res.stderr
+    assert not (tmp_path / "art").exists()
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_a_config_error(tmp_path):
+    """parallel.tensor_parallel_size 3 with 4 heads started three ranks, each failed, and the
+    message named no file ("rank 2: model.synthetic: ..."), beside the tracebacks of the
+    ranks the launcher stopped."""
+    cfg = default_yaml(tmp_path / "m.yaml", lambda d: d.update(parallel={"tensor_parallel_size": 3}))
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(cfg, for_capture=True)
+    msg = str(info.value)
+    assert f"{cfg} line {line_of(cfg, 'tensor_parallel_size')}: " in msg, msg
+    assert "num_attention_heads=4" in msg, msg
+    res = invoke("capture", "--config", cfg, "--out", tmp_path / "art")
+    assert res.exit_code == 2 and msg in res.stderr, (res.output, res.exception)
+    assert not (tmp_path / "art").exists()
+
+
+def test_a_checkpoint_whose_heads_the_tensor_parallel_size_does_not_divide(tmp_path):
+    """The same for a checkpoint: its config.json is read with the config."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    hf = json.loads((ASSETS / "stdlib-llama" / "config.json").read_text(encoding="utf-8"))  # heads changed below
+    hf.update(num_attention_heads=6, num_key_value_heads=6)
+    (ckpt / "config.json").write_text(json.dumps(hf), encoding="utf-8")
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("model: {path: ckpt}\ndevice: cpu\nparallel:\n  tensor_parallel_size: 4\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(cfg, for_capture=True)
+    msg = str(info.value)
+    assert f"{cfg} line 4: " in msg and "num_attention_heads=6" in msg, msg
+
+
+@pytest.mark.parametrize("line,fragments", [
+    ("speculative: false", ["speculative = False", "leave `speculative` out", "{}"]),
+    ("speculative: true", ["speculative = True", "`speculative: {}`"]),
+    ("model: ./ckpt", ["model = './ckpt'", "`model: {path: ./ckpt}`"]),
+])
+def test_a_section_given_as_a_scalar_says_what_to_write_instead(tmp_path, line, fragments):
+    """`speculative: false` (meaning off) and `model: ./ckpt` (meaning a checkpoint) got
+    "expected a mapping", and nothing on what to write."""
+    key = line.split(":")[0]
+    text = yaml.safe_dump({k: v for k, v in tiny_config().to_dict().items() if k != key}, sort_keys=False)
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(text + line + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(cfg)
+    msg = str(info.value)
+    assert f"{cfg} line {len(text.splitlines()) + 1}: " in msg and all(f in msg for f in fragments), msg
