@@ -177,3 +177,57 @@ def test_a_section_given_as_a_scalar_says_what_to_write_instead(tmp_path, line, 
         Config.from_yaml(cfg)
     msg = str(info.value)
     assert f"{cfg} line {len(text.splitlines()) + 1}: " in msg and all(f in msg for f in fragments), msg
+
+
+RANKS_FAIL = """
+import sys
+from pathlib import Path
+from trtgraph.cli_ranks import capture_rank, on_ranks
+from trtgraph.config import Config
+from trtgraph.errors import TrtgraphError
+if __name__ == "__main__":
+    config = Config.from_yaml(sys.argv[1])  # not for_capture: the ranks find what the CLI would refuse first
+    try:
+        on_ranks(3, "cpu", capture_rank, config, Path(sys.argv[2]))
+    except TrtgraphError as exc:
+        print("refused:", exc)
+"""
+
+
+def test_ranks_stopped_after_another_rank_failed_print_no_tracebacks(tmp_path):
+    """Every rank of a capture that failed on its ranks printed a KeyboardInterrupt traceback
+    (the launcher's SIGTERM reached them in their exit handlers) under the one-line error."""
+    import subprocess
+    import sys
+
+    cfg = default_yaml(tmp_path / "m.yaml", lambda d: d.update(parallel={"tensor_parallel_size": 3}))
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_FAIL, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run([sys.executable, script, cfg, tmp_path / "art"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert "refused:" in proc.stdout and "does not divide" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+
+
+def test_a_capture_that_fails_on_its_ranks_leaves_no_directory(tmp_path, monkeypatch):
+    """`--out a/b` of a capture whose ranks failed was at times left behind: each rank removes
+    what it made, but the launcher stops the others mid-way (a rank that finds the directory
+    still holding another rank's cache keeps it; that rank is stopped before it removes it).
+    The ranks' launcher is replaced here by one that fails that way every time."""
+    import trtgraph.cli as cli
+    from trtgraph.errors import CaptureError
+
+    def ranks_stopped_mid_cleanup(world, device, fn, config, out):
+        (out / "triton-cache").mkdir(parents=True)
+        (out / "triton-cache" / "kernel.json").write_text("{}", encoding="utf-8")
+        raise CaptureError("rank 1: failed")
+
+    monkeypatch.setattr(cli, "on_ranks", ranks_stopped_mid_cleanup)
+    cfg = default_yaml(tmp_path / "m.yaml", lambda d: d.update(parallel={"tensor_parallel_size": 2}))
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "a" / "b", tmp_path / "kept" / "c"):
+        res = invoke("capture", "--config", cfg, "--out", out)
+        assert res.exit_code == 2 and "rank 1: failed" in res.stderr, (res.output, res.exception)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "kept" / "c").exists()
+    assert (tmp_path / "kept").is_dir()

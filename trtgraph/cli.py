@@ -13,7 +13,9 @@ TRTGRAPH_RAISE_ERRORS=1 (not 0, false, no or off) shows tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -95,7 +97,8 @@ def capture(config_path, out_dir, device, as_json):
     startup.start_cuda_early(config.device, config.parallel.tensor_parallel_size)  # beside torch's import
     out = Path(out_dir or config.output)
     check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
-    path, t = on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out)
+    with _ranks_leave_nothing(out, config.parallel.tensor_parallel_size):
+        path, t = on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out)
     phases = startup.CLOCK.to_json()  # the process's phases, from its start to the manifest written
     if as_json:
         click.echo(json.dumps({"manifest": str(path), **t, "phases": phases}, indent=2))
@@ -109,6 +112,27 @@ def capture(config_path, out_dir, device, as_json):
                        + f" ({phases['total_seconds']:.2f} s)")
     if config.parallel.tensor_parallel_size == 1:
         _done()
+
+
+@contextlib.contextmanager
+def _ranks_leave_nothing(out: Path, world: int):
+    """A failed capture leaves no directory it made. One process cleans up after itself; of
+    several ranks, each cleans up what it made, but the launcher stops the others mid-way (a
+    rank finds the directory another rank's cache still fills): the launcher finishes it."""
+    from .artifacts import TRITON_CACHE_DIR
+
+    made = [d for d in (out, *out.parents) if not d.exists()] if world > 1 else []
+    cache = out / TRITON_CACHE_DIR
+    made_cache = world > 1 and not cache.exists()
+    try:
+        yield
+    except BaseException:
+        if made_cache:
+            shutil.rmtree(cache, ignore_errors=True)
+        for d in made:  # innermost first
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
 
 
 def _capture_summary(path, t: dict) -> None:
