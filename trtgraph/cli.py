@@ -237,17 +237,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
     from .runtime.serving.requests import resume_point
 
-    _not_empty("--prompts", prompts_path, "a JSONL file, or - for standard input")
-    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
-    _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
-    _not_empty("--output", output, "a file, or leave --output out for standard output")
-    _not_empty("--summary-json", summary_json, "a file, or leave --summary-json out")
-    output = None if output == "-" else output
-    if resume and not output:
-        raise click.UsageError("--resume needs --output: the results file of the interrupted run")
-    if summary_json == "-" and not output:  # the indented summary would land among the JSONL results
-        raise click.UsageError("--summary-json - and the results (no --output, or --output -) would both go to "
-                               "standard output; give --output FILE, or write the summary to a file")
+    output = _run_options(prompts_path, manifest, model, output, summary_json, resume)
     outputs = [place("--output", output), place("--summary-json", None if summary_json == "-" else summary_json)]
     inputs = [stdin_place("the prompts file (--prompts -, standard input)") if prompts_path == "-" else
               place("the prompts file (--prompts)", prompts_path),
@@ -280,6 +270,22 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
             sys.exit(code)
         if config.parallel.tensor_parallel_size == 1:
             _done()
+
+
+def _run_options(prompts_path, manifest, model, output, summary_json, resume) -> str | None:
+    """`run`'s path options checked together; returns --output (None: standard output)."""
+    _not_empty("--prompts", prompts_path, "a JSONL file, or - for standard input")
+    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
+    _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
+    _not_empty("--output", output, "a file, or leave --output out for standard output")
+    _not_empty("--summary-json", summary_json, "a file, or leave --summary-json out")
+    output = None if output == "-" else output
+    if resume and not output:
+        raise click.UsageError("--resume needs --output: the results file of the interrupted run")
+    if summary_json == "-" and not output:  # the indented summary would land among the JSONL results
+        raise click.UsageError("--summary-json - and the results (no --output, or --output -) would both go to "
+                               "standard output; give --output FILE, or write the summary to a file")
+    return output
 
 
 @main.command()
