@@ -231,3 +231,14 @@ def test_a_capture_that_fails_on_its_ranks_leaves_no_directory(tmp_path, monkeyp
         assert res.exit_code == 2 and "rank 1: failed" in res.stderr, (res.output, res.exception)
     assert not (tmp_path / "a").exists() and not (tmp_path / "kept" / "c").exists()
     assert (tmp_path / "kept").is_dir()
+
+
+def test_an_unwritable_config_output_is_named_as_the_configs_not_as_out(tmp_path, monkeypatch):
+    """Without --out, a config whose `output` is a file was refused as "the manifest (--out)
+    .../manifest.json", naming an option the user never gave."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    cfg = default_yaml(tmp_path / "m.yaml", lambda d: d.update(output="afile"))
+    res = invoke("capture", "--config", cfg)
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "--out" not in res.stderr and f"`output` of {cfg}" in res.stderr, res.stderr

@@ -96,7 +96,8 @@ def capture(config_path, out_dir, device, as_json):
         config = config.replace(device=device)
     startup.start_cuda_early(config.device, config.parallel.tensor_parallel_size)  # beside torch's import
     out = Path(out_dir or config.output)
-    check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
+    label = "--out" if out_dir else f"`output` of {config.source}"
+    check_outputs(_artifact_outputs(out, label), [place("the config (--config)", config_path), _checkpoint(config)])
     with _ranks_leave_nothing(out, config.parallel.tensor_parallel_size):
         path, t = on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out)
     phases = startup.CLOCK.to_json()  # the process's phases, from its start to the manifest written
