@@ -242,3 +242,22 @@ def test_an_unwritable_config_output_is_named_as_the_configs_not_as_out(tmp_path
     res = invoke("capture", "--config", cfg)
     assert res.exit_code == 2, (res.output, res.exception)
     assert "--out" not in res.stderr and f"`output` of {cfg}" in res.stderr, res.stderr
+
+
+def test_summary_json_dash_redirected_into_the_results_or_prompts_is_refused(tmp_path, default_artifacts):
+    """`--summary-json - > out.jsonl` with `--output out.jsonl` (or `>> prompts.jsonl`) would write
+    the summary over the results (or into the prompts file): standard output is checked as an output."""
+    import subprocess
+    import sys
+
+    prompts = write_lines(tmp_path / "p.jsonl", [REQUEST])
+    before = (tmp_path / "p.jsonl").read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    for target, mode, other in ((tmp_path / "out.jsonl", "wb", "--output"), (tmp_path / "p.jsonl", "ab", "--prompts")):
+        with open(target, mode) as stdout:
+            proc = subprocess.run([sys.executable, "-m", "trtgraph", "run", "--prompts", prompts, "--manifest",
+                                   default_artifacts, "--output", tmp_path / "out.jsonl", "--summary-json", "-"],
+                                  stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "--summary-json - (standard output)" in proc.stderr and other in proc.stderr, proc.stderr
+    assert (tmp_path / "p.jsonl").read_bytes() == before

@@ -235,11 +235,12 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     """
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
-    from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
+    from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place, stdout_place
     from .runtime.serving.requests import resume_point
 
     output = _run_options(prompts_path, manifest, model, output, summary_json, resume)
-    outputs = [place("--output", output), place("--summary-json", None if summary_json == "-" else summary_json)]
+    outputs = [place("--output", output), stdout_place("--summary-json - (standard output)") if summary_json == "-"
+               else place("--summary-json", summary_json)]
     inputs = [stdin_place("the prompts file (--prompts -, standard input)") if prompts_path == "-" else
               place("the prompts file (--prompts)", prompts_path),
               place("the checkpoint directory (--model)", model, is_dir=True)]

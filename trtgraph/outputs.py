@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import stat
 import sys
@@ -49,6 +50,19 @@ def stdin_place(label: str) -> Place | None:
         return None
     link = f"/proc/self/fd/{sys.stdin.fileno()}" if os.path.isdir("/proc/self/fd") else "/dev/stdin"
     return Place(label, Path(os.path.realpath(link)))  # the file's own name, for the message
+
+
+def stdout_place(label: str) -> Place | None:
+    """Standard output where it is a file (`--summary-json - > summary.json`): it must not be an
+    input or another output (a shell redirect into --output would write the summary over the
+    results). None for a pipe or a terminal."""
+    try:
+        if not stat.S_ISREG(os.fstat(sys.stdout.fileno()).st_mode):
+            return None
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+    link = f"/proc/self/fd/{sys.stdout.fileno()}" if os.path.isdir("/proc/self/fd") else "/dev/stdout"
+    return Place(label, Path(os.path.realpath(link)))
 
 
 def manifest_inputs(manifest, path) -> list[Place | None]:
