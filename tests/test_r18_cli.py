@@ -261,3 +261,18 @@ def test_summary_json_dash_redirected_into_the_results_or_prompts_is_refused(tmp
         assert proc.returncode == 2, proc.stderr
         assert "--summary-json - (standard output)" in proc.stderr and other in proc.stderr, proc.stderr
     assert (tmp_path / "p.jsonl").read_bytes() == before
+
+
+def test_a_config_or_prompts_file_given_as_the_manifest_says_what_it_is(tmp_path):
+    """`--manifest model.yaml` said "not valid JSON ...; the file may be truncated. Recapture",
+    and a prompts file "format_version null is not one this trtgraph reads": neither says the
+    file is not a manifest at all, nor, for a config, to capture it first."""
+    cfg = default_yaml(tmp_path / "m.yaml")
+    res = invoke("inspect", cfg)
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "a model config" in res.stderr and f"trtgraph capture --config {cfg}" in res.stderr, res.stderr
+    assert "truncated" not in res.stderr, res.stderr
+    prompts = write_lines(tmp_path / "p.jsonl", [REQUEST])
+    res = invoke("run", "--prompts", prompts, "--manifest", prompts, "--output", tmp_path / "o.jsonl")
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "not a trtgraph manifest" in res.stderr and "format_version null" not in res.stderr, res.stderr
