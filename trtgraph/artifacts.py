@@ -292,12 +292,15 @@ def _read_body(mpath: Path) -> dict:
     try:
         body = loads_json(read_bounded(mpath, MAX_MANIFEST_BYTES).decode("utf-8"), allow_nonfinite=False)
     except (JSONProblem, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{mpath}: not valid JSON ({exc}); the file may be truncated. {RECAPTURE}") from None
+        raise ManifestError(schema.foreign_file(mpath, None) or
+                            f"{mpath}: not valid JSON ({exc}); the file may be truncated. {RECAPTURE}") from None
     except (OSError, InputTooLarge) as exc:
         raise ManifestError(f"{mpath}: cannot read the manifest ({getattr(exc, 'strerror', None) or exc}). "
                             f"{RECAPTURE}") from None
     if not isinstance(body, dict):
         raise ManifestError(f"{mpath}: expected a JSON object. {RECAPTURE}")
+    if schema.foreign_file(mpath, body):
+        raise ManifestError(schema.foreign_file(mpath, body))
     version = body.get("format_version")
     if not is_int(version) or version not in FORMAT_CHANGELOG:  # every version is still read
         known = ", ".join(f"{k} ({v.split(':')[0]})" for k, v in FORMAT_CHANGELOG.items())

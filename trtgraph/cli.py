@@ -13,7 +13,9 @@ TRTGRAPH_RAISE_ERRORS=1 (not 0, false, no or off) shows tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -62,7 +64,7 @@ def _load_config(path: str | None):
     from .config import Config
 
     _not_empty("--config", path, "a YAML file, or leave --config out to use the embedded default")
-    return Config.from_yaml(path) if path else Config.default()
+    return Config.from_yaml(path, for_capture=True) if path else Config.default()
 
 
 def _not_empty(option: str, value: str | None, what: str) -> None:
@@ -94,8 +96,10 @@ def capture(config_path, out_dir, device, as_json):
         config = config.replace(device=device)
     startup.start_cuda_early(config.device, config.parallel.tensor_parallel_size)  # beside torch's import
     out = Path(out_dir or config.output)
-    check_outputs(_artifact_outputs(out, "--out"), [place("the config (--config)", config_path), _checkpoint(config)])
-    path, t = on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out)
+    label = "--out" if out_dir else f"`output` of {config.source}"
+    check_outputs(_artifact_outputs(out, label), [place("the config (--config)", config_path), _checkpoint(config)])
+    with _ranks_leave_nothing(out, config.parallel.tensor_parallel_size):
+        path, t = on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out)
     phases = startup.CLOCK.to_json()  # the process's phases, from its start to the manifest written
     if as_json:
         click.echo(json.dumps({"manifest": str(path), **t, "phases": phases}, indent=2))
@@ -109,6 +113,27 @@ def capture(config_path, out_dir, device, as_json):
                        + f" ({phases['total_seconds']:.2f} s)")
     if config.parallel.tensor_parallel_size == 1:
         _done()
+
+
+@contextlib.contextmanager
+def _ranks_leave_nothing(out: Path, world: int):
+    """A failed capture leaves no directory it made. One process cleans up after itself; of
+    several ranks, each cleans up what it made, but the launcher stops the others mid-way (a
+    rank finds the directory another rank's cache still fills): the launcher finishes it."""
+    from .artifacts import TRITON_CACHE_DIR
+
+    made = [d for d in (out, *out.parents) if not d.exists()] if world > 1 else []
+    cache = out / TRITON_CACHE_DIR
+    made_cache = world > 1 and not cache.exists()
+    try:
+        yield
+    except BaseException:
+        if made_cache:
+            shutil.rmtree(cache, ignore_errors=True)
+        for d in made:  # innermost first
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
 
 
 def _capture_summary(path, t: dict) -> None:
@@ -185,7 +210,8 @@ def inspect(path, as_json, check):
 @click.option("--output", "output", type=click.Path(dir_okay=False, allow_dash=True),
               help="Write results JSONL here ('-' or not given: standard output).")
 @click.option("--eager", is_flag=True, help="Run the same scheduler eagerly instead of replaying graphs (A/B checks).")
-@click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the closing summary as JSON here.")
+@click.option("--summary-json", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Also write the closing summary as JSON here ('-': standard output, with --output FILE).")
 @click.option("--resume", is_flag=True, help="Skip the ids already in --output (from an interrupted run) and append "
                                               "the rest; a result whose request was edited since is refused.")
 @click.option("--no-speculative", is_flag=True, help="Plain decode steps even if the manifest has verify keys.")
@@ -209,15 +235,12 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     """
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
-    from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place
+    from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place, stdout_place
     from .runtime.serving.requests import resume_point
 
-    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
-    _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
-    output = None if output == "-" else output
-    if resume and not output:
-        raise click.UsageError("--resume needs --output: the results file of the interrupted run")
-    outputs = [place("--output", output), place("--summary-json", summary_json)]
+    output = _run_options(prompts_path, manifest, model, output, summary_json, resume)
+    outputs = [place("--output", output), stdout_place("--summary-json - (standard output)") if summary_json == "-"
+               else place("--summary-json", summary_json)]
     inputs = [stdin_place("the prompts file (--prompts -, standard input)") if prompts_path == "-" else
               place("the prompts file (--prompts)", prompts_path),
               place("the checkpoint directory (--model)", model, is_dir=True)]
@@ -249,6 +272,22 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
             sys.exit(code)
         if config.parallel.tensor_parallel_size == 1:
             _done()
+
+
+def _run_options(prompts_path, manifest, model, output, summary_json, resume) -> str | None:
+    """`run`'s path options checked together; returns --output (None: standard output)."""
+    _not_empty("--prompts", prompts_path, "a JSONL file, or - for standard input")
+    _not_empty("--manifest", manifest, "the artifacts directory, or leave --manifest out for trtgraph-artifacts")
+    _not_empty("--model", model, "the checkpoint directory, or leave --model out for the manifest's model.path")
+    _not_empty("--output", output, "a file, or leave --output out for standard output")
+    _not_empty("--summary-json", summary_json, "a file, or leave --summary-json out")
+    output = None if output == "-" else output
+    if resume and not output:
+        raise click.UsageError("--resume needs --output: the results file of the interrupted run")
+    if summary_json == "-" and not output:  # the indented summary would land among the JSONL results
+        raise click.UsageError("--summary-json - and the results (no --output, or --output -) would both go to "
+                               "standard output; give --output FILE, or write the summary to a file")
+    return output
 
 
 @main.command()

@@ -4,6 +4,7 @@ follow. Split out of cli.py, which parses, prints and maps errors to exit codes.
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 
@@ -39,6 +40,8 @@ def capture_rank(tp, config, out):
     finally:
         if bar:
             bar.close()
+        if tp.active:  # this rank's capture is over (its failure cleaned up): the launcher's SIGTERM, sent
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # when any rank fails, ends it without a traceback
     return str(result.path), result.manifest.totals
 
 
@@ -97,7 +100,10 @@ def run_rank(tp, requests, manifest, output, eager, summary_json, resume, specul
             engine.close()
     if stats is None:
         return EXIT_INTERRUPTED
-    if summary_json:
+    stats = with_refused_lines(stats, len(requests.refused))
+    if summary_json == "-":  # standard output (the results went to --output)
+        click.echo(json.dumps(stats, indent=2))
+    elif summary_json:
         write_summary_json(summary_json, stats)
     click.echo(run_summary(stats, eager), err=True)
     if verbose:
@@ -105,3 +111,11 @@ def run_rank(tp, requests, manifest, output, eager, summary_json, resume, specul
         click.echo(startup.CLOCK.text() + "\n  (then the process exits at once: nothing after this is unmeasured)"
                    if program else startup.CLOCK.text(), err=True)
     return 0
+
+
+def with_refused_lines(stats: dict, refused: int) -> dict:
+    """The run's stats counting the OpenAI batch bodies refused as the file was read (each
+    written as a 400 output line; the engine counts only what it was given, and those it refused)."""
+    if not refused:
+        return stats
+    return {**stats, "requests": stats["requests"] + refused, "refused": stats["refused"] + refused}

@@ -22,7 +22,7 @@ from .config_sections import (AUTO, DEVICES, DTYPE_NAMES, KERNELS, SAMPLING_MODE
                               BucketConfig, KVCacheConfig, Limits, ModelSource, ParallelConfig, SpeculativeConfig,
                               parse_buckets, parse_kv_cache, parse_limits, parse_model, parse_speculative,
                               Validator, section)
-from .errors import ConfigError
+from .errors import ConfigError, WeightLoadError
 from .fields import defaults
 from .inputs import (MAX_CONFIG_BYTES, InputTooLarge, key_lines, load_yaml, path_problem, read_bounded,
                      yaml_error_message)
@@ -45,7 +45,9 @@ class Config:
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Config":
+    def from_yaml(cls, path: str | Path, for_capture: bool = False) -> "Config":
+        """for_capture: also check what a capture would otherwise find only once it builds the
+        model or starts its ranks (`_check_model`), with the file and line (the CLI's configs)."""
         path = Path(path)
         if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO, `<(...)`, a device: it exists, so not "no such file"
             raise ConfigError(f"{path}: cannot read the config file (not a regular file); write the config to a "
@@ -62,10 +64,10 @@ class Config:
                               f"UTF-8.") from None
         except (OSError, InputTooLarge) as exc:
             raise ConfigError(f"{path}: cannot read the config file ({exc}).") from None
-        return cls.from_text(text, source=str(path), base_dir=path.parent)
+        return cls.from_text(text, source=str(path), base_dir=path.parent, for_capture=for_capture)
 
     @classmethod
-    def from_text(cls, text: str, source: str, base_dir: Path | None = None) -> "Config":
+    def from_text(cls, text: str, source: str, base_dir: Path | None = None, for_capture: bool = False) -> "Config":
         try:
             data, root = load_yaml(text)
         except yaml.YAMLError as exc:
@@ -74,7 +76,10 @@ class Config:
             data = {}
         lines = key_lines(root)
         try:
-            return cls.from_dict(data, source=source, base_dir=base_dir)
+            config = cls.from_dict(data, source=source, base_dir=base_dir)
+            if for_capture:
+                _check_model(config)
+            return config
         except ConfigError as exc:
             key_path = getattr(exc, "key_path", None)
             if key_path and key_path in lines:
@@ -143,3 +148,31 @@ class Config:
         d["limits"]["max_seq_len"] = max_seq_len
         d["buckets"]["chunk_sizes"] = [c for c in d["buckets"]["chunk_sizes"] if c <= max_seq_len] or [max_seq_len]
         return Config.from_dict(d, source=self.source)
+
+
+def _check_model(config: Config) -> None:
+    """What a capture would otherwise find only once it builds the model, or once it has started
+    its ranks: a synthetic spec without a required field, a tensor-parallel size that does not
+    divide the model's heads (a checkpoint's config.json is read for it). A config read for
+    anything else may hold a partial spec (a capture refuses it when it builds the model)."""
+    world = config.parallel.tensor_parallel_size
+    if config.model.is_synthetic:
+        from .models.config import synthetic_model_config
+
+        max_seq_len = None if config.limits.max_seq_len == AUTO else config.limits.max_seq_len
+        model = synthetic_model_config(config.model.synthetic, max_seq_len, source=config.source)[1]
+    elif world > 1:
+        from .models.loader import model_config
+
+        model = model_config(config.model)
+    else:
+        return
+    if world > 1:
+        from .models.parallel import check_divisible
+
+        try:
+            check_divisible(model, world, config.source)
+        except WeightLoadError as exc:
+            err = ConfigError(str(exc))
+            err.key_path = "parallel.tensor_parallel_size"
+            raise err from None

@@ -147,6 +147,9 @@ def parse_model(v: "Validator", raw: Any, base_dir: Path | None, max_seq_len: in
     if raw is None:
         v.fail("model", None, "a mapping with `path` (a Hugging Face checkpoint directory), `hub` (a Hub "
                               "repository id in the local cache) or `synthetic` (config.json fields plus seed)")
+    if isinstance(raw, str):  # `model: ./ckpt`
+        v.fail("model", raw, f"a mapping with `path`, `hub` or `synthetic`; for a checkpoint directory, "
+                             f"`model: {{path: {raw}}}`")
     m = v.mapping(raw, "model", {"path", "synthetic", "hub", "revision"})
     if sum(k in m for k in ("path", "synthetic", "hub")) != 1:
         v.fail("model", sorted(m), "exactly one of `path`, `hub` or `synthetic`")
@@ -186,6 +189,9 @@ def parse_model(v: "Validator", raw: Any, base_dir: Path | None, max_seq_len: in
 def parse_speculative(v: "Validator", raw: Any) -> SpeculativeConfig | None:
     if raw is None:
         return None
+    if not isinstance(raw, dict):  # `speculative: false` meant off; `true`, on with the defaults
+        v.fail("speculative", raw, "a mapping of method, draft_len, ngram_min and ngram_max (`speculative: {}` for "
+                                   "their defaults); leave `speculative` out (or null) to decode without drafts")
     sp = section(v, raw, "speculative", SpeculativeConfig)
     method = v.choice(sp["method"], "speculative.method", ("ngram",))
     k = v.integer(sp["draft_len"], "speculative.draft_len", lo=1, hi=64)

@@ -322,3 +322,18 @@ def check_parallel(v: FieldReader, par: Any, config: Config) -> None:
         v.text_field(rank, f"{where}.device")
         v.int_field(rank, f"{where}.parameter_count", lo=1, hi=MAX_BYTES)
         v.int_field(rank, f"{where}.kv_cache_bytes", lo=1, hi=MAX_BYTES)
+
+
+def foreign_file(path: Path, body: Any) -> str | None:
+    """Where a file passed as a manifest plainly is something else, what it is and what to pass
+    instead: a model config (YAML), a JSONL file, a JSON object of no trtgraph format (a prompts
+    line, another tool's manifest.json). `body`: its JSON value (None: not JSON)."""
+    instead = "Pass the artifacts directory `trtgraph capture` wrote (or its manifest.json)."
+    if body is None and path.suffix.lower() in (".yaml", ".yml"):
+        return (f"{path}: a model config (YAML), not a manifest. Capture it first (`trtgraph capture --config "
+                f"{path}`), then pass the artifacts directory it writes.")
+    if body is None and path.suffix.lower() == ".jsonl":
+        return f"{path}: a JSONL file (prompts or results?), not a trtgraph manifest. {instead}"
+    if isinstance(body, dict) and "format_version" not in body and "trtgraph_version" not in body:
+        return f"{path}: not a trtgraph manifest (it has no format_version). {instead}"
+    return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import stat
 import sys
@@ -49,6 +50,19 @@ def stdin_place(label: str) -> Place | None:
         return None
     link = f"/proc/self/fd/{sys.stdin.fileno()}" if os.path.isdir("/proc/self/fd") else "/dev/stdin"
     return Place(label, Path(os.path.realpath(link)))  # the file's own name, for the message
+
+
+def stdout_place(label: str) -> Place | None:
+    """Standard output where it is a file (`--summary-json - > summary.json`): it must not be an
+    input or another output (a shell redirect into --output would write the summary over the
+    results). None for a pipe or a terminal."""
+    try:
+        if not stat.S_ISREG(os.fstat(sys.stdout.fileno()).st_mode):
+            return None
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+    link = f"/proc/self/fd/{sys.stdout.fileno()}" if os.path.isdir("/proc/self/fd") else "/dev/stdout"
+    return Place(label, Path(os.path.realpath(link)))
 
 
 def manifest_inputs(manifest, path) -> list[Place | None]:
@@ -112,7 +126,9 @@ def _check_writable(out: Place) -> None:
     directory = path if out.is_dir else path.parent
     if not directory.exists():
         if not (out.is_dir or out.makedirs):
-            raise OutputPathError(f"{out.label} {out.path}: the directory {out.path.parent} does not exist; "
+            linked = Path(os.path.abspath(out.path)) != path  # a symlink: name the directory it points into
+            missing = f"{directory} (where {out.path} points)" if linked else out.path.parent
+            raise OutputPathError(f"{out.label} {out.path}: the directory {missing} does not exist; "
                                   f"create it first, or choose another path.")
         directory = next(p for p in directory.parents if p.exists())
     _probe_dir(out, directory)
