@@ -40,8 +40,6 @@ def capture_rank(tp, config, out):
     finally:
         if bar:
             bar.close()
-        if tp.active:  # this rank's capture is over (its failure cleaned up): the launcher's SIGTERM, sent
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # when any rank fails, ends it without a traceback
     return str(result.path), result.manifest.totals
 
 

@@ -85,7 +85,8 @@ def _entry(rank, world, port, use_cuda, fn, args, results, parent_pid):
         results.put((rank, "interrupted", None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which stops every rank
         results.put((rank, "crash", traceback.format_exc()))
-    finally:
+    finally:  # reported: the launcher's SIGTERM (sent to every rank when one fails) now just ends it,
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no KeyboardInterrupt traceback from exit handlers
         if dist.is_initialized():
             dist.destroy_process_group()
 
