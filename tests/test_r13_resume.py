@@ -222,3 +222,26 @@ def test_a_batch_output_without_fingerprints_resumes_with_a_note(request_id, bat
     assert res.exit_code == 0, res.output
     assert "resume: 1 of them written by an older trtgraph" in res.stderr
     assert sorted(r["custom_id"] for r in read_jsonl(out)) == ["bad", "c0", "c1", "c2"]
+
+
+def test_a_run_without_resume_refuses_to_empty_an_interrupted_runs_results(default_artifacts, native_run, tmp_path,
+                                                                           no_model):
+    """Eighteenth session: an interrupted run's results (some of the prompts file's ids) would be emptied by
+    a run without --resume; it is refused (exit 2, naming --resume), the file untouched."""
+    d, full = native_run
+    out = interrupted(tmp_path, full, ["r2", "r0"])
+    before = out.read_bytes()
+    res = cli("run", "--prompts", d / "p.jsonl", "--manifest", default_artifacts, "--output", out)
+    assert res.exit_code == 2, res.output
+    assert "2 of the 4 requests" in res.output and "--resume" in res.output and str(out) in res.output
+    assert out.read_bytes() == before
+
+
+def test_a_run_without_resume_replaces_a_finished_run_or_another_files_output(default_artifacts, native_run, tmp_path):
+    d, full = native_run
+    for rows in (list(full.values()), [{"id": "other", "token_ids": [1], "finish_reason": "stop"}]):
+        out = tmp_path / "out.jsonl"
+        write_jsonl(out, rows)
+        res = cli("run", "--prompts", d / "p.jsonl", "--manifest", default_artifacts, "--output", out)
+        assert res.exit_code == 0, res.output
+        assert {r["id"] for r in read_jsonl(out)} == set(full)

@@ -236,7 +236,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
     from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place, stdout_place
-    from .runtime.serving.requests import resume_point
+    from .runtime.serving.requests import refuse_unfinished, resume_point
 
     output = _run_options(prompts_path, manifest, model, output, summary_json, resume)
     outputs = [place("--output", output), stdout_place("--summary-json - (standard output)") if summary_json == "-"
@@ -250,6 +250,8 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     check_outputs(outputs, [*inputs, *manifest_inputs(loaded, manifest_path(manifest))])
     config = loaded.app_config()
     with output_locked("--output", output) as release:  # a second run on the same file is refused, not interleaved
+        if not resume and output:
+            refuse_unfinished(output, requests.id_field, set(requests.ids), requests.name)
         if resume:
             found = resume_point(output, key=requests.id_field, expected=set(requests.ids), prompts=requests.name,
                                  sources=requests.sources)  # refuses results of requests edited since

@@ -375,3 +375,26 @@ def _is_result_line(row, key: str) -> bool:
     if key == "custom_id":
         return "response" in row and "error" in row
     return isinstance(row.get("choices"), list) or ("finish_reason" in row and isinstance(row.get("token_ids"), list))
+
+
+def refuse_unfinished(path: str | Path, key: str, expected: set[str], prompts: str = "the prompts file") -> None:
+    """A run without --resume would empty `path`: refused where it holds the results of some but not
+    all of the prompts file's requests (an interrupted run of it, whose work --resume keeps). Any
+    other content — nothing, another file's results, a finished run's — is replaced as before."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    done = set()
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # blank, or cut short by a hard kill
+            if _is_result_line(row, key) and row[key] in expected:
+                done.add(row[key])
+    if 0 < len(done) < len(expected):
+        raise PromptError(f"{path} holds the results of {len(done)} of the {len(expected)} requests of {prompts}, "
+                          f"as an interrupted run leaves it; running again without --resume would replace "
+                          f"them. Pass --resume to serve only the {len(expected) - len(done)} left, or remove "
+                          f"{path} (or write to another --output) to run them all again.")
