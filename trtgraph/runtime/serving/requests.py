@@ -227,7 +227,8 @@ def read_input(path: str | Path) -> tuple[str, bytes]:
     except OSError as exc:
         raise PromptError(f"{path}: cannot read the prompts file ({exc.strerror or exc}).") from None
     except InputTooLarge as exc:
-        raise PromptError(f"{path}: cannot read the prompts file ({exc}); pass a JSONL file.") from None
+        raise PromptError(f"{path}: cannot read the prompts file ({exc}); pass a JSONL file, or - to read "
+                          f"standard input (`cmd | trtgraph run --prompts -`).") from None
 
 
 def json_lines(data: bytes, name: str) -> list[tuple[int, object]]:
@@ -378,9 +379,8 @@ def _is_result_line(row, key: str) -> bool:
 
 
 def refuse_unfinished(path: str | Path, key: str, expected: set[str], prompts: str = "the prompts file") -> None:
-    """A run without --resume would empty `path`: refused where it holds the results of some but not
-    all of the prompts file's requests (an interrupted run of it, whose work --resume keeps). Any
-    other content — nothing, another file's results, a finished run's — is replaced as before."""
+    """A run without --resume empties `path`: refused where it holds the results of some, not all, of the
+    prompts file's requests (an interrupted run's; --resume keeps them). Anything else is replaced."""
     path = Path(path)
     if not path.is_file():
         return
