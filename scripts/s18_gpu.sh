@@ -45,6 +45,9 @@ PY
   note "old timer state rc=$? (canary before, after: above)"
 }
 case ${CALL:?CALL=1..} in
+6) bench; grep -h "^| *[0-9]* |\|bandwidth\|tokens/s" "$OUT/bench.md" | head -20 >> "$LOG"
+   timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/pytest_gpu.log" 2>&1
+   note "pytest rc=$?"; tail -4 "$OUT/pytest_gpu.log" >> "$LOG" ;;
 5) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graph.py > "$OUT/pytest_graph.log" 2>&1
    note "pytest cuda_graph rc=$?"; tail -3 "$OUT/pytest_graph.log" >> "$LOG"
    old_capture ;;
