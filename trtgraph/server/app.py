@@ -56,6 +56,10 @@ def _not_served(model: str, model_name: str) -> OpenAIError:
                             f"(GET /v1/models).", "model", code="model_not_found")
 
 
+def _model_object(model_name: str) -> dict:
+    return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "trtgraph"}
+
+
 def bad_request(message: str) -> OpenAIError:
     return OpenAIError(400, message)
 
@@ -100,18 +104,15 @@ def create_app(thread: EngineThread, model_name: str, api_key: str | None = None
     async def metrics():
         return Response(thread.metrics.text(), media_type=CONTENT_TYPE)
 
-    def model_object() -> dict:
-        return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "trtgraph"}
-
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models():
-        return {"object": "list", "data": [model_object()]}
+        return {"object": "list", "data": [_model_object(model_name)]}
 
     @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)])
     async def model(model: str):
         if model != model_name:
             raise _not_served(model, model_name)
-        return model_object()
+        return _model_object(model_name)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request):
