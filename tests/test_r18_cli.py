@@ -276,3 +276,17 @@ def test_a_config_or_prompts_file_given_as_the_manifest_says_what_it_is(tmp_path
     res = invoke("run", "--prompts", prompts, "--manifest", prompts, "--output", tmp_path / "o.jsonl")
     assert res.exit_code == 2, (res.output, res.exception)
     assert "not a trtgraph manifest" in res.stderr and "format_version null" not in res.stderr, res.stderr
+
+
+def test_run_with_model_on_a_synthetic_manifest_says_it_is_synthetic(default_artifacts, tmp_path):
+    """`run --model DIR` on a manifest of generated weights: one sentence saying there is no checkpoint to move
+    (was: a list of fingerprint differences against whatever DIR held)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "x", "max_tokens": 2}\n', encoding="utf-8")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    res = CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--manifest", str(default_artifacts),
+                                    "--model", str(ckpt), "--output", str(tmp_path / "out.jsonl")])
+    assert res.exit_code == 2, res.output
+    assert "synthetic" in res.output and "--model" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "out.jsonl").exists()

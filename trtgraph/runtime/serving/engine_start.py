@@ -137,6 +137,10 @@ def with_checkpoint(config, mpath: Path, model: str | Path | None):
     from ...config import ModelSource
 
     if model is not None:
+        if config.model.is_synthetic:  # generated weights: nothing was read from a checkpoint
+            raise ManifestError(f"--model {model}: {mpath} was captured from a synthetic model (config.model."
+                                f"synthetic: weights generated from a seed), not a checkpoint; leave --model out, "
+                                f"or capture the checkpoint first (`trtgraph capture --config` with model.path).")
         ckpt = Path(model).expanduser()
         if not ckpt.is_dir():
             raise ManifestError(f"--model {model}: no such checkpoint directory. Pass the directory that holds "
