@@ -290,3 +290,20 @@ def test_run_with_model_on_a_synthetic_manifest_says_it_is_synthetic(default_art
     assert res.exit_code == 2, res.output
     assert "synthetic" in res.output and "--model" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_bench_whose_capture_fails_on_its_ranks_leaves_no_artifacts(tmp_path, monkeypatch):
+    """The same for `bench --config` (its capture goes to OUT/artifacts)."""
+    import trtgraph.cli as cli
+    from trtgraph.errors import CaptureError
+
+    def ranks_stopped_mid_cleanup(world, device, fn, config, out):
+        (out / "triton-cache").mkdir(parents=True)
+        (out / "triton-cache" / "kernel.json").write_text("{}", encoding="utf-8")
+        raise CaptureError("rank 1: failed")
+
+    monkeypatch.setattr(cli, "on_ranks", ranks_stopped_mid_cleanup)
+    cfg = default_yaml(tmp_path / "m.yaml", lambda d: d.update(parallel={"tensor_parallel_size": 2}))
+    res = invoke("bench", "--config", cfg, "--out", tmp_path / "b", "--no-hf")
+    assert res.exit_code == 2 and "rank 1: failed" in res.stderr, (res.output, res.exception)
+    assert not (tmp_path / "b" / "artifacts").exists()

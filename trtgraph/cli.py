@@ -369,7 +369,8 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
     check_options(opts, config.limits)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if loaded is None:
-        on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out / "artifacts")
+        with _ranks_leave_nothing(out / "artifacts", config.parallel.tensor_parallel_size):
+            on_ranks(config.parallel.tensor_parallel_size, config.device, capture_rank, config, out / "artifacts")
         loaded = out / "artifacts"
     run_bench(loaded, out, opts, log)
     click.echo((out / "bench.md").read_text(encoding="utf-8"))
