@@ -76,6 +76,13 @@ def _entry(rank, world, port, use_cuda, fn, args, results, parent_pid):
     die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C (the launcher passes it on)
     try:
+        _rank(rank, world, port, use_cuda, fn, args, results)
+    except KeyboardInterrupt:  # the launcher's SIGTERM while this rank reported (it stops every rank when one
+        pass  # fails): end quietly, no traceback under the launcher's one-line error
+
+
+def _rank(rank, world, port, use_cuda, fn, args, results):
+    try:
         tp = init(rank, world, port, use_cuda)
         out = fn(tp, *args)
         results.put((rank, "ok", out if rank == 0 else None))
@@ -85,8 +92,8 @@ def _entry(rank, world, port, use_cuda, fn, args, results, parent_pid):
         results.put((rank, "interrupted", None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which stops every rank
         results.put((rank, "crash", traceback.format_exc()))
-    finally:  # reported: the launcher's SIGTERM (sent to every rank when one fails) now just ends it,
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no KeyboardInterrupt traceback from exit handlers
+    finally:  # reported: the launcher's SIGTERM now just ends it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if dist.is_initialized():
             dist.destroy_process_group()
 

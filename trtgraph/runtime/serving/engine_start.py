@@ -137,14 +137,14 @@ def with_checkpoint(config, mpath: Path, model: str | Path | None):
     from ...config import ModelSource
 
     if model is not None:
-        if config.model.is_synthetic:  # generated weights: nothing was read from a checkpoint
-            raise ManifestError(f"--model {model}: {mpath} was captured from a synthetic model (config.model."
-                                f"synthetic: weights generated from a seed), not a checkpoint; leave --model out, "
-                                f"or capture the checkpoint first (`trtgraph capture --config` with model.path).")
         ckpt = Path(model).expanduser()
         if not ckpt.is_dir():
             raise ManifestError(f"--model {model}: no such checkpoint directory. Pass the directory that holds "
                                 f"the checkpoint captured into {mpath}.")
+        if config.model.is_synthetic:  # generated weights: nothing was read from a checkpoint
+            raise ManifestError(f"--model {model}: {mpath} was captured from a synthetic model (config.model."
+                                f"synthetic: weights generated from a seed), not a checkpoint; leave --model out, "
+                                f"or capture the checkpoint first (`trtgraph capture --config` with model.path).")
         return config.replace(model=ModelSource(path=str(ckpt.resolve())))
     if config.model.path is not None and not Path(config.model.path).is_dir():
         raise ManifestError(f"{mpath}: config.model.path = {config.model.path} does not exist; the checkpoint "
