@@ -39,6 +39,9 @@ from trtgraph.config import Config  # noqa: E402
 from trtgraph.runtime.step import cuda_graph, executor  # noqa: E402
 from trtgraph.runtime.step.cuda_graph import DriverGraph  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from graph_count_probe import per_replay_us  # noqa: E402
+
 KEY = GraphKey(64, 0, 0, "greedy")
 
 
@@ -56,19 +59,6 @@ def canary() -> DriverGraph:
     return g
 
 
-def per_replay_us(g: DriverGraph) -> float:
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(200):
-            g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / 200)
-    return statistics.median(times)
-
-
 def side_time_us(step, device: torch.device, repeats: int = 3) -> float:
     """The sixteenth / seventeenth sessions' timer: the step run on the timing stream before each recording."""
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -80,16 +70,7 @@ def side_time_us(step, device: torch.device, repeats: int = 3) -> float:
     graph = DriverGraph(device, torch.cuda.graph_pool_handle(), stream)
     try:
         graph.record(step)
-        graph.replay()
-        best = float("inf")
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) * 1e3)
-        return best
+        return cuda_graph.best_replay_us(graph, repeats)
     finally:
         graph.close()
 

@@ -210,20 +210,26 @@ def test_ranks_stopped_after_another_rank_failed_print_no_tracebacks(tmp_path):
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
 
 
-def test_a_capture_that_fails_on_its_ranks_leaves_no_directory(tmp_path, monkeypatch):
-    """`--out a/b` of a capture whose ranks failed was at times left behind: each rank removes
-    what it made, but the launcher stops the others mid-way (a rank that finds the directory
-    still holding another rank's cache keeps it; that rank is stopped before it removes it).
-    The ranks' launcher is replaced here by one that fails that way every time."""
+@pytest.fixture
+def ranks_stopped_mid_cleanup(monkeypatch):
+    """The ranks' launcher replaced by one whose ranks made the output's Triton cache and were stopped
+    before removing it, every time."""
     import trtgraph.cli as cli
     from trtgraph.errors import CaptureError
 
-    def ranks_stopped_mid_cleanup(world, device, fn, config, out):
+    def launch(world, device, fn, config, out):
         (out / "triton-cache").mkdir(parents=True)
         (out / "triton-cache" / "kernel.json").write_text("{}", encoding="utf-8")
         raise CaptureError("rank 1: failed")
 
-    monkeypatch.setattr(cli, "on_ranks", ranks_stopped_mid_cleanup)
+    monkeypatch.setattr(cli, "on_ranks", launch)
+
+
+def test_a_capture_that_fails_on_its_ranks_leaves_no_directory(tmp_path, ranks_stopped_mid_cleanup):
+    """`--out a/b` of a capture whose ranks failed was at times left behind: each rank removes
+    what it made, but the launcher stops the others mid-way (a rank that finds the directory
+    still holding another rank's cache keeps it; that rank is stopped before it removes it).
+    The ranks' launcher is replaced here by one that fails that way every time."""
     cfg = default_yaml(tmp_path / "m.yaml", lambda d: d.update(parallel={"tensor_parallel_size": 2}))
     (tmp_path / "kept").mkdir()
     for out in (tmp_path / "a" / "b", tmp_path / "kept" / "c"):
@@ -292,17 +298,8 @@ def test_run_with_model_on_a_synthetic_manifest_says_it_is_synthetic(default_art
     assert not (tmp_path / "out.jsonl").exists()
 
 
-def test_a_bench_whose_capture_fails_on_its_ranks_leaves_no_artifacts(tmp_path, monkeypatch):
+def test_a_bench_whose_capture_fails_on_its_ranks_leaves_no_artifacts(tmp_path, ranks_stopped_mid_cleanup):
     """The same for `bench --config` (its capture goes to OUT/artifacts)."""
-    import trtgraph.cli as cli
-    from trtgraph.errors import CaptureError
-
-    def ranks_stopped_mid_cleanup(world, device, fn, config, out):
-        (out / "triton-cache").mkdir(parents=True)
-        (out / "triton-cache" / "kernel.json").write_text("{}", encoding="utf-8")
-        raise CaptureError("rank 1: failed")
-
-    monkeypatch.setattr(cli, "on_ranks", ranks_stopped_mid_cleanup)
     cfg = default_yaml(tmp_path / "m.yaml", lambda d: d.update(parallel={"tensor_parallel_size": 2}))
     res = invoke("bench", "--config", cfg, "--out", tmp_path / "b", "--no-hf")
     assert res.exit_code == 2 and "rank 1: failed" in res.stderr, (res.output, res.exception)

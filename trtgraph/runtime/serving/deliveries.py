@@ -70,14 +70,11 @@ class Deliveries:
         sequence finished in a step read before the failure but whose news was never made."""
         outputs = []
         for live in list(self._live.values()):
-            seq, f = live.seq, live.seq.facts
+            seq = live.seq
             if not seq.finished or seq.request.n > 1:
                 continue
-            text = _stop_string(seq, live.text) if f.stop_strings else None
-            out = seq.output_ids
-            stopped = text is not None or (len(out) >= max(f.min_tokens, 1) and (
-                out[-1] in f.stop_ids or (not f.ignore_eos and out[-1] in self.stop_ids)))
-            outputs += self._news(seq, "stop" if stopped or len(out) < f.max_tokens else "length", text)
+            text = _stop_string(seq, live.text) if seq.facts.stop_strings else None
+            outputs += self._news(seq, "stop" if text is not None else seq.finish_reason or "stop", text)
         return outputs
 
     def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:

@@ -103,6 +103,7 @@ class Outcomes:
                     or not (f.ignore_eos or eos.isdisjoint(new)):  # else no token of the row's can stop it
                 reason = self._stop(seq, n_new)
                 if reason is not None:
+                    seq.finish_reason = reason
                     self.finish(seq)
             news.append((seq, reason))
         if self._probe is not None:

@@ -50,6 +50,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV is in the cache
     num_preemptions: int = 0
     finished: bool = False
+    finish_reason: str | None = None  # "stop" / "length" where the scheduler finished it (outcomes.py)
     ngram: NgramIndex = field(default_factory=NgramIndex)  # the drafter's index of this sequence
     accept: Acceptance = field(default_factory=Acceptance)  # its drafts' running acceptance (speculation.py)
     first_token_time: float | None = None

@@ -185,15 +185,20 @@ def _graph_time_us(step, device: torch.device, index: int, repeats: int) -> floa
         except BaseException:  # e.g. out of memory: the pool is this call's alone, give back what it took
             torch._C._cuda_releasePool(graph.device_index, pool)
             raise
-        graph.replay()
-        best = float("inf")
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) * 1e3)
-        return best
+        return best_replay_us(graph, repeats)
     finally:
         graph.close()
+
+
+def best_replay_us(graph: DriverGraph, repeats: int) -> float:
+    """The best of `repeats` replays of `graph` (after one untimed), us between CUDA events."""
+    graph.replay()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3)
+    return best
