@@ -14,7 +14,8 @@ sampling parameters; the `openai` client sends them in `extra_body`).
 
 Responses: `Response(chat, model)` makes the bodies of one response: `full(result)` the
 `text_completion` / `chat.completion` object of a native Result (one completion, or `n` of
-them in `result.choices`) with `usage`; `chunk(...)` / `usage_chunk(...)` its stream chunks.
+them in `result.choices`) with `usage`; `chunk(...)` / `usage_chunk(...)` its stream chunks
+(each one completion's delta, naming it by `index`, with its tokens' logprobs when asked).
 `completion_object` / `chat_completion_object` are the same for one call. Every choice also
 carries `token_ids` (the generated ids; in a chunk, the new ones), an extension as vLLM's
 `return_token_ids`. Per-token logprobs are read from `result.logprobs`, when present, in this
@@ -152,13 +153,6 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
                                      f"(true or false).", "stream_options")
         if not stream:
             raise OpenAIRequestError(f"{where}: `stream_options` needs `stream: true`.", "stream_options")
-    if stream:  # the engine hands out n > 1 completions and logprobs only when they finish
-        if body.get("n") not in (None, 1):
-            raise OpenAIRequestError(f"{where}: `n` = {short(body['n'])} with `stream: true` is not supported; "
-                                     f"stream with n = 1, or leave `stream` out.", "n")
-        if body.get("logprobs") is not None and body["logprobs"] is not False:  # 0 == False: `in` let 0 through
-            raise OpenAIRequestError(f"{where}: `logprobs` with `stream: true` is not supported; ask for "
-                                     f"logprobs without streaming.", "logprobs")
 
 
 def _asks_nothing(name: str, value, unused: dict) -> bool:
@@ -242,6 +236,8 @@ class Response:
         self.id = response_id or new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time()) if created is None else created
         self._token_text, self._token_bytes = token_text, token_bytes
+        self._started: set[int] = set()  # completions a chunk was made for (a chat's first says the role)
+        self._offsets: dict[int, int] = {}  # completion -> characters of its tokens' texts in chunks so far
 
     def _head(self, chunk: bool = False) -> dict:
         obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -254,21 +250,30 @@ class Response:
             choice = {"index": i, "finish_reason": _finish(c), "token_ids": list(c.token_ids)}
             if self.chat:
                 choice.update(message={"role": "assistant", "content": c.text},
-                              logprobs=_chat_logprobs(c, self._token_text, self._token_bytes))
+                              logprobs=_chat_logprobs(_entries(c), self._token_text, self._token_bytes))
             else:
-                choice.update(text=c.text, logprobs=_completion_logprobs(c, self._token_text))
+                choice.update(text=c.text, logprobs=_completion_logprobs(_entries(c), self._token_text))
             choices.append(choice)
         return {**self._head(), "choices": choices, "usage": usage(result)}
 
-    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None = None, first: bool = False,
-              include_usage: bool = False) -> dict:
-        """One stream chunk carrying a delta (`finish_reason` on the last)."""
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason and _FINISH_OF[finish_reason],
+    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None = None, index: int = 0,
+              logprobs: list[dict] | None = None, include_usage: bool = False) -> dict:
+        """One stream chunk carrying completion `index`'s delta (`finish_reason` on its last; in
+        a chat, its first also says the role). logprobs: the entries of the delta's tokens, when
+        asked (an empty list for a delta of none); a completion's `text_offset` goes on from its
+        previous chunks, so the chunks' lists joined are the whole answer's."""
+        choice = {"index": index, "logprobs": None, "finish_reason": finish_reason and _FINISH_OF[finish_reason],
                   "token_ids": list(token_ids)}
         if self.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+            choice["delta"] = {"content": text} if index in self._started else {"role": "assistant", "content": text}
+            if logprobs is not None:
+                choice["logprobs"] = _chat_logprobs(logprobs, self._token_text, self._token_bytes)
         else:
             choice["text"] = text
+            if logprobs is not None:
+                choice["logprobs"] = _completion_logprobs(logprobs, self._token_text, self._offsets.get(index, 0))
+                self._offsets[index] = self._offsets.get(index, 0) + sum(map(len, choice["logprobs"]["tokens"]))
+        self._started.add(index)
         body = {**self._head(chunk=True), "choices": [choice]}
         if include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the last when usage is asked for
@@ -321,12 +326,18 @@ def _text_of(entry: dict, token_text: TokenText | None) -> str:
     return entry.get("token", f"token_id:{entry['token_id']}")
 
 
-def _completion_logprobs(choice, token_text: TokenText | None) -> dict | None:
-    entries = getattr(choice, "logprobs", None)
+def _entries(choice) -> list[dict] | None:
+    """A choice's logprob entries, None where none were asked."""
+    return getattr(choice, "logprobs", None)
+
+
+def _completion_logprobs(entries: list[dict] | None, token_text: TokenText | None, start: int = 0) -> dict | None:
+    """Completions' logprobs of `entries`; `text_offset` counted from `start` (a stream's
+    earlier chunks' tokens)."""
     if entries is None:
         return None
     tokens = [_text_of(e, token_text) for e in entries]
-    offsets, at = [], 0
+    offsets, at = [], start
     for t in tokens:
         offsets.append(at)
         at += len(t)
@@ -335,8 +346,8 @@ def _completion_logprobs(choice, token_text: TokenText | None) -> dict | None:
             "text_offset": offsets}
 
 
-def _chat_logprobs(choice, token_text: TokenText | None, token_bytes: TokenBytes | None = None) -> dict | None:
-    entries = getattr(choice, "logprobs", None)
+def _chat_logprobs(entries: list[dict] | None, token_text: TokenText | None,
+                   token_bytes: TokenBytes | None = None) -> dict | None:
     if entries is None:
         return None
 

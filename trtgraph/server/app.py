@@ -254,42 +254,68 @@ def _raise_if_refused(item) -> None:
 
 async def _events(first, queue: asyncio.Queue, shapes: oa.Response, include_usage: bool, thread: EngineThread,
                   rid: str):
-    """Server-Sent Events: a chunk per step's delta, usage if asked, then [DONE]. Leaving
-    early (the client disconnected, the server stopping) aborts the request."""
-    done, item, is_first, held = False, first, True, []
+    """Server-Sent Events: a chunk per step's delta of each completion (naming it by `index`;
+    each completion's last carries its finish_reason, and its logprobs when asked), usage if
+    asked, then [DONE]. Leaving early (the client disconnected, the server stopping) aborts
+    the request, every completion of it."""
+    done, items = False, [first]
     try:
-        while True:
-            if isinstance(item, Aborted):
-                yield _sse(oa.error_object(f"request aborted: {item.reason}.", error_type="server_error",
-                                           code="aborted"))
-                break
-            yield _sse(shapes.chunk(item.text, item.token_ids, item.finish_reason if item.finished else None,
-                                    first=is_first, include_usage=include_usage))
-            is_first = False
-            if item.finished:
-                if include_usage:
-                    yield _sse(shapes.usage_chunk(item.result))
-                break
-            item = held.pop() if held else _merged(await queue.get(), queue, held)
-        done = True
+        while not done:
+            for item in _coalesced(items):
+                if isinstance(item, Aborted):
+                    yield _sse(oa.error_object(f"request aborted: {item.reason}.", error_type="server_error",
+                                               code="aborted"))
+                    done = True
+                    break
+                if not _gathered(item):
+                    yield _sse(shapes.chunk(item.text, item.token_ids, item.finish_reason, item.index, item.logprobs,
+                                            include_usage))
+                if item.finished:
+                    if include_usage:
+                        yield _sse(shapes.usage_chunk(item.result))
+                    done = True
+                    break
+            if not done:
+                items = await _waiting(queue)
         yield "data: [DONE]\n\n"
     finally:
         if not done:
             thread.abort(rid)
 
 
-def _merged(item, queue: asyncio.Queue, held: list):
-    """`item` and every delta already waiting behind it, as one: a reader slower than the
-    engine gets fewer, larger chunks instead of a backlog. A non-delta (an abort) found on
-    the way is put in `held` for the next turn."""
-    while isinstance(item, RequestOutput) and not item.finished and not queue.empty():
-        nxt = queue.get_nowait()
-        if not isinstance(nxt, RequestOutput):
-            held.append(nxt)
-            break
-        item = RequestOutput(item.id, item.token_ids + nxt.token_ids, item.text + nxt.text, nxt.finished,
-                             nxt.finish_reason, nxt.result)
-    return item
+async def _waiting(queue: asyncio.Queue) -> list:
+    """The queue's next item and every one already behind it."""
+    items = [await queue.get()]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
+
+
+def _gathered(item) -> bool:
+    """An n > 1 request's last output: its completions' Result, every token of which came before."""
+    return isinstance(item, RequestOutput) and item.finished and item.result.choices is not None
+
+
+def _coalesced(items: list) -> list:
+    """Outputs that waited together, as fewer: each completion's deltas joined into one, in the
+    order of its first (a reader slower than the engine gets fewer, larger chunks instead of a
+    backlog); anything else (an n > 1 request's end, an abort) after the deltas before it."""
+    out, joined = [], {}
+    for item in items:
+        if isinstance(item, RequestOutput) and not _gathered(item):
+            before = joined.get(item.index)
+            joined[item.index] = item if before is None else _join(before, item)
+            continue
+        out += [*joined.values(), item]
+        joined = {}
+    return out + list(joined.values())
+
+
+def _join(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """Two deltas of one completion, `b` after `a`, as one."""
+    logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
+    return RequestOutput(a.id, a.token_ids + b.token_ids, a.text + b.text, b.finished, b.finish_reason, b.result,
+                         a.index, logprobs)
 
 
 def _sse(body: dict) -> str:

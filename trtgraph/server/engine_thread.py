@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import TrtgraphError
+from ..runtime.serving.deliveries import BY_CHOICE
 from ..runtime.serving.requests import Request
 from ..runtime.serving.streaming import RequestOutput
 from .metrics import Metrics
@@ -140,8 +141,8 @@ class EngineThread:
                     self._close_sink(arg)
                     self.metrics.requests.labels("abort").inc()
                 continue
-            try:
-                self.engine.add_request(arg)
+            try:  # by choice: n > 1 completions and logprobs stream too (the handler keeps what it answers)
+                self.engine.add_request(arg, stream=BY_CHOICE)
             except TrtgraphError as exc:  # handed to the request's consumer
                 self._sinks[arg.id] = sink
                 self._finish_sink(arg.id, exc)

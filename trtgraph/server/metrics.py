@@ -44,10 +44,8 @@ class Metrics:
 
     def after_step(self, engine, outputs, step_seconds: float) -> None:
         """Account one engine step: its outputs, and what the engine's stats gained."""
-        for out in outputs:
+        for out in outputs:  # every completion's tokens come as deltas (the engine thread streams by choice)
             self.generation_tokens.inc(len(out.token_ids))
-            if out.finished and out.result.choices:  # n > 1: the completions come whole, at the end
-                self.generation_tokens.inc(sum(len(c.token_ids) for c in out.result.choices))
             if out.finished:
                 self.finished(out.result)
         self.step_seconds.observe(step_seconds)

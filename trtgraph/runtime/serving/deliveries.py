@@ -3,12 +3,24 @@ launcher, scheduler, tokenizer, stats and the requests being served, `Live`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .launcher import InFlight
 from .requests import Result
 from .scheduler import Sequence
-from .streaming import RequestOutput, TextStream, final_result
+from .streaming import RequestOutput, TextStream, final_result, logprob_entries
+
+
+# Live.stream, past True / False: every step's news of every completion (n > 1 too, each
+# output naming its completion) with its tokens' logprob entries when asked: the server's.
+BY_CHOICE = "by choice"
+
+
+@dataclass
+class Sent:
+    """One completion's text stream and the output tokens of it already handed out."""
+    text: TextStream
+    num_sent: int = 0
 
 
 @dataclass
@@ -17,8 +29,19 @@ class Live:
     seq: Sequence
     arrival_seconds: float  # time.perf_counter() at add_request
     text: TextStream
-    stream: bool = True  # whether each step's new tokens and text are handed out (else only the end)
-    num_sent: int = 0  # output tokens already handed out
+    # Whether each step's new tokens and text are handed out (else only the end); True: n > 1
+    # requests' only at the end; BY_CHOICE: each completion's too, with logprob entries.
+    stream: bool | str = True
+    num_sent: int = 0  # output tokens already handed out (of completion 0)
+    forks: dict[int, Sent] = field(default_factory=dict)  # BY_CHOICE, n > 1: completions 1..n-1's
+
+    def sent(self, index: int) -> "Live | Sent":
+        """Completion `index`'s text stream and tokens handed out."""
+        if index == 0:
+            return self
+        if index not in self.forks:
+            self.forks[index] = Sent(self.text.twin())
+        return self.forks[index]
 
 
 class Deliveries:
@@ -49,21 +72,39 @@ class Deliveries:
         (token-level, from the scheduler, or a stop string, found by `_drawn`) ended it, its
         Result. text: the output's text when `_drawn` decoded it (cut at a stop string)."""
         req, live = seq.request, self._live[seq.request.id]
-        out = seq.output_ids
+        by_choice = live.stream == BY_CHOICE
         if reason is None:
-            if req.n > 1 or not live.stream:  # one output, once it (all n completions) has finished
+            if not live.stream or (req.n > 1 and not by_choice):  # one output, once it (all n) has finished
                 return []
-            delta = RequestOutput(req.id, out[live.num_sent:], live.text.feed(out, seq.stop_floor or 0))
-            live.num_sent = len(out)
-            return [delta]
-        result = final_result(seq, reason, self.tokenizer.decode(out) if text is None else text,
+            return [self._delta(seq, live, by_choice)]
+        result = final_result(seq, reason, self.tokenizer.decode(seq.output_ids) if text is None else text,
                               live.arrival_seconds, self.tokenizer.decode)
         self.stats.completion_tokens += len(result.token_ids)
         if req.n > 1:
-            return self._finish_choice(seq, result)
+            ended = [self._last_delta(live, seq.index, result, False)] if by_choice else []
+            return ended + self._finish_choice(seq, result)
         del self._live[req.id]
-        return [RequestOutput(result.id, result.token_ids[live.num_sent:], live.text.finish(result.text),
-                              True, result.finish_reason, result)]
+        return [self._last_delta(live, 0, result, True, by_choice)]
+
+    def _delta(self, seq: Sequence, live: Live, by_choice: bool) -> RequestOutput:
+        """A sequence's tokens and text since its previous output (and, by choice, their logprob entries)."""
+        sent, out, k = live.sent(seq.index), seq.output_ids, seq.request.logprobs
+        new = out[sent.num_sent:]
+        entries = logprob_entries(new, seq.logprobs[sent.num_sent:], k, self.tokenizer.decode) \
+            if by_choice and k is not None else None
+        delta = RequestOutput(seq.request.id, new, sent.text.feed(out, seq.stop_floor or 0), index=seq.index,
+                              logprobs=entries)
+        sent.num_sent = len(out)
+        return delta
+
+    @staticmethod
+    def _last_delta(live: Live, index: int, result: Result, finished: bool, with_logprobs: bool = True) -> RequestOutput:
+        """The rest of a finished completion: its tokens and text not handed out yet, its finish
+        reason (`finished`: the request's last output, carrying the Result)."""
+        sent = live.sent(index)
+        entries = result.logprobs[sent.num_sent:] if with_logprobs and result.logprobs is not None else None
+        return RequestOutput(result.id, result.token_ids[sent.num_sent:], sent.text.finish(result.text), finished,
+                             result.finish_reason, result if finished else None, index, entries)
 
     def _orphans(self) -> list[RequestOutput]:
         """After a failed step (Engine._recover): the Result of each request (n = 1) whose

@@ -21,13 +21,19 @@ REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that do not (yet) form
 
 @dataclass
 class RequestOutput:
-    """One step's news for one request: new token ids, new text, and at the end its Result."""
+    """One step's news for one request: new token ids, new text, and at the end its Result.
+    A request streamed by choice (deliveries.BY_CHOICE) also gets n > 1 completions' deltas,
+    each naming its completion (`index`); one whose completion ended has its `finish_reason`
+    but not `finished` (the request's own last output, the Result with its `choices`, follows
+    when all n have), and each delta carries its tokens' logprob entries when they were asked."""
     id: str
     token_ids: list[int] = field(default_factory=list)  # new since this request's previous output
     text: str = ""  # new text since the previous output
     finished: bool = False
-    finish_reason: str | None = None  # stop | length | error, when finished
+    finish_reason: str | None = None  # stop | length | error, when finished (or its completion ended)
     result: Result | None = None  # the whole request, when finished
+    index: int = 0  # which of the request's n completions the delta is of (streamed by choice)
+    logprobs: list[dict] | None = None  # streamed by choice with logprobs: token_ids' entries (logprob_entries)
 
 
 class TextStream:
@@ -36,7 +42,7 @@ class TextStream:
     decoding, not the whole output's."""
 
     def __init__(self, tokenizer, stop_strings: tuple[str, ...] = ()):
-        self._decode = tokenizer.decode
+        self._tokenizer, self._decode = tokenizer, tokenizer.decode
         self._stops = stop_strings
         self._prefix_offset = 0  # window start: ids before it are text already
         self._read_offset = 0  # ids up to here are in `text`
@@ -57,6 +63,10 @@ class TextStream:
             return ""
         delta, self.sent = self.text[self.sent:safe], safe
         return delta
+
+    def twin(self) -> "TextStream":
+        """A fresh detokenizer with the same tokenizer and stop strings (another completion's)."""
+        return TextStream(self._tokenizer, self._stops)
 
     def finish(self, final_text: str) -> str:
         """The rest of `final_text` (the Result's text) after what was handed out."""
