@@ -7,7 +7,9 @@ are the whole answer's completion for the same seed: its text, token ids and log
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 
 import httpx
 import pytest
@@ -263,3 +265,32 @@ def test_raw_stream_of_n_is_server_sent_events_ending_in_done(server):
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert sorted(c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]) == [0, 1]
     assert all(len(c["choices"][0]["logprobs"]["tokens"]) == len(c["choices"][0]["token_ids"]) for c in chunks)
+
+
+def post_leaving(server, body: dict, timeout: float) -> None:
+    """POST `body`, leaving when no answer came in `timeout` seconds."""
+    with contextlib.suppress(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=timeout)
+
+
+def test_a_running_n_request_no_longer_counts_as_waiting(server):
+    """A non-streamed n > 1 request handed out nothing until all n had finished, so it counted
+    as waiting (queue_depth, --max-waiting) the whole time it ran: with --max-waiting 1, one
+    running `n: 2` request had every other request refused with 429. Its completions'
+    deltas now come at every step."""
+    body = {"model": MODEL, "prompt": "running", "max_tokens": 200, "n": 2, "temperature": 1.0, "seed": 1}
+    server.thread.max_waiting = 1
+    try:
+        with slowed(server, 0.05):  # the runner leaves after 4 s (10 s of decoding): aborted then
+            runner = threading.Thread(target=post_leaving, args=(server, body, 4), daemon=True)
+            runner.start()
+            wait_for(lambda: len(server.engine.scheduler.running) == 2, 3, "both completions running")
+            wait_for(lambda: server.thread.queued == 0, 1, "the running request to leave the queue")
+            assert server.metrics()["trtgraph_queue_depth[]"] == 0
+            other = server.client().completions.create(model=MODEL, prompt="next", max_tokens=2, temperature=0)
+            assert other.choices[0].finish_reason == "length" and len(server.engine.scheduler.running) == 2
+            runner.join(10)
+    finally:
+        server.thread.max_waiting = 64
+    wait_for(server.idle_and_leak_free, 10, "the runner's request aborted")
