@@ -250,7 +250,8 @@ def test_many_concurrent_streams_of_n_with_logprobs_are_each_their_whole_answer(
 def test_echo_best_of_and_suffix_stay_refused_in_a_stream_of_n(server, extra, param):
     """n > 1 with stream no longer answers 400 naming `n`: what is refused is named itself."""
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 2, "stream": True, "logprobs": 1, **extra}
-    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60, headers={"Authorization": f"Bearer {API_KEY}"})
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60,
+                   headers={"Authorization": f"Bearer {API_KEY}"})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 

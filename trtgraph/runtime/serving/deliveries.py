@@ -21,6 +21,7 @@ class Sent:
     """One completion's text stream and the output tokens of it already handed out."""
     text: TextStream
     num_sent: int = 0
+    entries: list[dict] = field(default_factory=list)  # logprob entries of the tokens handed out (BY_CHOICE)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Live:
     # requests' only at the end; BY_CHOICE: each completion's too, with logprob entries.
     stream: bool | str = True
     num_sent: int = 0  # output tokens already handed out (of completion 0)
+    entries: list[dict] = field(default_factory=list)  # their logprob entries (BY_CHOICE, when asked)
     forks: dict[int, Sent] = field(default_factory=dict)  # BY_CHOICE, n > 1: completions 1..n-1's
 
     def sent(self, index: int) -> "Live | Sent":
@@ -78,7 +80,8 @@ class Deliveries:
                 return []
             return [self._delta(seq, live, by_choice)]
         result = final_result(seq, reason, self.tokenizer.decode(seq.output_ids) if text is None else text,
-                              live.arrival_seconds, self.tokenizer.decode)
+                              live.arrival_seconds, self.tokenizer.decode,
+                              live.sent(seq.index).entries if by_choice else None)
         self.stats.completion_tokens += len(result.token_ids)
         if req.n > 1:
             ended = [self._last_delta(live, seq.index, result, False)] if by_choice else []
@@ -90,15 +93,18 @@ class Deliveries:
         """A sequence's tokens and text since its previous output (and, by choice, their logprob entries)."""
         sent, out, k = live.sent(seq.index), seq.output_ids, seq.request.logprobs
         new = out[sent.num_sent:]
-        entries = logprob_entries(new, seq.logprobs[sent.num_sent:], k, self.tokenizer.decode) \
-            if by_choice and k is not None else None
+        entries = None
+        if by_choice and k is not None:  # (kept: the Result's logprobs begin with them)
+            entries = logprob_entries(new, seq.logprobs[sent.num_sent:], k, self.tokenizer.decode)
+            sent.entries += entries
         delta = RequestOutput(seq.request.id, new, sent.text.feed(out, seq.stop_floor or 0), index=seq.index,
                               logprobs=entries)
         sent.num_sent = len(out)
         return delta
 
     @staticmethod
-    def _last_delta(live: Live, index: int, result: Result, finished: bool, with_logprobs: bool = True) -> RequestOutput:
+    def _last_delta(live: Live, index: int, result: Result, finished: bool,
+                    with_logprobs: bool = True) -> RequestOutput:
         """The rest of a finished completion: its tokens and text not handed out yet, its finish
         reason (`finished`: the request's last output, carrying the Result)."""
         sent = live.sent(index)

@@ -90,14 +90,18 @@ def _found(text: str, stops: tuple[str, ...], floor: int) -> list[int]:
     return [i for s in stops if (i := text.find(s, max(floor - len(s) + 1, 0))) >= 0]
 
 
-def final_result(seq, reason: str, text: str, arrival_seconds: float, decode) -> Result:
+def final_result(seq, reason: str, text: str, arrival_seconds: float, decode, made: list | None = None) -> Result:
     """A finished sequence's Result: tokens, text, timings (ms) and, when asked, logprobs.
-    seq: a scheduler Sequence; decode: the tokenizer's decode."""
+    seq: a scheduler Sequence; decode: the tokenizer's decode; made: the logprob entries of its
+    first tokens, made already (for its streamed deltas)."""
     out = seq.output_ids
     n = len(out)
     tpot = (seq.last_token_time - seq.first_token_time) * 1e3 / (n - 1) if n > 1 else None
     req = seq.request
-    logprobs = logprob_entries(out, seq.logprobs, req.logprobs, decode) if req.logprobs is not None else None
+    logprobs = None
+    if req.logprobs is not None:
+        made = (made or [])[:n]
+        logprobs = made + logprob_entries(out[len(made):], seq.logprobs[len(made):], req.logprobs, decode)
     return Result(id=req.id, text=text, token_ids=list(out), finish_reason=reason,
                   prompt_tokens=len(seq.prompt_ids), ttft_ms=(seq.first_token_time - arrival_seconds) * 1e3,
                   tpot_ms=tpot, logprobs=logprobs)
