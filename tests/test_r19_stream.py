@@ -295,3 +295,22 @@ def test_a_running_n_request_no_longer_counts_as_waiting(server):
     finally:
         server.thread.max_waiting = 64
     wait_for(server.idle_and_leak_free, 10, "the runner's request aborted")
+
+
+def test_a_stream_of_n_aborted_by_the_server_ends_with_an_error_event_and_done(server):
+    """The server stopping (SIGTERM's drain: abort_all) mid-stream of n > 1: the deltas
+    already made, then OpenAI's error object, then [DONE]; every completion's blocks freed."""
+    body = {"model": MODEL, "prompt": "stopping", "max_tokens": 200, "n": 3, "stream": True, "temperature": 1,
+            "seed": 2}
+    with slowed(server, 0.05), httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60,
+                                            headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = (line for line in r.iter_lines() if line)
+        seen = set()
+        while seen != {0, 1, 2}:
+            seen.add(json.loads(next(lines)[6:])["choices"][0]["index"])
+        server.thread.abort_all("the server is shutting down")
+        rest = list(lines)
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][6:])["error"]["code"] == "aborted"
+    assert all("choices" in json.loads(e[6:]) for e in rest[:-2])
+    wait_for(server.idle_and_leak_free, 10, "every completion aborted")
