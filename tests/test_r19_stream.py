@@ -32,6 +32,7 @@ def joined(chunks, chat: bool = False) -> dict[int, dict]:
     logprobs joined (or a chat's content entries), None where no chunk had any."""
     out: dict[int, dict] = {}
     for ch in chunks:
+        strict(ch, chat)
         assert len(ch.choices) <= 1, "one completion per chunk"
         for c in ch.choices:
             d = out.setdefault(c.index, {"text": "", "token_ids": [], "finishes": [], "logprobs": None, "roles": []})
@@ -47,6 +48,19 @@ def joined(chunks, chat: bool = False) -> dict[int, dict]:
                 else:
                     d["logprobs"] = {k: (d["logprobs"] or {}).get(k, []) + lp[k] for k in lp}
     return out
+
+
+def strict(chunk, chat: bool) -> None:
+    """A chunk as the `openai` client received it, validated by its types (the client builds
+    them without validating). A completions chunk before a choice's last has finish_reason
+    null, which the Completion type (made for whole answers) does not allow: checked as "stop"."""
+    raw = chunk.to_dict(exclude_unset=False)
+    if chat:
+        ChatCompletionChunk.model_validate(raw)
+        return
+    for c in raw["choices"]:
+        c["finish_reason"] = c["finish_reason"] or "stop"
+    Completion.model_validate(raw)
 
 
 def whole_logprobs(choice, chat: bool = False):
