@@ -60,7 +60,7 @@ class Deliveries:
         for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
             req, text, f = seq.request, None, seq.facts
             if f.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= f.min_tokens:
-                text = _stop_string(seq, live[req.id].text)
+                text = _stop_string(seq, live[req.id].text, reason is not None)
                 if text is not None:
                     reason = "stop"
                     if not seq.finished:
@@ -120,7 +120,7 @@ class Deliveries:
             seq = live.seq
             if not seq.finished or seq.request.n > 1:
                 continue
-            text = _stop_string(seq, live.text) if seq.facts.stop_strings else None
+            text = _stop_string(seq, live.text, True) if seq.facts.stop_strings else None
             outputs += self._news(seq, "stop" if text is not None else seq.finish_reason or "stop", text)
         return outputs
 
@@ -138,17 +138,24 @@ class Deliveries:
         return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
 
 
-def _stop_string(seq: Sequence, stream: TextStream) -> str | None:
+def _stop_string(seq: Sequence, stream: TextStream, finished: bool = False) -> str | None:
     """Whether the sequence's output now holds one of its stop strings: its text, cut before
     the first, or None. A step that drew several tokens (a verify step's accepted run) ends
     the output at the first of them whose text holds the stop, as plain decoding would have
     (the tokens after it are dropped). `seq.stop_checked`: output tokens already found free of
     stops (the check runs at every step the sequence draws in, from min_tokens on). A stop
     string within the text of the first min_tokens - 1 tokens is none (`seq.stop_floor`: that
-    text's length): no stop applies before min_tokens."""
+    text's length): no stop applies before min_tokens. The search is incremental
+    (`seq.stop_scan`); the full text is decoded where it finds a hit, and once for a sequence
+    that `finished` otherwise, so the result is always the full decode's."""
     out, m = seq.output_ids, seq.facts.min_tokens
     if seq.stop_floor is None:
         seq.stop_floor = stream.length(out[:m - 1]) if m > 1 else 0
+    if seq.stop_scan is None:
+        seq.stop_scan = stream.scan()
+    if not finished and not seq.stop_scan.hit(out, seq.stop_floor):
+        seq.stop_checked = len(out)
+        return None
     text, hit = stream.stop_text(out, seq.stop_floor)
     if not hit:
         seq.stop_checked = len(out)

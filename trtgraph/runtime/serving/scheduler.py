@@ -61,6 +61,7 @@ class Sequence:
     retired: bool = False  # its blocks and slot were freed before its last token was read (retire_ahead)
     stop_checked: int = 0  # output tokens found free of its stop strings (deliveries._stop_string)
     stop_floor: int | None = None  # characters of its first min_tokens - 1 tokens' text, once known (same)
+    stop_scan: object = field(default=None, repr=False)  # its streaming.StopScan, made at its first check (same)
     _facts: RowFacts | None = field(default=None, repr=False)
 
     def __post_init__(self):

@@ -80,9 +80,41 @@ class TextStream:
         hit = min(_found(text, self._stops, floor), default=-1)
         return (text[:hit], True) if hit >= 0 else (text, False)
 
+    def scan(self) -> StopScan:
+        """A fresh incremental stop-string search with this stream's tokenizer and stop strings."""
+        return StopScan(self._decode, self._stops)
+
     def length(self, ids: list[int]) -> int:
         """Characters in the text of `ids`."""
         return len(self._decode(ids))
+
+
+class StopScan:
+    """One sequence's search for its stop strings, step by step: its text decoded as TextStream
+    decodes it (a window of ids since the last complete character), and each step's search
+    only over the text that step may have changed (from the longest stop string's length before
+    the previous search's end). So a step costs its new tokens, not the whole output: a full
+    decode of 8,000 tokens took 1.3 ms of host time a step (the shipped tokenizer). A hit here is
+    confirmed by a full decode (deliveries._stop_string), which also checks a finished sequence once."""
+
+    def __init__(self, decode, stops: tuple[str, ...]):
+        self._decode, self._stops = decode, stops
+        self._prefix_offset = self._read_offset = 0
+        self._text = ""  # the text of ids[:read_offset], ending on a complete character
+        self._searched = 0  # characters of _text searched already
+
+    def hit(self, ids: list[int], floor: int = 0) -> bool:
+        """Whether the text of `ids` (the output so far; it only grows) holds a stop string ending
+        past its first `floor` characters that the previous searches did not see."""
+        before = self._decode(ids[self._prefix_offset:self._read_offset])
+        now = self._decode(ids[self._prefix_offset:])
+        tail = now[len(before):] if len(now) > len(before) else ""
+        if tail and not now.endswith(REPLACEMENT):
+            self._text, tail = self._text + tail, ""
+            self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+        text, start = self._text + tail, max(floor, self._searched)
+        self._searched = len(self._text)
+        return any(text.find(s, max(start - len(s) + 1, 0)) >= 0 for s in self._stops)
 
 
 def _found(text: str, stops: tuple[str, ...], floor: int) -> list[int]:
