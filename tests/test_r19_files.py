@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtgraph.cli import main
+from trtgraph.runtime.serving import requests as native
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_SEQ_LEN = 64
@@ -154,3 +155,30 @@ def test_the_python_api_serves_max_tokens_context(artifacts):
     assert d.finish_reason == "error" and "min_tokens" in d.error and "max_seq_len" in d.error
     [e] = llm.generate([{"prompt_token_ids": [5] * MAX_SEQ_LEN, "max_tokens": "context"}])
     assert e.finish_reason == "error" and "max_seq_len" in e.error
+
+
+def test_resume_refuses_a_chat_result_an_earlier_trtgraph_cut_at_16_tokens(artifacts, tmp_path):
+    """A batch chat line without a max got 16 tokens from trtgraph before this session; its input
+    line (so its fingerprint) is unchanged, so --resume kept that cut result beside full ones
+    written now: the same kind of line answered two ways in one output. It is refused, naming the
+    line and what to do; a result that reached the end of the context, or asked for 16, is kept."""
+    body = {"messages": HELLO, "temperature": 0, "ignore_eos": True}
+    lines = [batch_line("old", body), batch_line("asked16", {**body, "max_tokens": 16}), batch_line("new", body),
+             batch_line("todo", body)]
+    prompts, out = write_jsonl(tmp_path / "b.jsonl", lines), tmp_path / "out.jsonl"
+    assert run(artifacts, write_jsonl(tmp_path / "first.jsonl", lines[1:3]), "--output", str(out)).exit_code == 0
+    rows = rows_of(out)
+    old = json.loads(json.dumps(rows["asked16"]).replace("asked16", "old"))  # as the old default wrote it
+    old["response"]["request_id"] = "req_sha256_" + native.request_fingerprint(lines[0])
+    for row in rows.values():
+        row["response"]["request_id"] = "req_sha256_" + native.request_fingerprint(
+            next(ln for ln in lines if ln["custom_id"] == row["custom_id"]))
+    write_jsonl(out, [old, rows["asked16"], rows["new"]])
+    before = out.read_text()
+    res = run(artifacts, prompts, "--output", str(out), "--resume")
+    assert res.exit_code == 2 and "line 1" in res.output and "'old'" in res.output and "16 tokens" in res.output
+    assert "Remove" in res.output and out.read_text() == before, res.output
+    write_jsonl(out, [rows["asked16"], rows["new"]])
+    res = run(artifacts, prompts, "--output", str(out), "--resume")
+    assert res.exit_code == 0, res.output
+    assert set(rows_of(out)) == {"old", "asked16", "new", "todo"}

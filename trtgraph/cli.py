@@ -254,7 +254,8 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
             refuse_unfinished(output, requests.id_field, set(requests.ids), requests.name)
         if resume:
             found = resume_point(output, key=requests.id_field, expected=set(requests.ids), prompts=requests.name,
-                                 sources=requests.sources)  # refuses results of requests edited since
+                                 sources=requests.sources,  # refuses results of requests edited since
+                                 stale=requests.cut_by_old_default(config.limits.max_seq_len))
             requests = requests.without(found.done)
             click.echo(f"resume: {len(found.done)} requests already in {output}, {len(requests.ids)} to run", err=True)
             if found.unchecked:
