@@ -101,7 +101,7 @@ def test_a_batch_chat_line_without_a_max_is_refused_only_where_the_context_leave
     out = rows_of(tmp_path / "out.jsonl")
     assert out["min20"]["response"]["status_code"] == 200
     assert out["min20"]["response"]["body"]["usage"]["completion_tokens"] >= 20
-    for cid, words in (("min-too-many", ["min_tokens", "max_seq_len"]), ("full", ["max_seq_len", "prompt"])):
+    for cid, words in (("min-too-many", ["min_tokens", "max_seq_len"]), ("full", ["max_seq_len", "shorten the messages"])):
         assert out[cid]["response"]["status_code"] == 400, out[cid]
         message = out[cid]["error"]["message"]
         assert all(w in message for w in words) and "max_tokens (" not in message, message
@@ -182,3 +182,15 @@ def test_resume_refuses_a_chat_result_an_earlier_trtgraph_cut_at_16_tokens(artif
     res = run(artifacts, prompts, "--output", str(out), "--resume")
     assert res.exit_code == 0, res.output
     assert set(rows_of(out)) == {"old", "asked16", "new", "todo"}
+
+
+# ---- the new-user path: README.md followed as written --------------------------------------------
+
+@pytest.mark.parametrize("name", ["prompts.jsonl", "stdlib-prompts.jsonl", "stdlib-batch.jsonl"])
+def test_the_example_request_files_read_whole(name):
+    """The README's batch section had no example file to run; each example reads with no line refused."""
+    from trtgraph.formats.batch import read_requests
+
+    f = read_requests(str(ROOT / "examples" / name))
+    assert f.requests and not f.refused
+    assert f.is_batch == (name == "stdlib-batch.jsonl")

@@ -69,7 +69,7 @@ class Admission:
         left, limit = self.max_seq_len - prompt, self.max_seq_len
         if left < 1:
             return req, (f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len ({limit}), leaving "
-                         f"no room for a reply; shorten the prompt")
+                         f"no room for a reply; shorten {'the messages' if req.messages is not None else 'the prompt'}")
         if req.sampling.min_tokens > left:
             return req, (f"min_tokens ({req.sampling.min_tokens}) is more than the {left} tokens the manifest's "
                          f"limits.max_seq_len ({limit}) leaves after the prompt ({prompt} tokens)")
