@@ -194,3 +194,19 @@ def test_the_example_request_files_read_whole(name):
     f = read_requests(str(ROOT / "examples" / name))
     assert f.requests and not f.refused
     assert f.is_batch == (name == "stdlib-batch.jsonl")
+
+
+def test_penalties_refused_with_speculative_decoding_name_the_switch_that_turns_it_off(tmp_path_factory, tmp_path):
+    """The refusal said "run with speculative decoding off" without saying how; `run` has
+    --no-speculative and LLM speculative=False, which serve the same capture."""
+    from conftest import tiny_config
+    from trtgraph.compiler.pipeline import capture
+
+    arts = tmp_path_factory.mktemp("spec")
+    capture(tiny_config(speculative={"draft_len": 2, "ngram_min": 1, "ngram_max": 2}), arts)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "pen", "prompt": "abc", "max_tokens": 2,
+                                                 "presence_penalty": 1.0}])
+    res = run(arts, prompts, "--output", str(tmp_path / "a.jsonl"))
+    assert res.exit_code == 0 and "--no-speculative" in rows_of(tmp_path / "a.jsonl")["pen"]["error"]
+    res = run(arts, prompts, "--output", str(tmp_path / "b.jsonl"), "--no-speculative")
+    assert res.exit_code == 0 and rows_of(tmp_path / "b.jsonl")["pen"]["finish_reason"] == "length"

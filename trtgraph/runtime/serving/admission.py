@@ -101,7 +101,8 @@ class Admission:
         s, cfg = req.sampling, self.model_config
         if s.uses_penalties and speculative:
             return ("repetition / presence / frequency penalties are not supported with speculative decoding "
-                    "(draft tokens would count before they are accepted); run with speculative decoding off")
+                    "(draft tokens would count before they are accepted); run with speculative decoding off "
+                    "(`trtgraph run --no-speculative`, `LLM(..., speculative=False)`)")
         if (s.logit_bias or s.min_tokens) and self.tensor_parallel:
             return "logit_bias and min_tokens are not supported with tensor parallelism yet"
         masked = {t for t in set(cfg.eos_token_ids) | set(self.generation.eos_token_ids) | set(s.stop_token_ids)
