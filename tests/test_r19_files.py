@@ -210,3 +210,22 @@ def test_penalties_refused_with_speculative_decoding_name_the_switch_that_turns_
     assert res.exit_code == 0 and "--no-speculative" in rows_of(tmp_path / "a.jsonl")["pen"]["error"]
     res = run(arts, prompts, "--output", str(tmp_path / "b.jsonl"), "--no-speculative")
     assert res.exit_code == 0 and rows_of(tmp_path / "b.jsonl")["pen"]["finish_reason"] == "length"
+
+
+def test_inspect_check_of_a_moved_checkpoint_says_to_pass_model_not_to_recapture(tmp_path, one_torch_thread):
+    """README: a checkpoint that moved after capture is served with `run --model PATH`; `inspect
+    --check` named the moved path but told the user to recapture."""
+    import shutil
+
+    from trtgraph.compiler.pipeline import capture
+    from trtgraph.config import Config
+
+    shutil.copytree(ROOT / "trtgraph" / "assets" / "stdlib-llama", tmp_path / "ckpt")
+    capture(Config.from_dict({"model": {"path": str(tmp_path / "ckpt")}, "dtype": "float32", "device": "cpu",
+                              "limits": {"max_batch_size": 1, "max_seq_len": 32, "max_num_tokens": 32},
+                              "buckets": {"batch_sizes": [1], "context_batch_sizes": [1], "chunk_sizes": [32],
+                                          "sampling": ["greedy"]}}, source="t"), tmp_path / "art")
+    (tmp_path / "ckpt").rename(tmp_path / "moved")
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "art"), "--check"])
+    assert res.exit_code == 3 and "config.model.path" in res.output
+    assert "--model" in res.output and "recapture" not in res.output, res.output

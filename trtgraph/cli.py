@@ -193,8 +193,10 @@ def inspect(path, as_json, check):
         click.echo(manifest_text(manifest, manifest_path(path)))
         if check:
             click.echo("")
-            click.echo("check: this machine matches the manifest" if not diffs else
-                       "check: DIFFERS from the manifest; recapture here with `trtgraph capture --config ...`\n"
+            fix = ("the checkpoint is not at its path: serve it from where it is now with `trtgraph run --model DIR`"
+                   if all(d.field.startswith("config.model.path") for d in diffs) else
+                   "recapture here with `trtgraph capture --config ...`")
+            click.echo("check: this machine matches the manifest" if not diffs else f"check: DIFFERS from the manifest; {fix}\n"
                        + "\n".join(f"  {d}" for d in diffs))
     if diffs:
         sys.exit(3)
