@@ -86,7 +86,8 @@ def capture(config_path, out_dir, device, as_json):
     \b
     Examples:
       trtgraph capture                                  # embedded default, CPU in seconds
-      trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml
+      trtgraph capture --config examples/stdlib-llama.yaml    # the shipped model, CPU in seconds
+      trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml   # on a GPU
     """
     from .outputs import check_outputs, place
 
@@ -354,7 +355,7 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
 
     \b
     Examples:
-      trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml
+      trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml   # on a GPU
       trtgraph bench --manifest trtgraph-artifacts --prompts 64 --no-hf
     """
     from .bench import BenchOptions, check_options, run_bench
