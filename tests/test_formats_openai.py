@@ -92,11 +92,11 @@ def test_chat_body_refusals_name_the_field(body, param):
 
 
 def test_a_native_value_error_becomes_an_error_object_naming_the_field():
-    native = oa.completion_request({"prompt": "a", "max_tokens": 0}, "r")
+    native = oa.completion_request({"prompt": "a", "top_p": 2}, "r")
     with pytest.raises(PromptError) as e:
         parse_request(native, "b.jsonl line 2")
     err = oa.error_from_exception(e.value)
-    assert err == {"error": {"message": str(e.value), "type": "invalid_request_error", "param": "max_tokens",
+    assert err == {"error": {"message": str(e.value), "type": "invalid_request_error", "param": "top_p",
                              "code": None}}
 
 

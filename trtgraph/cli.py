@@ -86,7 +86,8 @@ def capture(config_path, out_dir, device, as_json):
     \b
     Examples:
       trtgraph capture                                  # embedded default, CPU in seconds
-      trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml
+      trtgraph capture --config examples/stdlib-llama.yaml    # the shipped model, CPU in seconds
+      trtgraph capture --config examples/llama-3.2-1b-synthetic.yaml   # on a GPU
     """
     from .outputs import check_outputs, place
 
@@ -193,8 +194,10 @@ def inspect(path, as_json, check):
         click.echo(manifest_text(manifest, manifest_path(path)))
         if check:
             click.echo("")
-            click.echo("check: this machine matches the manifest" if not diffs else
-                       "check: DIFFERS from the manifest; recapture here with `trtgraph capture --config ...`\n"
+            fix = ("the checkpoint is not at its path: serve it from where it is now with `trtgraph run --model DIR`"
+                   if all(d.field.startswith("config.model.path") for d in diffs) else
+                   "recapture here with `trtgraph capture --config ...`")
+            click.echo("check: this machine matches the manifest" if not diffs else f"check: DIFFERS from the manifest; {fix}\n"
                        + "\n".join(f"  {d}" for d in diffs))
     if diffs:
         sys.exit(3)
@@ -254,7 +257,8 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
             refuse_unfinished(output, requests.id_field, set(requests.ids), requests.name)
         if resume:
             found = resume_point(output, key=requests.id_field, expected=set(requests.ids), prompts=requests.name,
-                                 sources=requests.sources)  # refuses results of requests edited since
+                                 sources=requests.sources,  # refuses results of requests edited since
+                                 stale=requests.cut_by_old_default(config.limits.max_seq_len))
             requests = requests.without(found.done)
             click.echo(f"resume: {len(found.done)} requests already in {output}, {len(requests.ids)} to run", err=True)
             if found.unchecked:
@@ -351,7 +355,7 @@ def bench(config_path, manifest, out_dir, context_len, num_prompts, prompt_len, 
 
     \b
     Examples:
-      trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml
+      trtgraph bench --config examples/llama-3.2-1b-synthetic.yaml   # on a GPU
       trtgraph bench --manifest trtgraph-artifacts --prompts 64 --no-hf
     """
     from .bench import BenchOptions, check_options, run_bench

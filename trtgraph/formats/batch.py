@@ -27,6 +27,7 @@ BATCH_FIELDS = ("custom_id", "method", "url", "body")
 URLS = {"/v1/completions": (oa.completion_request, oa.completion_object),
         "/v1/chat/completions": (oa.chat_request, oa.chat_completion_object)}
 DEFAULT_MODEL = "trtgraph"  # the `model` of a response whose request named none
+OLD_CHAT_DEFAULT = 16  # what trtgraph before the nineteenth session gave a chat line without a max
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,29 @@ class RequestFile:
     @property
     def ids(self) -> list[str]:
         return list(self.entries) if self.is_batch else [r.id for r in self.requests]
+
+    def cut_by_old_default(self, max_seq_len: int) -> Callable[[dict], str | None]:
+        """For --resume: an output line's reason to be run again, or None. trtgraph before the
+        nineteenth session gave a chat line without a max the native default of OLD_CHAT_DEFAULT
+        tokens; its request line (and fingerprint) is the same now that the line runs to the end
+        of the context, so such a result would stand beside full ones, silently shorter."""
+        to_context = {r.id for r in self.requests if r.sampling.fills_context}
+
+        def why(row: dict) -> str | None:
+            body = (row.get("response") or {}).get("body") if isinstance(row.get("response"), dict) else None
+            if row.get(self.id_field) not in to_context or not isinstance(body, dict):
+                return None
+            prompt = (body.get("usage") or {}).get("prompt_tokens") if isinstance(body.get("usage"), dict) else None
+            choices = body.get("choices") if isinstance(body.get("choices"), list) else []
+            cut = [c for c in choices if isinstance(c, dict) and c.get("finish_reason") == "length"
+                   and isinstance(c.get("token_ids"), list) and len(c["token_ids"]) == OLD_CHAT_DEFAULT]
+            if not cut or not isinstance(prompt, int) or prompt + OLD_CHAT_DEFAULT >= max_seq_len:
+                return None
+            return (f"stopped at {OLD_CHAT_DEFAULT} tokens (finish_reason \"length\"), short of the context "
+                    f"(limits.max_seq_len {max_seq_len}, prompt {prompt} tokens): an earlier trtgraph gave a chat "
+                    f"line without max_tokens / max_completion_tokens {OLD_CHAT_DEFAULT} tokens; such a line now "
+                    f"runs to the end of the context, as `serve` does")
+        return why
 
     def without(self, done: set[str]) -> RequestFile:
         """The file less the requests whose results are already written (--resume)."""

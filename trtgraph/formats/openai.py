@@ -40,7 +40,7 @@ from ..errors import PromptError
 from ..inputs import is_int, short, text_problem
 from ..limits import MAX_LOGPROBS
 from ..runtime.serving.requests import CHAT_ROLES
-from ..runtime.serving.sampling_params import MAX_TOKENS_CAP
+from ..runtime.serving.sampling_params import MAX_TOKENS_CAP, TO_CONTEXT
 
 # OpenAI's default temperature; a native request without one is greedy.
 DEFAULT_TEMPERATURE = 1.0
@@ -87,6 +87,7 @@ def completion_request(body, request_id: str, where: str = "request", allow_stre
             raise OpenAIRequestError(f"{where}: `{name}` = {short(body[name])} is not supported; leave it out "
                                      f"(or {json.dumps(default)}).", name)
     native = {"id": request_id, **_prompt(body.get("prompt"), where), **_sampling(body)}
+    _check_max_tokens(body, where)
     if body.get("logprobs") is not None:
         native["logprobs"] = body["logprobs"]
     return native
@@ -94,19 +95,18 @@ def completion_request(body, request_id: str, where: str = "request", allow_stre
 
 def chat_request(body, request_id: str, where: str = "request", allow_stream: bool = False,
                  fill_context: bool = False) -> dict:
-    """A `/v1/chat/completions` body -> a native request dict with `messages`. fill_context: a
-    body without `max_tokens` / `max_completion_tokens` gets MAX_TOKENS_CAP, for a caller that
-    lowers it to what the context leaves once the prompt is encoded (OpenAI's and vLLM's default
-    for chat; `fills_context(body)`); otherwise the native default."""
+    """A `/v1/chat/completions` body -> a native request dict with `messages`. A body without
+    `max_tokens` / `max_completion_tokens` may run to the end of the context (OpenAI's and vLLM's
+    default for chat; `fills_context(body)`): native max_tokens "context", which admission resolves
+    once the prompt is encoded; fill_context: MAX_TOKENS_CAP instead, for a caller that lowers it
+    itself (the server)."""
     _check_fields(body, CHAT_FIELDS, where, "/v1/chat/completions", allow_stream, UNUSED_CHAT)
     native = {"id": request_id, "messages": _messages(body.get("messages"), where), **_sampling(body)}
-    if fill_context and fills_context(body):
-        native["max_tokens"] = MAX_TOKENS_CAP
+    _check_max_tokens(body, where)
+    if fills_context(body):
+        native["max_tokens"] = MAX_TOKENS_CAP if fill_context else TO_CONTEXT
     mct = body.get("max_completion_tokens")
     if mct is not None:
-        if not is_int(mct) or not 1 <= mct <= MAX_TOKENS_CAP:  # named here: the native check says `max_tokens`
-            raise OpenAIRequestError(f"{where}: field `max_completion_tokens` = {short(mct)} is not allowed; "
-                                     f"expected an integer in [1, {MAX_TOKENS_CAP}].", "max_completion_tokens")
         if body.get("max_tokens") is not None and body["max_tokens"] != mct:
             raise OpenAIRequestError(f"{where}: `max_tokens` ({short(body['max_tokens'])}) and `max_completion_tokens` "
                                      f"({mct}) differ; give one of them.", "max_completion_tokens")
@@ -123,6 +123,16 @@ def chat_request(body, request_id: str, where: str = "request", allow_stream: bo
     if logprobs:
         native["logprobs"] = 0 if top is None else top
     return native
+
+
+def _check_max_tokens(body: dict, where: str) -> None:
+    """OpenAI's max_tokens / max_completion_tokens: integers (the native "context" is not OpenAI's);
+    named here, where the native check would say `max_tokens` for either."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not is_int(value) or not 1 <= value <= MAX_TOKENS_CAP):
+            raise OpenAIRequestError(f"{where}: field `{name}` = {short(value)} is not allowed; expected an "
+                                     f"integer in [1, {MAX_TOKENS_CAP}].", name)
 
 
 def fills_context(body: dict) -> bool:

@@ -5,7 +5,7 @@ the reason no recorded key of this engine can serve it, which comes back as an e
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from ...errors import PromptError
@@ -48,10 +48,13 @@ class Admission:
         """A Sequence, or an error Result when no recorded key can serve the request. Sampling
         fields the request left out take the model's generation_config.json defaults.
         speculative: whether a drafter proposes tokens now."""
-        req, known = self._resolve(req)
         ids, fail = self._prompt_ids(req)
-        if fail is None:
-            fail = self._refusal(req, ids, speculative, known)
+        if fail is None and req.sampling.fills_context:
+            req, fail = self._to_context(req, len(ids))
+        if fail:
+            return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
+        req, known = self._resolve(req)
+        fail = self._refusal(req, ids, speculative, known)
         if fail:
             return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
@@ -59,6 +62,18 @@ class Admission:
         if known is not None:
             seq._facts = known.facts  # (shared: RowFacts is frozen)
         return seq
+
+    def _to_context(self, req: Request, prompt: int) -> tuple[Request, str | None]:
+        """max_tokens "context" (an OpenAI chat without a max): what limits.max_seq_len leaves after
+        the prompt's `prompt` tokens, or (req, why nothing is left)."""
+        left, limit = self.max_seq_len - prompt, self.max_seq_len
+        if left < 1:
+            return req, (f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len ({limit}), leaving "
+                         f"no room for a reply; shorten {'the messages' if req.messages is not None else 'the prompt'}")
+        if req.sampling.min_tokens > left:
+            return req, (f"min_tokens ({req.sampling.min_tokens}) is more than the {left} tokens the manifest's "
+                         f"limits.max_seq_len ({limit}) leaves after the prompt ({prompt} tokens)")
+        return req.with_sampling(replace(req.sampling, max_tokens=left)), None
 
     def _resolve(self, req: Request) -> tuple[Request, _Resolved | None]:
         """resolve_sampling_defaults(req, generation), with what its sampling fields imply (None
@@ -86,7 +101,8 @@ class Admission:
         s, cfg = req.sampling, self.model_config
         if s.uses_penalties and speculative:
             return ("repetition / presence / frequency penalties are not supported with speculative decoding "
-                    "(draft tokens would count before they are accepted); run with speculative decoding off")
+                    "(draft tokens would count before they are accepted); run with speculative decoding off "
+                    "(`trtgraph run --no-speculative`, `LLM(..., speculative=False)`)")
         if (s.logit_bias or s.min_tokens) and self.tensor_parallel:
             return "logit_bias and min_tokens are not supported with tensor parallelism yet"
         masked = {t for t in set(cfg.eos_token_ids) | set(self.generation.eos_token_ids) | set(s.stop_token_ids)

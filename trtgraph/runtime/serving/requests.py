@@ -300,7 +300,8 @@ class ResumePoint:
 
 
 def resume_point(path: str | Path, key: str = "id", expected: set[str] | None = None,
-                 prompts: str = "the prompts file", sources: dict[str, tuple[int, str]] | None = None) -> ResumePoint:
+                 prompts: str = "the prompts file", sources: dict[str, tuple[int, str]] | None = None,
+                 stale=None) -> ResumePoint:
     """Ids already in a results file (the `key` field of each line: `custom_id` in an OpenAI
     batch output). A last line cut short by a hard kill is removed, so the file stays valid
     JSONL and that request runs again; a complete last line without its newline gets one, so
@@ -309,12 +310,13 @@ def resume_point(path: str | Path, key: str = "id", expected: set[str] | None = 
     for an id the prompts file does not hold (the output of another prompts file); and, with
     `sources` (id -> (line in the prompts file, its request_fingerprint)), a result whose recorded
     fingerprint is not that of the request the prompts file now holds under its id (the request
-    was edited after the result was written). Nothing in the file changes when it is refused."""
+    was edited after the result was written); and, with `stale` (row -> why its result is not what the
+    request asks for now, or None), a result that says so. Nothing in the file changes when it is refused."""
     path = Path(path)
     if not path.exists():
         return ResumePoint(set())
     data = path.read_bytes()
-    ids, keep, foreign, changed, unchecked = set(), 0, None, [], 0
+    ids, keep, foreign, changed, unchecked, old = set(), 0, None, [], 0, []
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         if line.strip():
             try:
@@ -336,6 +338,8 @@ def resume_point(path: str | Path, key: str = "id", expected: set[str] | None = 
                     unchecked += 1
                 elif recorded != sources[row[key]][1]:
                     changed.append((number, row[key], recorded))
+            if stale is not None and (why := stale(row)):
+                old.append((number, row[key], why))
             ids.add(row[key])
         keep += len(line)
     if foreign is not None:  # (after every line is known to be a result: that refusal names its line first)
@@ -344,6 +348,8 @@ def resume_point(path: str | Path, key: str = "id", expected: set[str] | None = 
                           f"a new --output.")
     if changed:
         raise _changed_error(path, key, prompts, sources, changed)
+    if old:
+        raise _stale_error(path, key, old)
     if keep != len(data):
         with open(path, "r+b") as f:
             f.truncate(keep)
@@ -367,6 +373,12 @@ def _changed_error(path, key, prompts, sources, changed) -> PromptError:
                        f"for the request now): the request changed after its result was written, and --resume "
                        f"would keep the old request's result.{more} Remove {lines} from {path} to run {them} "
                        f"again, restore {them} as {'they were' if rest else 'it was'}, or write to a new --output.")
+
+
+def _stale_error(path, key, old) -> PromptError:
+    (number, rid, why), more = old[0], f" So are {len(old) - 1} more lines of {path}." if len(old) > 1 else ""
+    return PromptError(f"{path} line {number}: the result for {key} {rid!r} {why}.{more} Remove such result lines "
+                       f"from {path} to run them again with --resume, or write to a new --output.")
 
 
 def _is_result_line(row, key: str) -> bool:

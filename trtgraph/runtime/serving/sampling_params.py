@@ -18,6 +18,11 @@ MIN_REPETITION_PENALTY = 0.01
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "logit_bias", "logprobs")
 MAX_TOKENS_CAP = 1 << 20
+# `max_tokens` that runs a request to the end of the context: limits.max_seq_len less its prompt,
+# resolved at admission once the prompt is encoded (an OpenAI chat without a max, as OpenAI and vLLM).
+TO_CONTEXT = "context"
+MAX_TOKENS_EXPECTED = (f'an integer in [1, {MAX_TOKENS_CAP}], or "{TO_CONTEXT}" (to the end of the context: '
+                       f"limits.max_seq_len less the prompt)")
 MAX_N = 16  # completions of one prompt (`n`)
 # Stop strings are looked for in a request's text at every step it draws in (and held back from
 # its stream while they could be starting): bounded, so one request cannot stall every other's steps.
@@ -63,8 +68,9 @@ class SamplingParams:
     at most LOGIT_BIAS_CAPACITY entries, kept as sorted (id, bias) pairs. logprobs: None (off)
     or N in [0, 20] alternatives per generated token, from the raw model logits. n: completions
     of each prompt (a request field: LLM.generate gives it to each request, as a `sampling`
-    dict's `n`; a Request keeps its own)."""
-    max_tokens: int = 16
+    dict's `n`; a Request keeps its own). max_tokens: an int, or TO_CONTEXT ("context"): as many as
+    limits.max_seq_len leaves after the prompt, resolved when the engine admits the request."""
+    max_tokens: int | str = 16
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -85,7 +91,10 @@ class SamplingParams:
         for name in SAMPLING_FIELDS + ("n",):  # numpy numbers (np.float32 temperature, np.int64 ids) as the Python ones
             if type(val := getattr(self, name)) not in _PLAIN_TYPES:
                 set_(self, name, _plain(val))
-        c.integer(self.max_tokens, "max_tokens", 1, MAX_TOKENS_CAP)
+        if isinstance(self.max_tokens, str) and self.max_tokens == TO_CONTEXT:
+            set_(self, "max_tokens", TO_CONTEXT)  # (a str subclass as the plain one)
+        else:
+            c.integer(self.max_tokens, "max_tokens", 1, MAX_TOKENS_CAP, expected=MAX_TOKENS_EXPECTED)
         c.integer(self.n, "n", 1, MAX_N)
         for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
                              ("repetition_penalty", MIN_REPETITION_PENALTY, 2.0), ("presence_penalty", -2.0, 2.0),
@@ -99,8 +108,11 @@ class SamplingParams:
             c.integer(self.top_k, "top_k", 0, 1 << 24, expected=f"an integer in [0, {1 << 24}] (0 = no top-k)")
         if self.seed is not None:
             c.integer(self.seed, "seed", 0, (1 << 63) - 1, expected="an integer in [0, 2**63)")
-        c.integer(self.min_tokens, "min_tokens", 0, self.max_tokens,
-                  expected=f"an integer in [0, max_tokens = {self.max_tokens}]")
+        if self.fills_context:  # checked against what the context leaves at admission
+            c.integer(self.min_tokens, "min_tokens", 0, MAX_TOKENS_CAP)
+        else:
+            c.integer(self.min_tokens, "min_tokens", 0, self.max_tokens,
+                      expected=f"an integer in [0, max_tokens = {self.max_tokens}]")
         c.flag(self.ignore_eos, "ignore_eos")
         if self.logprobs is not None:
             c.integer(self.logprobs, "logprobs", 0, MAX_LOGPROBS,
@@ -113,6 +125,11 @@ class SamplingParams:
             c.fail("stop", self.stop, f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_STRING_CHARS} "
                                       f"characters (each is looked for in the text at every step)")
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
+
+    @property
+    def fills_context(self) -> bool:
+        """max_tokens is TO_CONTEXT: what limits.max_seq_len leaves after the prompt."""
+        return isinstance(self.max_tokens, str)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
