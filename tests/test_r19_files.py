@@ -111,6 +111,28 @@ def test_a_batch_chat_line_without_a_max_is_refused_only_where_the_context_leave
     assert out["fine"]["response"]["body"]["usage"]["completion_tokens"] == 3
 
 
+def test_a_batch_line_over_the_context_gets_openais_code_and_names_the_bodys_field(artifacts, tmp_path):
+    """A batch line refused by limits.max_seq_len had `code` and `param` null where `serve` answers
+    `context_length_exceeded` naming the field: the prompt (`messages` / `prompt`) where it alone
+    leaves no room, else the max field the body gave."""
+    long = " x" * MAX_SEQ_LEN
+    prompts = write_jsonl(tmp_path / "b.jsonl", [
+        batch_line("chat-full", {"messages": [{"role": "user", "content": long}]}),
+        batch_line("chat-max", {"messages": HELLO, "max_completion_tokens": MAX_SEQ_LEN}),
+        batch_line("text-full", {"prompt": long, "max_tokens": 4}, url="/v1/completions"),
+        batch_line("text-max", {"prompt": "hello", "max_tokens": MAX_SEQ_LEN}, url="/v1/completions"),
+        batch_line("min-too-many", {"messages": HELLO, "min_tokens": MAX_SEQ_LEN})])
+    res = run(artifacts, prompts, "--output", str(tmp_path / "out.jsonl"))
+    assert res.exit_code == 0, res.output
+    out = rows_of(tmp_path / "out.jsonl")
+    for cid, param in (("chat-full", "messages"), ("chat-max", "max_completion_tokens"), ("text-full", "prompt"),
+                       ("text-max", "max_tokens")):
+        error = out[cid]["response"]["body"]["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", param), (cid, error)
+        assert out[cid]["error"]["param"] == param and out[cid]["error"]["message"] == error["message"]
+    assert out["min-too-many"]["response"]["body"]["error"]["code"] is None  # not the context's length: min_tokens
+
+
 # ---- the native spelling: max_tokens "context" -------------------------------------------------
 
 def test_a_native_request_may_ask_to_run_to_the_end_of_the_context(artifacts, tmp_path):

@@ -388,7 +388,12 @@ def error_from_exception(exc: Exception) -> dict:
     return error_object(str(exc), param)
 
 
-def error_from_result(result, name_request: bool = True) -> dict:
+def error_from_result(result, name_request: bool = True, fields: tuple[str, str] = ("prompt", "max_tokens")) -> dict:
     """A Result the engine refused at admission (finish_reason "error"); the message is
-    `run`'s, prefixed with the request's id unless `name_request` is false."""
-    return error_object(f"request {result.id}: {result.error}" if name_request else result.error)
+    `run`'s, prefixed with the request's id unless `name_request` is false. A refusal by the
+    context (`result.error_code`) gets OpenAI's `context_length_exceeded` and names the body's
+    field (`fields`: its prompt's and its max's names) — the prompt where it alone leaves no
+    room, else the max."""
+    message = f"request {result.id}: {result.error}" if name_request else result.error
+    param = {"prompt": fields[0], "max_tokens": fields[1]}.get(result.error_param)
+    return error_object(message, param, code=result.error_code)

@@ -20,6 +20,24 @@ RESOLVED_CACHE = 4096  # distinct sampling fields kept resolved (then the cache 
 _BUT_SEED = attrgetter(*(f for f in SAMPLING_FIELDS if f != "seed"))  # a request's sampling fields but its seed
 
 
+class OverContext(str):
+    """A refusal because the request does not fit limits.max_seq_len: its text, and the native
+    field it names (`param`: "prompt" where the prompt alone leaves no room, else "max_tokens"),
+    which the OpenAI formats report as `context_length_exceeded` (formats/openai.py)."""
+
+    def __new__(cls, text: str, param: str):
+        self = super().__new__(cls, text)
+        self.param = param
+        return self
+
+
+def _refused(req: Request, fail: str, prompt_tokens: int) -> Result:
+    """The error Result of a refusal (an OverContext's code and field kept)."""
+    over = isinstance(fail, OverContext)
+    return Result(id=req.id, finish_reason="error", error=str(fail), prompt_tokens=prompt_tokens,
+                  error_code="context_length_exceeded" if over else None, error_param=fail.param if over else None)
+
+
 @dataclass
 class _Resolved:
     """What admission derives from a request's sampling fields alone (its seed aside), kept for
@@ -52,11 +70,11 @@ class Admission:
         if fail is None and req.sampling.fills_context:
             req, fail = self._to_context(req, len(ids))
         if fail:
-            return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
+            return _refused(req, fail, len(ids))
         req, known = self._resolve(req)
         fail = self._refusal(req, ids, speculative, known)
         if fail:
-            return Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=len(ids))
+            return _refused(req, fail, len(ids))
         seed = req.seed if req.seed is not None else secrets.randbits(62)
         seq = Sequence(request=req, arrival=arrival, prompt_ids=ids, seed=seed)
         if known is not None:
@@ -68,8 +86,9 @@ class Admission:
         the prompt's `prompt` tokens, or (req, why nothing is left)."""
         left, limit = self.max_seq_len - prompt, self.max_seq_len
         if left < 1:
-            return req, (f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len ({limit}), leaving "
-                         f"no room for a reply; shorten {'the messages' if req.messages is not None else 'the prompt'}")
+            return req, OverContext(f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len ({limit}), "
+                                    f"leaving no room for a reply; shorten "
+                                    f"{'the messages' if req.messages is not None else 'the prompt'}", "prompt")
         if req.sampling.min_tokens > left:
             return req, (f"min_tokens ({req.sampling.min_tokens}) is more than the {left} tokens the manifest's "
                          f"limits.max_seq_len ({limit}) leaves after the prompt ({prompt} tokens)")
@@ -127,8 +146,9 @@ class Admission:
                     f"(size {cfg.vocab_size})")
         max_tokens = req.max_tokens if known is None else known.facts.max_tokens
         if len(ids) + max_tokens > self.max_seq_len:
-            return (f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-                    f"exceeds the manifest's limits.max_seq_len ({self.max_seq_len})")
+            return OverContext(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
+                               f"exceeds the manifest's limits.max_seq_len ({self.max_seq_len})",
+                               "prompt" if len(ids) >= self.max_seq_len else "max_tokens")
         if known is None:
             return self._fields_refusal(req, speculative)
         if speculative not in known.refusals:
@@ -153,7 +173,7 @@ class Admission:
             return req, None
         ids, fail = self._prompt_ids(req)
         if fail:
-            return req, Result(id=req.id, finish_reason="error", error=fail, prompt_tokens=0)
+            return req, _refused(req, fail, 0)
         return Request(id=req.id, prompt_token_ids=ids, sampling=req.sampling, n=req.n), None
 
     def _prompt_ids(self, req: Request) -> tuple[list[int], str | None]:
@@ -182,7 +202,8 @@ class Admission:
         per_token = getattr(self.tokenizer, "max_token_chars", None)
         most = self.max_seq_len * per_token * TEXT_SLACK if per_token else None
         if most is not None and len(text) > most:
-            return [], (f"the prompt's text ({len(text):,} characters) cannot fit limits.max_seq_len "
-                        f"({self.max_seq_len} tokens): no token of this tokenizer covers more than {per_token} "
-                        f"characters (refused before encoding, past {most:,} characters); shorten the prompt")
+            return [], OverContext(f"the prompt's text ({len(text):,} characters) cannot fit limits.max_seq_len "
+                                   f"({self.max_seq_len} tokens): no token of this tokenizer covers more than "
+                                   f"{per_token} characters (refused before encoding, past {most:,} characters); "
+                                   f"shorten the prompt", "prompt")
         return self.tokenizer.encode(text, add_special_tokens=special), None

@@ -98,6 +98,8 @@ class Result:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str = "length"  # stop | length | error
     error: str | None = None
+    error_code: str | None = None  # "context_length_exceeded" for a refusal by limits.max_seq_len (OpenAI's code)
+    error_param: str | None = None  # the native field that refusal names: "prompt" or "max_tokens"
     prompt_tokens: int = 0
     ttft_ms: float | None = None
     tpot_ms: float | None = None
