@@ -33,7 +33,9 @@ class Consumers:
     @locked
     def hand_back(self, outputs: list[RequestOutput]) -> None:
         """Outputs a consumer took from step() that belong to another consumer's requests:
-        the next step() returns them first."""
+        the next step() returns them first (once the engine is closed: nobody's, dropped)."""
+        if self.closed:
+            return
         self._undelivered = list(outputs) + self._undelivered
 
     def owners(self, ids: Iterable[str]) -> dict[str, object]:

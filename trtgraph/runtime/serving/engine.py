@@ -16,7 +16,7 @@ import torch
 
 from ... import startup
 from ...artifacts import Manifest, manifest_path
-from ...errors import PromptError
+from ...errors import PromptError, TrtgraphError
 from ...models import load_tokenizer
 from ...models.chat import load_chat_template
 from ...models.parallel import TPGroup
@@ -35,6 +35,11 @@ from .deliveries import Deliveries, Live
 from .streaming import RequestOutput, TextStream
 
 ADMIT_SLICE = 8  # submitted requests admitted per step() while the device runs (Engine._admit_slice)
+
+
+class EngineClosedError(TrtgraphError, ValueError):
+    """A call on an engine (or LLM) after its close(): nothing it held is left to serve with."""
+
 
 class Engine(Deliveries, Consumers):
     def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
@@ -94,6 +99,7 @@ class Engine(Deliveries, Consumers):
         self._owners: dict[str, Request] = {}  # id -> the submit() request now under it (consumers.py)
         # Form the step after a rows-changing one before reading it (form_ahead); False: after (A/B runs).
         self.pipeline_changes = True
+        self.closed = False  # close(): every call that would serve refuses (EngineClosedError)
         startup.lap("tokenizer_and_scheduler")
 
     @property
@@ -107,6 +113,7 @@ class Engine(Deliveries, Consumers):
         recorded key can serve comes back from the next step() as an error Result. Raises
         PromptError for a malformed dict or an id that is already live. stream=False: no
         output until it finishes (its text is decoded once, at the end)."""
+        self.check_open()
         req = request if isinstance(request, Request) else parse_request(
             request, where, self.executor.loaded.config.vocab_size)
         self._settle_aborts([req.id])
@@ -176,8 +183,9 @@ class Engine(Deliveries, Consumers):
     @locked
     def abort(self, request_id: str) -> bool:
         """Stop serving a live request at the next step: it leaves the scheduler, its KV
-        blocks are freed, and no more outputs come for it. False if it is not live."""
-        if not self._is_live(request_id):
+        blocks are freed, and no more outputs come for it. False if it is not live (nothing
+        is, once the engine is closed)."""
+        if self.closed or not self._is_live(request_id):
             return False
         self._aborts.add(request_id)
         if self._only_aborted():  # its consumer may step no more (a stream left early): the collector
@@ -202,6 +210,7 @@ class Engine(Deliveries, Consumers):
         requests while the device runs, read the oldest step's tokens back. Returns every
         request's news: outputs handed back by other consumers first, then refusals, then
         this step's."""
+        self.check_open()
         self._apply_aborts()
         collection.hold(self)  # the collector runs at this step's safe point below (collection.py)
         try:
@@ -275,6 +284,7 @@ class Engine(Deliveries, Consumers):
         then queue them all; their ids. Submitted to an idle engine they start a new run:
         `stats` then cover this batch (and whatever joins it before the engine is idle).
         stream=False: each request's one output is its last (no per-step text deltas)."""
+        self.check_open()
         vocab = self.executor.loaded.config.vocab_size
         reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab)
                 for i, r in enumerate(requests)]
@@ -313,6 +323,7 @@ class Engine(Deliveries, Consumers):
         """Fresh stats, from now on (an idle engine only; submit() and generate() start one
         when the engine is idle, so what they report covers their own call). gpu_timing:
         CUDA events around every step, for the GPU's idle time."""
+        self.check_open()
         if self.has_unfinished():
             raise RuntimeError("start_run() on an engine that is still serving requests")
         self.stats = RunStats(record_seconds=self.record_seconds, speculative=self.drafter is not None)
@@ -363,10 +374,36 @@ class Engine(Deliveries, Consumers):
 
     def follow(self) -> int:
         """Ranks other than 0: replay every step rank 0 broadcasts, until it closes."""
+        self.check_open()
         return self.broadcast.follow(self.eager)
 
+    def check_open(self) -> None:
+        if self.closed:
+            raise EngineClosedError("this engine was closed (LLM.close() / Engine.close(), or the end of its `with` "
+                                    "block): it serves nothing more. Build a new trtgraph.LLM to go on.")
+
     def close(self) -> None:
-        """Rank 0: tell the other ranks to stop following."""
-        collection.release(self)
-        if self.broadcast is not None:
-            self.broadcast.stop()
+        """Stop serving for good and give back what the engine holds; idempotent. Rank 0 tells
+        the other ranks to stop following. The requests still live are dropped (a consumer
+        waiting for them gets EngineClosedError at its next step; an LLM.stream ends), the
+        collector goes back to Python (collection.py), and the executor's graphs, KV cache,
+        buffers and weights are released (Executor.close: on CUDA, torch's allocator has
+        their memory back; torch.cuda.empty_cache() returns it to the device). Every call that
+        would serve refuses from then on (EngineClosedError); `stats` stays readable."""
+        with self._lock:  # (a step on another thread ends first)
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                if self.broadcast is not None:
+                    self.broadcast.stop()
+            finally:
+                collection.release(self)
+                self._drop_everything()
+
+    def _drop_everything(self) -> None:
+        """close()'s release: the requests, the steps in flight, then what is on the device."""
+        self._live, self._undelivered, self._aborts, self._flight = {}, [], set(), deque()
+        self._pending, self._pending_ids, self._choices, self._owners = deque(), set(), {}, {}
+        self.executor.close()
+        self.launcher = self.broadcast = None  # (pinned result buffers, events; the ranks' header)

@@ -11,6 +11,9 @@ fields) applies to every prompt; a dict prompt's own fields win. Every request g
 the JSONL validator. Several `generate` / `stream` / `chat` calls may be live at once (a
 stream consumed alternately with another, a generate in between, on several threads): they share one scheduler
 and each gets exactly the tokens it would get alone.
+
+`llm.close()` (or the end of `with trtgraph.LLM(...) as llm:`) gives back the engine's graphs,
+KV cache and weights; every call after it raises EngineClosedError.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ...errors import PromptError
-from .engine import Engine
+from .engine import Engine, EngineClosedError
 from .requests import Request, Result, parse_request
 from .streaming import RequestOutput
 
@@ -90,7 +93,8 @@ class CompletionDelta:
 
 
 class LLM:
-    """One engine; its calls may be live at once, on one thread or several (each step holds the engine's lock)."""
+    """One engine; its calls may be live at once, on one thread or several (each step holds the
+    engine's lock). `close()` (or a `with` block) gives back what it holds on the device."""
 
     def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False,
                  model: str | Path | None = None, speculative: bool = True):
@@ -102,6 +106,25 @@ class LLM:
         _check_arguments(manifest_path, eager, model, speculative)
         self.engine = Engine(manifest_path, eager=eager, model=model, speculative=speculative)
         self._next_id = itertools.count()
+
+    def close(self) -> None:
+        """Stop for good and give back what the engine holds: its graphs are destroyed and its
+        KV cache, buffers and weights dropped (on CUDA torch's allocator has their memory back at
+        once; `torch.cuda.empty_cache()` returns it to the device). Requests still being served
+        are dropped: a stream being read ends, a generate on another thread raises
+        EngineClosedError, as does every call after this one. Idempotent; `stats` stays readable."""
+        self.engine.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.engine.closed
+
+    def __enter__(self) -> "LLM":
+        self.engine.check_open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(self, prompts, sampling=None) -> list[Completion]:
         """Every prompt's Completion, in the order given (a PromptError if one of them was
@@ -149,9 +172,14 @@ class LLM:
         owners: dict = {}
         finished: set[str] = set()
         try:
-            ids = self.engine.submit(reqs)
+            ids = self.engine.submit(reqs)  # (closed before the stream started: EngineClosedError)
             owners = self.engine.owners(ids)
-            for out in self.engine.outputs_of(ids, owners):
+            outputs = self.engine.outputs_of(ids, owners)
+            while True:
+                try:
+                    out = next(outputs)
+                except (StopIteration, EngineClosedError):  # (closed while being read: the stream ends there)
+                    return
                 if out.finished:
                     finished.add(out.id)
                 yield CompletionDelta.of(out)
@@ -160,6 +188,7 @@ class LLM:
 
     def _requests(self, prompts, sampling) -> list[Request]:
         """Every prompt as a validated Request (ids made for those without one)."""
+        self.engine.check_open()
         defaults = _sampling_fields(sampling)
         vocab = self.engine.executor.loaded.config.vocab_size
         prompts = _array_ids(prompts, (1, 2))
