@@ -8,6 +8,7 @@ import gc
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def test_close_while_streams_and_generates_run_on_other_threads(default_artifact
             started.set()
         return step()
     monkeypatch.setattr(engine, "step", counted)
+    monkeypatch.setattr(engine, "_lock", _Yielding(engine._lock, started))
     long = [dict(r, id=f"long-{r['id']}", max_tokens=200, ignore_eos=True) for r in REQS]
     got, errors = {}, []
 
@@ -143,6 +145,22 @@ def test_close_while_streams_and_generates_run_on_other_threads(default_artifact
     assert not engine.has_unfinished() and engine.executor.closed
 
 
+class _Yielding:
+    """The engine's lock, with a pause after each release once `started` (a lock is not fair:
+    the stepping threads would take it again and again before the closing one gets it)."""
+
+    def __init__(self, lock, started):
+        self.lock, self.started = lock, started
+
+    def __enter__(self):
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        if self.started.is_set():
+            time.sleep(0.005)
+
+
 _DROPPED = """
 import sys, torch, trtgraph
 torch.set_num_threads(1)
@@ -170,23 +188,34 @@ def test_an_llm_dropped_without_close_ends_the_interpreter_quietly(default_artif
 
 
 # ---- CUDA: close gives the device memory back -----------------------------------------
-@pytest.mark.gpu
-def test_close_gives_the_device_memory_back_on_cuda(tmp_path):
-    """Built from a small CUDA capture, generated, closed: torch's allocated and (after
-    empty_cache) reserved memory return to within a few MiB of where they were before the LLM
-    was built, twice in a row (the second build reuses nothing the first one left)."""
+@pytest.fixture(scope="module")
+def cuda_artifacts(tmp_path_factory):
     from conftest import tiny_config
     from trtgraph.compiler.pipeline import capture
 
-    capture(tiny_config(device="cuda"), tmp_path)
+    out = tmp_path_factory.mktemp("cuda-artifacts")
+    capture(tiny_config(device="cuda"), out)
+    return out
+
+
+@pytest.mark.gpu
+def test_close_gives_the_device_memory_back_on_cuda(cuda_artifacts):
+    """Built from a small CUDA capture, generated, closed: torch's allocated and (after
+    empty_cache) reserved memory return to within a few MiB of where they were before the LLM
+    was built, twice in a row (the second build reuses nothing the first one left). The graph
+    runner's cuBLAS workspace (made inside its first recording, in its pool, and kept by torch
+    for good) held 34 MB and the pool's segment after close."""
+    from trtgraph.runtime.step.cuda_graph import release_workspaces
+
     gc.collect()
     torch.cuda.synchronize()
+    release_workspaces()  # (the capture's own streams' cuBLAS workspaces, which torch keeps: close frees them too)
     torch.cuda.empty_cache()
     device = torch.device("cuda", torch.cuda.current_device())
     start = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
     slack = 4 << 20
     for round_ in range(2):
-        llm = trtgraph.LLM(tmp_path)
+        llm = trtgraph.LLM(cuda_artifacts)
         built = torch.cuda.memory_allocated(device)
         assert built > start[0] + (1 << 20), "the LLM holds nothing on the device?"
         out = llm.generate([dict(r, id=f"{r['id']}-{round_}") for r in REQS])
@@ -196,3 +225,21 @@ def test_close_gives_the_device_memory_back_on_cuda(tmp_path):
         now = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
         assert now[0] <= start[0] + slack, (round_, start, now, built)
         assert now[1] <= start[1] + slack, (round_, start, now, built)
+
+
+@pytest.mark.gpu
+def test_closing_one_llm_leaves_another_live_one_exact_on_cuda(cuda_artifacts):
+    """close() frees every cuBLAS workspace torch keeps (release_workspaces): a live LLM's
+    graphs recorded over their own, in their own pool, which takes no allocation after the lock,
+    so scribbling over all the memory the closed one gave back changes none of its tokens."""
+    reqs = [dict(r, max_tokens=24) for r in REQS]
+    first, second = trtgraph.LLM(cuda_artifacts), trtgraph.LLM(cuda_artifacts)
+    want = [c.token_ids for c in second.generate(reqs)]
+    assert [c.token_ids for c in first.generate(reqs)] == want
+    first.close()
+    torch.cuda.empty_cache()
+    junk = [torch.full(((64 << 20) // 4,), float("nan"), device="cuda") for _ in range(4)]
+    for _ in range(2):
+        assert [c.token_ids for c in second.generate(reqs)] == want
+    del junk
+    second.close()

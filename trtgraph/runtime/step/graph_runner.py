@@ -13,6 +13,7 @@ capture raises, so nothing can be recorded once serving starts.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +22,7 @@ import torch
 
 from ...buckets import GraphKey
 from ...errors import CaptureError, ReplayMismatchError
+from . import cuda_graph
 from .cuda_graph import DriverGraph
 
 BACKENDS = ("cuda", "static")
@@ -58,7 +60,9 @@ class GraphRunner:
         self._graphs: dict[GraphKey, _Recorded] = {}
         self._locked = False
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
-        self._stream = torch.cuda.Stream(device) if backend == "cuda" else None
+        self._stream = cuda_graph.own_stream(device) if backend == "cuda" else None
+        # (a runner dropped without close gives its stream back when collected)
+        self._give_stream = weakref.finalize(self, cuda_graph.destroy_stream, self._stream) if self._stream else None
         self._graphs_alive: list = []  # the graphs must outlive their replays
         self._cache_emptied = False
         self.closed = False
@@ -86,6 +90,9 @@ class GraphRunner:
         self._weight_addresses = None
         for graph in graphs:
             graph.close()
+        if self._give_stream is not None:
+            cuda_graph.release_workspaces()  # (its own, in its pool, among them)
+            self._give_stream()
         self.pool = self._stream = None
 
     def capture(self, key: GraphKey, step: Callable[[], object], meta) -> CaptureStats:
