@@ -4,7 +4,9 @@ any point where the interpreter can raise one). Each test failed on the code bef
 
 from __future__ import annotations
 
+import dis
 import gc
+import inspect
 import subprocess
 import sys
 import threading
@@ -243,3 +245,190 @@ def test_closing_one_llm_leaves_another_live_one_exact_on_cuda(cuda_artifacts):
         assert [c.token_ids for c in second.generate(reqs)] == want
     del junk
     second.close()
+
+
+# ---- Ctrl-C anywhere: the interpreter's check points ---------------------------------
+def _check_points(code) -> frozenset[int]:
+    """The offsets in `code` where CPython (3.11+) acts on a pending signal, so where a Ctrl-C's
+    KeyboardInterrupt can be raised: the instruction after each call (it checks as the call
+    returns) and each backward jump. Between two stores with no call between, never."""
+    ins = list(dis.get_instructions(code))
+    return frozenset(cur.offset for prev, cur in zip(ins, ins[1:])
+                     if prev.opname.startswith("CALL") or cur.opname.startswith("JUMP_BACKWARD"))
+
+
+class _CtrlC:
+    """Raises KeyboardInterrupt at the `at`-th check point (1-based) of the first call of
+    `root` for which `when(frame)` holds: its own check points, those of `nested` functions it
+    calls (however deep), the entry of any other Python function either calls (where a callee
+    would check first), and the caller's check as the root returns. `at=None` counts them (`self.seen`) and raises nothing."""
+
+    def __init__(self, root, at=None, nested=(), when=lambda frame: True):
+        self.root, self.at, self.when, self.seen, self.fired = root.__code__, at, when, 0, False
+        self.codes = {f.__code__: _check_points(f.__code__) for f in (root, *nested)}
+        self.active = None  # the root frame being counted
+        self.done = False
+
+    def _hit(self):
+        self.seen += 1
+        if self.seen == self.at:
+            self.fired = True
+            raise KeyboardInterrupt
+
+    def _global(self, frame, event, arg):
+        if self.done or event != "call":
+            return None
+        if self.active is None:
+            if frame.f_code is not self.root or not self.when(frame):
+                return None
+            self.active = frame
+        elif not self._inside(frame.f_back):
+            return None
+        elif frame.f_code not in self.codes:
+            if not frame.f_code.co_flags & inspect.CO_GENERATOR:  # (a generator's start: inside a call checked after)
+                self._hit()  # a callee's entry
+            return None
+        frame.f_trace_opcodes = True
+        return self._local
+
+    def _inside(self, frame) -> bool:
+        return frame is not None and frame.f_code in self.codes and frame.f_trace_opcodes
+
+    def _local(self, frame, event, arg):
+        if event == "opcode" and frame.f_lasti in self.codes[frame.f_code]:
+            self._hit()
+        elif event == "return" and frame is self.active:
+            self.done = True
+            self._hit()  # the caller's check as the call returns: what it returned is lost
+        return self._local
+
+    def __enter__(self):
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+
+OTHERS = [{"id": f"b{i}", "prompt_token_ids": [(11 * i + j) % 290 for j in range(12 + 4 * i)], "max_tokens": 12 if i else 3}
+          for i in range(3)]
+TWO = {"id": "two", "prompt_token_ids": [5, 9, 13, 17, 21, 25], "max_tokens": 7, "n": 2, "temperature": 0.8, "seed": 3}
+SHORT = {"id": "short", "prompt_token_ids": [9, 8, 7, 9, 8, 7], "max_tokens": 2}
+STOPPED = dict(REQS[1], id="stopped", stop=["g"])  # (its text 'K2\ufffdg...': a stop string ends it)
+STREAMED = [*REQS[:3], SHORT, STOPPED]
+
+
+@pytest.fixture(scope="module")
+def shared(default_artifacts, one_torch_thread):
+    """One LLM for the Ctrl-C tests, and what each of their requests gives served alone."""
+    llm = trtgraph.LLM(default_artifacts)
+    want = {c.id: c for c in llm.generate([*STREAMED, TWO, *OTHERS])}
+    assert want["stopped"].finish_reason == "stop" and want["stopped"].text == "K2\ufffd"
+    yield llm, want
+    llm.close()
+
+
+def _interrupted(llm, want, make_ctrl_c, interrupted_call=None):
+    """Another consumer's stream (STREAMED) and an Engine-level n = 2 request are being
+    served when `interrupted_call` (llm.generate(OTHERS)) is interrupted by `make_ctrl_c()`:
+    the _CtrlC. Then each of the others must get exactly its tokens and text, the
+    interrupted requests none (their ids free again), and the engine end idle with every block
+    free and the collector on."""
+    engine = llm.engine
+    calls, step = [], engine.step
+
+    def bounded(*args, **kwargs):  # a consumer waiting for outputs that never come fails, not spins
+        calls.append(1)
+        assert len(calls) < 1000, "stepped for ever"
+        return step(*args, **kwargs)
+    engine.step = bounded
+    try:
+        return _served(llm, want, make_ctrl_c, interrupted_call)
+    finally:
+        del engine.step
+
+
+def _served(llm, want, make_ctrl_c, interrupted_call):
+    engine = llm.engine
+    stream = llm.stream(STREAMED)
+    got: dict[str, list] = {}
+    first = next(stream)
+    got[first.id] = [list(first.token_ids), first.text, first]
+    ids = engine.submit([TWO])
+    owners = engine.owners(ids)
+    with make_ctrl_c() as ctrl_c:
+        try:
+            (interrupted_call or (lambda: llm.generate(OTHERS)))()
+        except KeyboardInterrupt:
+            assert ctrl_c.fired
+    for d in stream:
+        mine = got.setdefault(d.id, [[], "", None])
+        mine[0] += d.token_ids
+        mine[1] += d.text
+        mine[2] = d
+    for rid, (tokens, text, last) in got.items():
+        assert last.finished and last.completion.token_ids == tokens == want[rid].token_ids, (rid, ctrl_c.at)
+        assert text == last.completion.text == want[rid].text, (rid, ctrl_c.at)
+    assert set(got) == {r["id"] for r in STREAMED}
+    two = [o for o in engine.outputs_of(ids, owners) if o.finished]
+    assert [[c.token_ids for c in o.result.choices] for o in two] == [[c.token_ids for c in want["two"].choices]]
+    assert [c.token_ids for c in llm.generate(OTHERS)] == [want[r["id"]].token_ids for r in OTHERS], ctrl_c.at
+    assert not engine.has_unfinished() and engine.scheduler.allocator.num_free == engine.executor.num_blocks - 1
+    assert gc.isenabled() and not engine._owners and not engine._choices
+    return ctrl_c
+
+
+def _every_check_point(llm, want, make, interrupted_call=None) -> int:
+    """_interrupted at each check point in turn (make(at) makes the _CtrlC); how many there were."""
+    seen = _interrupted(llm, want, lambda: make(None), interrupted_call).seen
+    assert seen > 0
+    for at in range(1, seen + 1):
+        assert _interrupted(llm, want, lambda: make(at), interrupted_call).fired, at
+    return seen
+
+
+def _deliveries():
+    from trtgraph.runtime.serving import deliveries, streaming
+    return deliveries.Deliveries, streaming.TextStream
+
+
+def _of(ids, streamed):
+    """A `_news` call for one of `ids`: of a step's new tokens (streamed) or of a finish."""
+    return lambda frame: frame.f_locals["seq"].request.id in ids and (frame.f_locals["reason"] is None) == streamed
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_ctrl_c_anywhere_in_making_another_consumers_output_loses_nothing(shared, streamed):
+    """A Ctrl-C inside `_news` for another consumer's request: between its two statements the
+    stream's delta was lost or sent twice (its TextStream moved on, `num_sent` not), after its
+    Result's `del _live[id]` the request vanished and its consumer stepped for ever."""
+    llm, want = shared
+    D, T = _deliveries()
+    ids = {r["id"] for r in STREAMED}
+    n = _every_check_point(llm, want, lambda at: _CtrlC(D._news, at, (T.feed, T.finish), _of(ids, streamed)))
+    assert n >= 5
+
+
+class _Nth:
+    """A `_CtrlC.when` that holds for the nth call it sees for which `test(frame)` holds."""
+
+    def __init__(self, n, test):
+        self.n, self.test, self.seen = n, test, 0
+
+    def __call__(self, frame) -> bool:
+        if self.test(frame):
+            self.seen += 1
+            return self.seen == self.n
+        return False
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_ctrl_c_as_a_completion_of_another_consumers_n_2_request_finishes(shared, nth):
+    """An n > 1 request whose completion finished in a step interrupted before its Result was
+    made never finished (`_orphans` skipped n > 1; its consumer stepped for ever); one
+    interrupted inside `_finish_choice` lost its slot or the whole request."""
+    llm, want = shared
+    D, _ = _deliveries()
+    finishing = lambda frame: frame.f_locals["seq"].request.id == "two" and frame.f_locals["reason"] is not None
+    n = _every_check_point(llm, want, lambda at: _CtrlC(D._news, at, (D._finish_choice,), _Nth(nth, finishing)))
+    assert n >= 5

@@ -95,6 +95,7 @@ class Engine(Deliveries, Consumers):
         self._pending: deque[tuple[Request, bool, float]] = deque()
         self._pending_ids: set[str] = set()
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
+        self._reading: list = []  # the sequences of the step being read (deliveries.py)
         self._lock = threading.RLock()  # around every change: consumers may step it from several threads
         self._owners: dict[str, Request] = {}  # id -> the submit() request now under it (consumers.py)
         # Form the step after a rows-changing one before reading it (form_ahead); False: after (A/B runs).
@@ -271,7 +272,7 @@ class Engine(Deliveries, Consumers):
                 # launch the next step now, before turning this one's tokens into text.
                 self._launch_next()
             for d in drew:  # (kept as they are made: a step that raises loses none, Engine._recover)
-                self._undelivered += self._news(*d)
+                self._news(*d)
             outputs, self._undelivered = self._undelivered, []
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
@@ -360,7 +361,7 @@ class Engine(Deliveries, Consumers):
         finished before its Result was made gets it now."""
         self._flight.clear()
         self.scheduler.requeue_all()
-        self._undelivered += self._orphans()
+        self._orphans()
 
     def _launch_next(self) -> None:
         """Form and launch a step (it joins the steps in flight), unless nothing is left to run."""
