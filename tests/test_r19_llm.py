@@ -109,11 +109,11 @@ def test_close_while_streams_and_generates_run_on_other_threads(default_artifact
     engine, started, steps = llm.engine, threading.Event(), []
     step = engine.step
 
-    def counted():
+    def counted(*args, **kwargs):
         steps.append(1)
         if len(steps) == 3:
             started.set()
-        return step()
+        return step(*args, **kwargs)
     monkeypatch.setattr(engine, "step", counted)
     monkeypatch.setattr(engine, "_lock", _Yielding(engine._lock, started))
     long = [dict(r, id=f"long-{r['id']}", max_tokens=200, ignore_eos=True) for r in REQS]
@@ -328,7 +328,7 @@ def shared(default_artifacts, one_torch_thread):
     llm.close()
 
 
-def _interrupted(llm, want, make_ctrl_c, interrupted_call=None):
+def _interrupted(llm, want, make_ctrl_c, interrupted_call=None, busy=True):
     """Another consumer's stream (STREAMED) and an Engine-level n = 2 request are being
     served when `interrupted_call` (llm.generate(OTHERS)) is interrupted by `make_ctrl_c()`:
     the _CtrlC. Then each of the others must get exactly its tokens and text, the
@@ -343,24 +343,48 @@ def _interrupted(llm, want, make_ctrl_c, interrupted_call=None):
         return step(*args, **kwargs)
     engine.step = bounded
     try:
+        if not busy:
+            return _alone(llm, want, make_ctrl_c, interrupted_call)
         return _served(llm, want, make_ctrl_c, interrupted_call)
     finally:
         del engine.step
 
 
-def _served(llm, want, make_ctrl_c, interrupted_call):
-    engine = llm.engine
-    stream = llm.stream(STREAMED)
-    got: dict[str, list] = {}
-    first = next(stream)
-    got[first.id] = [list(first.token_ids), first.text, first]
-    ids = engine.submit([TWO])
-    owners = engine.owners(ids)
+def _call(llm, make_ctrl_c, interrupted_call):
     with make_ctrl_c() as ctrl_c:
         try:
             (interrupted_call or (lambda: llm.generate(OTHERS)))()
         except KeyboardInterrupt:
             assert ctrl_c.fired
+    return ctrl_c
+
+
+def _alone(llm, want, make_ctrl_c, interrupted_call):
+    """The interrupted call on an idle engine: its requests must not stay (nor the collector off)."""
+    ctrl_c = _call(llm, make_ctrl_c, interrupted_call)
+    assert gc.isenabled(), ctrl_c.at
+    assert [c.token_ids for c in llm.generate(OTHERS)] == [want[r["id"]].token_ids for r in OTHERS], ctrl_c.at
+    engine = llm.engine
+    assert not engine.has_unfinished() and engine.scheduler.allocator.num_free == engine.executor.num_blocks - 1
+    assert gc.isenabled() and not engine._owners
+    return ctrl_c
+
+
+GONE = {"id": "gone", "prompt_token_ids": [3, 1, 4, 1, 5], "max_tokens": 30}
+
+
+def _served(llm, want, make_ctrl_c, interrupted_call):
+    engine = llm.engine
+    stream = llm.stream(STREAMED)
+    gone = engine.submit([GONE])  # (admitted at the stream's first step, aborted before the interrupted call)
+    gone_owners = engine.owners(gone)
+    got: dict[str, list] = {}
+    first = next(stream)
+    got[first.id] = [list(first.token_ids), first.text, first]
+    ids = engine.submit([TWO])
+    owners = engine.owners(ids)
+    assert engine.abort("gone")
+    ctrl_c = _call(llm, make_ctrl_c, interrupted_call)
     for d in stream:
         mine = got.setdefault(d.id, [[], "", None])
         mine[0] += d.token_ids
@@ -370,6 +394,8 @@ def _served(llm, want, make_ctrl_c, interrupted_call):
         assert last.finished and last.completion.token_ids == tokens == want[rid].token_ids, (rid, ctrl_c.at)
         assert text == last.completion.text == want[rid].text, (rid, ctrl_c.at)
     assert set(got) == {r["id"] for r in STREAMED}
+    assert list(engine.outputs_of(gone, gone_owners)) == []
+    engine.abort_unfinished(gone, set(), gone_owners)  # (its consumer's clean-up, as LLM's calls make)
     two = [o for o in engine.outputs_of(ids, owners) if o.finished]
     assert [[c.token_ids for c in o.result.choices] for o in two] == [[c.token_ids for c in want["two"].choices]]
     assert [c.token_ids for c in llm.generate(OTHERS)] == [want[r["id"]].token_ids for r in OTHERS], ctrl_c.at
@@ -378,12 +404,12 @@ def _served(llm, want, make_ctrl_c, interrupted_call):
     return ctrl_c
 
 
-def _every_check_point(llm, want, make, interrupted_call=None) -> int:
+def _every_check_point(llm, want, make, interrupted_call=None, busy=True) -> int:
     """_interrupted at each check point in turn (make(at) makes the _CtrlC); how many there were."""
-    seen = _interrupted(llm, want, lambda: make(None), interrupted_call).seen
+    seen = _interrupted(llm, want, lambda: make(None), interrupted_call, busy).seen
     assert seen > 0
     for at in range(1, seen + 1):
-        assert _interrupted(llm, want, lambda: make(at), interrupted_call).fired, at
+        assert _interrupted(llm, want, lambda: make(at), interrupted_call, busy).fired, at
     return seen
 
 
@@ -431,4 +457,47 @@ def test_ctrl_c_as_a_completion_of_another_consumers_n_2_request_finishes(shared
     D, _ = _deliveries()
     finishing = lambda frame: frame.f_locals["seq"].request.id == "two" and frame.f_locals["reason"] is not None
     n = _every_check_point(llm, want, lambda at: _CtrlC(D._news, at, (D._finish_choice,), _Nth(nth, finishing)))
+    assert n >= 5
+
+
+def _engine():
+    from trtgraph.runtime.serving.engine import Engine
+    return Engine
+
+
+CALLS = {"LLM.generate": lambda llm: llm.generate(OTHERS), "LLM.stream": lambda llm: list(llm.stream(OTHERS)),
+         "Engine.generate": lambda llm: list(llm.engine.generate(OTHERS))}
+
+
+@pytest.mark.parametrize("busy", [True, False])
+@pytest.mark.parametrize("call", CALLS)
+def test_ctrl_c_anywhere_in_submitting_leaves_no_request_served_for_nobody(shared, call, busy):
+    """A Ctrl-C mid-`submit` (its queueing loop: some requests queued, or one queued without
+    its owner or its id) or as it returns (before the caller knew the ids to abort) left
+    requests served for nobody (the engine never idle, their ids 'still being served'), or, on
+    an idle engine, the collector off for good."""
+    llm, want = shared
+    E = _engine()
+    n = _every_check_point(llm, want, lambda at: _CtrlC(E.submit.__wrapped__, at, (E.start_run,)),
+                           lambda: CALLS[call](llm), busy)
+    assert n >= 5
+
+
+def test_ctrl_c_anywhere_in_a_step_of_one_call_loses_no_output_of_another(shared):
+    """A Ctrl-C as a step returned its outputs, before the consumer handed the others' back
+    (outputs_of), lost them (a finished request's consumer stepped for ever); one while the step
+    applied an abort left the request's sequences in the scheduler without it (KeyError in the
+    next step) or counted it twice."""
+    llm, want = shared
+    E = _engine()
+    n = _every_check_point(llm, want, lambda at: _CtrlC(E.step.__wrapped__, at, (E._apply_aborts,), _Nth(2, bool)))
+    assert n >= 5
+
+
+def test_ctrl_c_anywhere_in_admitting_a_request_loses_it_nowhere(shared):
+    """A Ctrl-C while a step admits a waiting request (between taking it off the queue and its
+    id, between its Live and the scheduler's queue) lost it or left it live but never scheduled."""
+    llm, want = shared
+    E = _engine()
+    n = _every_check_point(llm, want, lambda at: _CtrlC(E._admit, at, (), _Nth(1, bool)))
     assert n >= 5

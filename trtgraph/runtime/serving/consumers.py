@@ -45,19 +45,21 @@ class Consumers:
 
     def outputs_of(self, ids: Iterable[str], owners: dict[str, object] | None = None) -> Iterator[RequestOutput]:
         """Step until every request in `ids` has finished (or was aborted: none comes for it),
-        yielding their outputs as they come and handing every other request's back for its own
+        yielding their outputs as they come and leaving every other request's to its own
         consumer. owners: `owners(ids)` taken at submit (else now)."""
         remaining = set(ids)
         mine = self.owners(remaining) if owners is None else owners
         aborts = -1  # (the first step checks too: aborts may have been applied since the submit)
+
+        def ours(out) -> bool:  # (an id aborted and reused: the newer request's outputs are not ours)
+            return out.id in remaining and self._owners.get(out.id) is mine[out.id]
         while remaining:
             with self._lock:
-                outputs = self.step()
+                outputs = self.step(ours)  # every other request's stay for its own consumer
                 if self._aborts_applied != aborts:  # requests were aborted: none of ours among them comes
                     aborts, here = self._aborts_applied, {o.id for o in outputs}
                     remaining = {rid for rid in remaining if (rid in here or self._is_live(rid))
                                  and self._owners.get(rid) is mine[rid]}
-                self.hand_back([o for o in outputs if o.id not in remaining])
             for out in outputs:
                 if out.id in remaining:
                     if out.finished:
@@ -70,10 +72,10 @@ class Consumers:
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
-        ids = self.submit(requests, gpu_timing, stream=False)
-        owners = self.owners(ids)
-        finished: set[str] = set()
-        try:
+        reqs = self.parsed(requests)
+        ids, owners, finished = [r.id for r in reqs], {r.id: r for r in reqs}, set()
+        try:  # (known before it is submitted: a Ctrl-C as submit returns leaves none served for nobody)
+            self.submit(reqs, gpu_timing, stream=False)
             for out in self.outputs_of(ids, owners):
                 if out.finished:
                     finished.add(out.id)

@@ -16,7 +16,7 @@ import torch
 
 from ... import startup
 from ...artifacts import Manifest, manifest_path
-from ...errors import PromptError, TrtgraphError
+from ...errors import PromptError
 from ...models import load_tokenizer
 from ...models.chat import load_chat_template
 from ...models.parallel import TPGroup
@@ -32,16 +32,13 @@ from .scheduler import Scheduler
 from .stats import RunStats
 from .consumers import Consumers, locked
 from .deliveries import Deliveries, Live
+from .lifecycle import EngineClosedError, Lifecycle  # noqa: F401 (EngineClosedError: importers take it from here)
 from .streaming import RequestOutput, TextStream
 
 ADMIT_SLICE = 8  # submitted requests admitted per step() while the device runs (Engine._admit_slice)
 
 
-class EngineClosedError(TrtgraphError, ValueError):
-    """A call on an engine (or LLM) after its close(): nothing it held is left to serve with."""
-
-
-class Engine(Deliveries, Consumers):
+class Engine(Deliveries, Consumers, Lifecycle):
     def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
                  tp: TPGroup = TPGroup(), model: str | Path | None = None):
         """speculative=False ignores the manifest's speculative section (plain decode steps),
@@ -123,44 +120,45 @@ class Engine(Deliveries, Consumers):
                               f"served; ids must be unique, results are keyed by them.")
         self._owners.pop(req.id, None)  # (a consumer still waiting on an aborted request of this id: not this one)
         if self._pending:  # after the submitted ones still waiting for admission, in order
-            self._queue(req, stream)
+            entry = (req, stream, time.perf_counter())
+            self._pending_ids |= {req.id}  # (no call between: see Deliveries on Ctrl-C)
+            self._pending.append(entry)
             return
-        self._admit(req, stream, time.perf_counter())
+        self._admit(req, stream, time.perf_counter(), queued=False)
 
-    def _queue(self, req: Request, stream: bool) -> None:
-        self._pending.append((req, stream, time.perf_counter()))
-        self._pending_ids.add(req.id)
-
-    def _admit(self, req: Request, stream: bool, arrived: float) -> None:
+    def _admit(self, req: Request, stream: bool, arrived: float, queued: bool = True) -> None:
         """Admission: the request's Sequence joins the scheduler's queue, or its refusal waits
-        to be handed out. arrived: when it was submitted (its time to first token counts from there)."""
+        to be handed out. arrived: when it was submitted (its time to first token counts from there).
+        queued: it is the first of `_pending`, which it leaves. Made first (its text encoded, its chat
+        rendered), then recorded by stores alone: a Ctrl-C leaves it waiting as it was, or admitted."""
         if not self.has_unfinished():
             self.executor.runner.check_weights()
         if self._run_start is None:
             self._run_start = time.perf_counter()
-        self._arrivals += 1
-        item = self.admission.admit(req, self._arrivals, speculative=self.drafter is not None)
-        self.stats.requests += 1
+        item = self.admission.admit(req, self._arrivals + 1, speculative=self.drafter is not None)
         if isinstance(item, Result):
-            self.stats.refused += 1
-            self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
-            return
-        self.stats.prompt_tokens += len(item.prompt_ids)
-        self._live[req.id] = Live(item, arrived, TextStream(self.tokenizer, req.stop_strings), stream)
-        self.scheduler.add(item)
+            out = [RequestOutput(req.id, finished=True, finish_reason="error", result=item)]
+            live, tokens, refused = None, 0, 1
+        else:
+            out, tokens, refused = [], len(item.prompt_ids), 0
+            live = Live(item, arrived, TextStream(self.tokenizer, req.stop_strings), stream)
+        if queued:  # (no call from here on but the last: see Deliveries on Ctrl-C)
+            del self._pending[0]
+            self._pending_ids -= {req.id}
+        self._arrivals += 1
+        self.stats.requests += 1
+        self.stats.refused += refused
+        self.stats.prompt_tokens += tokens
+        self._undelivered += out
+        if live is not None:
+            self._live[req.id] = live
+            self.scheduler.waiting.append(item)  # (Scheduler.add; the last call: nothing after it)
 
     def _admit_pending(self, most: int) -> None:
-        """Admit up to `most` of the submitted requests, in order."""
+        """Admit up to `most` of the submitted requests, in order (each leaves `_pending` as it
+        is admitted: a Ctrl-C while encoding its text leaves it waiting)."""
         while self._pending and most > 0:
-            req, stream, arrived = item = self._pending.popleft()
-            self._pending_ids.discard(req.id)
-            try:
-                self._admit(req, stream, arrived)
-            except BaseException:  # (Ctrl-C while encoding its text): it waits on, not lost
-                if req.id not in self._live and all(o.id != req.id for o in self._undelivered):
-                    self._pending.appendleft(item)
-                    self._pending_ids.add(req.id)
-                raise
+            self._admit(*self._pending[0])
             most -= 1
 
     def _top_up(self) -> None:
@@ -204,28 +202,33 @@ class Engine(Deliveries, Consumers):
         return bool(self._live or self._undelivered or self._flight or self._pending)
 
     @locked
-    def step(self) -> list[RequestOutput]:
+    def step(self, take=None) -> list[RequestOutput]:
         """Advance by one step: apply aborts, launch a step if none is in flight (and, in
         steady decoding, the next one before reading this one's tokens; where every row ends
         with that one, the next wave's first step too), admit a slice of the submitted
         requests while the device runs, read the oldest step's tokens back. Returns every
         request's news: outputs handed back by other consumers first, then refusals, then
-        this step's."""
+        this step's. take(output): which of them the caller takes (a consumer of some requests,
+        Consumers.outputs_of); the others stay for the next step, handed out by the store that
+        takes these (a Ctrl-C as step() returns loses none of them)."""
         self.check_open()
         self._apply_aborts()
         collection.hold(self)  # the collector runs at this step's safe point below (collection.py)
         try:
-            outputs = self._step()
+            self._step()
         except BaseException:
             self._recover()
             collection.release(self)
             raise
-        if not self.has_unfinished():
+        ready = self._undelivered
+        outputs, left = (ready, []) if take is None else ([o for o in ready if take(o)], [o for o in ready if not take(o)])
+        if not (self._live or left or self._flight or self._pending):  # (has_unfinished, once handed out)
             collection.release(self)
+        self._undelivered = left
         return outputs
 
-    def _step(self) -> list[RequestOutput]:
-        """step()'s launches and read (the collector held)."""
+    def _step(self) -> None:
+        """step()'s launches and read (the collector held), its outputs into `_undelivered`."""
         with torch.inference_mode():
             if not self._flight:
                 self._launch_next()
@@ -273,11 +276,9 @@ class Engine(Deliveries, Consumers):
                 self._launch_next()
             for d in drew:  # (kept as they are made: a step that raises loses none, Engine._recover)
                 self._news(*d)
-            outputs, self._undelivered = self._undelivered, []
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
             self.stats.seconds = time.perf_counter() - self._run_start
-        return outputs
 
     @locked
     def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False, stream: bool = True) -> list[str]:
@@ -286,9 +287,7 @@ class Engine(Deliveries, Consumers):
         `stats` then cover this batch (and whatever joins it before the engine is idle).
         stream=False: each request's one output is its last (no per-step text deltas)."""
         self.check_open()
-        vocab = self.executor.loaded.config.vocab_size
-        reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab)
-                for i, r in enumerate(requests)]
+        reqs = self.parsed(requests)
         self._settle_aborts(r.id for r in reqs)
         first: dict[str, int] = {}
         for i, r in enumerate(reqs):
@@ -300,12 +299,19 @@ class Engine(Deliveries, Consumers):
                                   f"served; ids must be unique, results are keyed by them.")
             first[r.id] = i
         idle = not self.has_unfinished()
-        if idle:
-            collection.hold(self)  # (before the run's clock: queueing allocates too)
-            self.start_run(gpu_timing)
-        for req in reqs:
-            self._queue(req, stream)
-            self._owners[req.id] = req
+        now = time.perf_counter()
+        entries, owners, ids = deque((req, stream, now) for req in reqs), {req.id: req for req in reqs}, set(first)
+        try:
+            if idle:
+                collection.hold(self)  # (before the run's clock: queueing allocates too)
+                self.start_run(gpu_timing)
+            self._pending_ids |= ids  # (no call between: see Deliveries on Ctrl-C)
+            self._pending += entries
+            self._owners |= owners
+        except BaseException:  # (Ctrl-C as the collector was held: none queued)
+            if idle and not self.has_unfinished():
+                collection.release(self)
+            raise
         if idle:
             # Admit what the first step can take, launch it, and admit the rest in slices while
             # the device runs (every step is the one it would be with all admitted now: _top_up).
@@ -319,6 +325,12 @@ class Engine(Deliveries, Consumers):
             if not self.has_unfinished():  # no requests: no step will ever release the collector
                 collection.release(self)
         return list(first)
+
+    def parsed(self, requests: Iterable[Request | dict]) -> list[Request]:
+        """Each request as a Request (dicts validated: PromptError naming `request i`)."""
+        self.check_open()
+        vocab = self.executor.loaded.config.vocab_size
+        return [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab) for i, r in enumerate(requests)]
 
     def start_run(self, gpu_timing: bool = False) -> None:
         """Fresh stats, from now on (an idle engine only; submit() and generate() start one
@@ -335,24 +347,33 @@ class Engine(Deliveries, Consumers):
             self.stats.gpu_busy_seconds = 0.0
 
     def _apply_aborts(self) -> None:
-        if self._aborts and self._pending_ids & self._aborts:  # submitted, not admitted: counted, dropped
-            kept = deque(p for p in self._pending if p[0].id not in self._aborts)
-            self.stats.requests += len(self._pending) - len(kept)
-            self.stats.aborted += len(self._pending) - len(kept)
-            self._pending_ids -= self._aborts
+        """The aborts asked for, applied, each made first and recorded by stores alone (see
+        Deliveries on Ctrl-C; one interrupted is applied again at the next step)."""
+        aborts = self._aborts
+        if aborts and self._pending_ids & aborts:  # submitted, not admitted: counted, dropped
+            kept = deque(p for p in self._pending if p[0].id not in aborts)
+            dropped = len(self._pending) - len(kept)
+            self.stats.requests += dropped  # (no call from here on)
+            self.stats.aborted += dropped
+            self._pending_ids -= aborts
             self._pending = kept
-        for rid in self._aborts:
-            live = self._live.pop(rid, None)
+        for rid in list(aborts):
+            live = self._live.get(rid)
             if live is None:  # finished; its last output is dropped below
                 continue
-            self.stats.aborted += 1
-            done = self._choices.pop(rid, None) or ()  # its finished completions: never handed out, not counted
-            self.stats.completion_tokens -= sum(len(r.token_ids) for r in done if r is not None)
-            self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it
-        if self._aborts:
-            self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
-            self._aborts_applied += len(self._aborts)
-            self._aborts.clear()
+            self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it (again: none left)
+            done = self._choices.get(rid) or ()  # its finished completions: never handed out, not counted
+            tokens = sum(len(r.token_ids) for r in done if r is not None)
+            self.stats.aborted += 1  # (no call from here on)
+            self.stats.completion_tokens -= tokens
+            del self._live[rid]
+            if rid in self._choices:
+                del self._choices[rid]
+        if aborts:
+            kept, applied = [o for o in self._undelivered if o.id not in aborts], len(aborts)
+            self._undelivered = kept  # (no call from here on)
+            self._aborts_applied += applied
+            self._aborts = set()
 
     def _recover(self) -> None:
         """A step raised part-way (Ctrl-C, a device error): the steps in flight are dropped and
@@ -377,34 +398,3 @@ class Engine(Deliveries, Consumers):
         """Ranks other than 0: replay every step rank 0 broadcasts, until it closes."""
         self.check_open()
         return self.broadcast.follow(self.eager)
-
-    def check_open(self) -> None:
-        if self.closed:
-            raise EngineClosedError("this engine was closed (LLM.close() / Engine.close(), or the end of its `with` "
-                                    "block): it serves nothing more. Build a new trtgraph.LLM to go on.")
-
-    def close(self) -> None:
-        """Stop serving for good and give back what the engine holds; idempotent. Rank 0 tells
-        the other ranks to stop following. The requests still live are dropped (a consumer
-        waiting for them gets EngineClosedError at its next step; an LLM.stream ends), the
-        collector goes back to Python (collection.py), and the executor's graphs, KV cache,
-        buffers and weights are released (Executor.close: on CUDA, torch's allocator has
-        their memory back; torch.cuda.empty_cache() returns it to the device). Every call that
-        would serve refuses from then on (EngineClosedError); `stats` stays readable."""
-        with self._lock:  # (a step on another thread ends first)
-            if self.closed:
-                return
-            self.closed = True
-            try:
-                if self.broadcast is not None:
-                    self.broadcast.stop()
-            finally:
-                collection.release(self)
-                self._drop_everything()
-
-    def _drop_everything(self) -> None:
-        """close()'s release: the requests, the steps in flight, then what is on the device."""
-        self._live, self._undelivered, self._aborts, self._flight = {}, [], set(), deque()
-        self._pending, self._pending_ids, self._choices, self._owners = deque(), set(), {}, {}
-        self.executor.close()
-        self.launcher = self.broadcast = None  # (pinned result buffers, events; the ranks' header)

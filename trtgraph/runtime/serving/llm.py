@@ -131,9 +131,9 @@ class LLM:
         aborted meanwhile, by Engine.abort)."""
         reqs = self._requests(prompts, sampling)
         done: dict[str, Completion] = {}
-        ids = self.engine.submit(reqs)
-        owners = self.engine.owners(ids)
-        try:
+        ids, owners = [r.id for r in reqs], {r.id: r for r in reqs}  # (the submission: Engine.owners)
+        try:  # (known before it is submitted: a Ctrl-C as submit returns leaves none served for nobody)
+            self.engine.submit(reqs)
             for out in self.engine.outputs_of(ids, owners):
                 if out.finished:
                     done[out.id] = Completion.of(out.result)
@@ -168,12 +168,9 @@ class LLM:
         return self.engine.stats.to_json()
 
     def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
-        ids: list[str] = []
-        owners: dict = {}
-        finished: set[str] = set()
+        ids, owners, finished = [r.id for r in reqs], {r.id: r for r in reqs}, set()
         try:
-            ids = self.engine.submit(reqs)  # (closed before the stream started: EngineClosedError)
-            owners = self.engine.owners(ids)
+            self.engine.submit(reqs)  # (closed before the stream started: EngineClosedError)
             outputs = self.engine.outputs_of(ids, owners)
             while True:
                 try:
