@@ -163,6 +163,52 @@ class _Yielding:
             time.sleep(0.005)
 
 
+def test_a_start_that_fails_after_building_gives_back_what_it_built(default_artifacts, monkeypatch):
+    """An LLM whose start failed after its graphs were recorded (the pool check, a tokenizer
+    that does not load, Ctrl-C) kept them, its KV cache and weights until collected; on CUDA
+    its pool and cuBLAS workspace for good."""
+    from trtgraph.errors import ManifestError
+    from trtgraph.runtime.serving import engine as engine_module
+    from trtgraph.runtime.step.executor import Executor
+
+    built, record, build = [], engine_module.record, Executor.build
+
+    def keep(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    def record_then_fail(*args, **kwargs):
+        record(*args, **kwargs)
+        held.extend(weakref.ref(t) for t in (built[0].kv_caches[0], next(built[0].model.parameters())))
+        raise ManifestError("re-recorded graphs took more pool than the manifest says")
+    held: list = []
+    monkeypatch.setattr(Executor, "build", keep)
+    monkeypatch.setattr(engine_module, "record", record_then_fail)
+    with pytest.raises(ManifestError, match="pool"):
+        trtgraph.LLM(default_artifacts)
+    ex = built.pop()
+    assert ex.closed and ex.runner.closed and not ex.runner._graphs and [r() for r in held] == [None, None]
+
+
+def test_weights_moved_since_capture_are_refused_for_a_batch_too(default_artifacts):
+    """The check of the weights' addresses ran at the first admission of a run only where no
+    other submitted request waited: a batch of two was served from a reloaded weight's freed
+    memory (test_footguns checks one request)."""
+    from trtgraph.errors import ReplayMismatchError
+
+    with trtgraph.LLM(default_artifacts) as llm:
+        embed = llm.engine.executor.model.embed_tokens
+        old = embed.weight
+        embed.weight = torch.nn.Parameter(old.detach().clone(), requires_grad=False)
+        for call in (lambda: llm.generate(["one", "two"], {"max_tokens": 2}),
+                     lambda: list(llm.engine.generate([{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}]))):
+            with pytest.raises(ReplayMismatchError, match="weights moved since capture: weight.embed_tokens.weight"):
+                call()
+            assert not llm.engine.has_unfinished()
+        embed.weight = old
+        assert len(llm.generate(["one", "two"], {"max_tokens": 2})) == 2
+
+
 _DROPPED = """
 import sys, torch, trtgraph
 torch.set_num_threads(1)

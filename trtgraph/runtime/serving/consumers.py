@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Iterator
 
-from .requests import Request, Result
+from .requests import Request, Result, parse_request
 from .streaming import RequestOutput
 
 
@@ -95,6 +95,12 @@ class Consumers:
                 self.abort(rid)
             if owners is not None and mine:
                 self._owners.pop(rid, None)
+
+    def parsed(self, requests: Iterable[Request | dict]) -> list[Request]:
+        """Each request as a Request (dicts validated: PromptError naming `request i`)."""
+        self.check_open()
+        vocab = self.executor.loaded.config.vocab_size
+        return [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab) for i, r in enumerate(requests)]
 
     def _settle_aborts(self, ids: Iterable[str]) -> None:
         """Aborts asked for these ids applied now rather than at the next step, so the ids are

@@ -6,6 +6,7 @@ never imports the compiler.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -53,6 +54,16 @@ class Engine(Deliveries, Consumers, Lifecycle):
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp, from_manifest=True,
                                             linear_record=self.manifest.totals.get("linear_backends"))
+        try:
+            self._start(path, tp, eager, speculative, config)
+        except BaseException:  # a start that fails gives back what it built (its graphs, KV cache, weights)
+            with contextlib.suppress(Exception):  # (a device that failed too: the start's own error is the one)
+                ex.close()
+            raise
+
+    def _start(self, path, tp: TPGroup, eager: bool, speculative: bool, config) -> None:
+        """__init__ once the executor is built: checks, re-records, locks; the serving side."""
+        ex = self.executor
         startup.lap("kv_cache_and_buffers")
         check_built(self.manifest, ex, manifest_path(path))
         self.record_seconds = record(self.manifest, ex, tp, eager)
@@ -118,6 +129,8 @@ class Engine(Deliveries, Consumers, Lifecycle):
         if self._is_live(req.id):
             raise PromptError(f"{where}: duplicate id {req.id!r}: a request with that id is still being "
                               f"served; ids must be unique, results are keyed by them.")
+        if not self.has_unfinished():  # a new run: the graphs read the weights where they were recorded
+            self.executor.runner.check_weights()
         self._owners.pop(req.id, None)  # (a consumer still waiting on an aborted request of this id: not this one)
         if self._pending:  # after the submitted ones still waiting for admission, in order
             entry = (req, stream, time.perf_counter())
@@ -131,8 +144,6 @@ class Engine(Deliveries, Consumers, Lifecycle):
         to be handed out. arrived: when it was submitted (its time to first token counts from there).
         queued: it is the first of `_pending`, which it leaves. Made first (its text encoded, its chat
         rendered), then recorded by stores alone: a Ctrl-C leaves it waiting as it was, or admitted."""
-        if not self.has_unfinished():
-            self.executor.runner.check_weights()
         if self._run_start is None:
             self._run_start = time.perf_counter()
         item = self.admission.admit(req, self._arrivals + 1, speculative=self.drafter is not None)
@@ -299,6 +310,8 @@ class Engine(Deliveries, Consumers, Lifecycle):
                                   f"served; ids must be unique, results are keyed by them.")
             first[r.id] = i
         idle = not self.has_unfinished()
+        if idle:  # a new run: the graphs read the weights where they were recorded
+            self.executor.runner.check_weights()
         now = time.perf_counter()
         entries, owners, ids = deque((req, stream, now) for req in reqs), {req.id: req for req in reqs}, set(first)
         try:
@@ -325,12 +338,6 @@ class Engine(Deliveries, Consumers, Lifecycle):
             if not self.has_unfinished():  # no requests: no step will ever release the collector
                 collection.release(self)
         return list(first)
-
-    def parsed(self, requests: Iterable[Request | dict]) -> list[Request]:
-        """Each request as a Request (dicts validated: PromptError naming `request i`)."""
-        self.check_open()
-        vocab = self.executor.loaded.config.vocab_size
-        return [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab) for i, r in enumerate(requests)]
 
     def start_run(self, gpu_timing: bool = False) -> None:
         """Fresh stats, from now on (an idle engine only; submit() and generate() start one
