@@ -7,6 +7,7 @@ from __future__ import annotations
 import dis
 import gc
 import inspect
+import os
 import subprocess
 import sys
 import threading
@@ -230,7 +231,7 @@ def test_an_llm_dropped_without_close_ends_the_interpreter_quietly(default_artif
     """Finalizers at interpreter exit (an LLM never closed, its stream and an Engine.generate
     left half-read, one in a reference cycle, one closed): nothing raises or is reported."""
     proc = subprocess.run([sys.executable, "-c", _DROPPED, str(default_artifacts)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
 
@@ -292,6 +293,15 @@ def test_closing_one_llm_leaves_another_live_one_exact_on_cuda(cuda_artifacts):
     del junk
     second.close()
 
+
+
+@pytest.mark.gpu
+def test_llms_dropped_without_close_on_cuda_end_the_interpreter_quietly(cuda_artifacts):
+    """On CUDA too (driver graphs, the runners' own streams, a stream left half-read)."""
+    proc = subprocess.run([sys.executable, "-c", _DROPPED, str(cuda_artifacts)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
 
 # ---- Ctrl-C anywhere: the interpreter's check points ---------------------------------
 def _check_points(code) -> frozenset[int]:

@@ -99,7 +99,7 @@ class Consumers:
     def parsed(self, requests: Iterable[Request | dict]) -> list[Request]:
         """Each request as a Request (dicts validated: PromptError naming `request i`)."""
         self.check_open()
-        vocab = self.executor.loaded.config.vocab_size
+        vocab = self.vocab_size
         return [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab) for i, r in enumerate(requests)]
 
     def _settle_aborts(self, ids: Iterable[str]) -> None:

@@ -64,6 +64,7 @@ class Engine(Deliveries, Consumers, Lifecycle):
     def _start(self, path, tp: TPGroup, eager: bool, speculative: bool, config) -> None:
         """__init__ once the executor is built: checks, re-records, locks; the serving side."""
         ex = self.executor
+        self.vocab_size = ex.loaded.config.vocab_size  # (kept after close: a prompt is parsed, then refused)
         startup.lap("kv_cache_and_buffers")
         check_built(self.manifest, ex, manifest_path(path))
         self.record_seconds = record(self.manifest, ex, tp, eager)
@@ -124,7 +125,7 @@ class Engine(Deliveries, Consumers, Lifecycle):
         output until it finishes (its text is decoded once, at the end)."""
         self.check_open()
         req = request if isinstance(request, Request) else parse_request(
-            request, where, self.executor.loaded.config.vocab_size)
+            request, where, self.vocab_size)
         self._settle_aborts([req.id])
         if self._is_live(req.id):
             raise PromptError(f"{where}: duplicate id {req.id!r}: a request with that id is still being "

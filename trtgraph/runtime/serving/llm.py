@@ -187,7 +187,7 @@ class LLM:
         """Every prompt as a validated Request (ids made for those without one)."""
         self.engine.check_open()
         defaults = _sampling_fields(sampling)
-        vocab = self.engine.executor.loaded.config.vocab_size
+        vocab = self.engine.vocab_size
         prompts = _array_ids(prompts, (1, 2))
         if not _is_one_prompt(prompts) and (isinstance(prompts, (bytes, bytearray))
                                              or not isinstance(prompts, Iterable)):
