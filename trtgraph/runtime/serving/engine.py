@@ -340,20 +340,6 @@ class Engine(Deliveries, Consumers, Lifecycle):
                 collection.release(self)
         return list(first)
 
-    def start_run(self, gpu_timing: bool = False) -> None:
-        """Fresh stats, from now on (an idle engine only; submit() and generate() start one
-        when the engine is idle, so what they report covers their own call). gpu_timing:
-        CUDA events around every step, for the GPU's idle time."""
-        self.check_open()
-        if self.has_unfinished():
-            raise RuntimeError("start_run() on an engine that is still serving requests")
-        self.stats = RunStats(record_seconds=self.record_seconds, speculative=self.drafter is not None)
-        self._preemptions_before = self.scheduler.num_preemptions
-        self._run_start = time.perf_counter()
-        self.launcher.timing = gpu_timing and self.executor.device.type == "cuda"
-        if self.launcher.timing:
-            self.stats.gpu_busy_seconds = 0.0
-
     def _apply_aborts(self) -> None:
         """The aborts asked for, applied, each made first and recorded by stores alone (see
         Deliveries on Ctrl-C; one interrupted is applied again at the next step)."""

@@ -1,12 +1,15 @@
-"""The end of an engine's life (`Lifecycle`, mixed into the Engine): close() stops it for good
-and gives back what it holds; every call that would serve refuses after it."""
+"""An engine's runs and its end (`Lifecycle`, mixed into the Engine): start_run() begins a run's
+stats; close() stops it for good and gives back what it holds; every call that would serve
+refuses after it."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from ...errors import TrtgraphError
 from . import collection
+from .stats import RunStats
 
 
 class EngineClosedError(TrtgraphError, ValueError):
@@ -14,6 +17,20 @@ class EngineClosedError(TrtgraphError, ValueError):
 
 
 class Lifecycle:
+    def start_run(self, gpu_timing: bool = False) -> None:
+        """Fresh stats, from now on (an idle engine only; submit() and generate() start one
+        when the engine is idle, so what they report covers their own call). gpu_timing:
+        CUDA events around every step, for the GPU's idle time."""
+        self.check_open()
+        if self.has_unfinished():
+            raise RuntimeError("start_run() on an engine that is still serving requests")
+        self.stats = RunStats(record_seconds=self.record_seconds, speculative=self.drafter is not None)
+        self._preemptions_before = self.scheduler.num_preemptions
+        self._run_start = time.perf_counter()
+        self.launcher.timing = gpu_timing and self.executor.device.type == "cuda"
+        if self.launcher.timing:
+            self.stats.gpu_busy_seconds = 0.0
+
     def check_open(self) -> None:
         if self.closed:
             raise EngineClosedError("this engine was closed (LLM.close() / Engine.close(), or the end of its `with` "
