@@ -233,7 +233,11 @@ class Engine(Deliveries, Consumers, Lifecycle):
             collection.release(self)
             raise
         ready = self._undelivered
-        outputs, left = (ready, []) if take is None else ([o for o in ready if take(o)], [o for o in ready if not take(o)])
+        if take is None:
+            outputs, left = ready, []
+        else:
+            mine = [take(o) for o in ready]
+            outputs, left = [o for o, m in zip(ready, mine) if m], [o for o, m in zip(ready, mine) if not m]
         if not (self._live or left or self._flight or self._pending):  # (has_unfinished, once handed out)
             collection.release(self)
         self._undelivered = left
