@@ -143,8 +143,11 @@ class DriverGraph:
 _CU_STREAM_NON_BLOCKING = 1  # as torch's pooled side streams
 
 
+_DROPPED: list = []  # the streams of runners collected without close(): given back at the next safe point
+
+
 def own_stream(device: torch.device) -> torch.cuda.ExternalStream:
-    """A capture stream of the caller's alone (GraphRunner), destroyed by `destroy_stream`.
+    """A capture stream of the caller's alone (GraphRunner), given back by `give_back`.
 
     Not one of torch's pooled streams: torch keeps a cuBLAS workspace per (handle, stream) for
     good, made at the stream's first GEMM; on a capture stream that is inside a recording, in the
@@ -152,6 +155,8 @@ def own_stream(device: torch.device) -> torch.cuda.ExternalStream:
     once 32 more were taken, whose graphs would then use a workspace in an earlier runner's pool;
     with a stream of its own a runner's workspace is its own, freed at its close
     (`release_workspaces`) with nothing else recorded over it."""
+    if _DROPPED:  # (a runner's start: no recording is under way here)
+        give_back(None)
     index = device.index if device.index is not None else torch.cuda.current_device()
     handle = ctypes.c_void_p()
     with torch.cuda.device(index):  # (the primary context current: torch made it)
@@ -159,9 +164,22 @@ def own_stream(device: torch.device) -> torch.cuda.ExternalStream:
     return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
 
 
-def destroy_stream(stream: torch.cuda.ExternalStream) -> None:
-    """An `own_stream` given back (work still queued on it completes first, as the driver does)."""
-    _driver().cuStreamDestroy_v2(ctypes.c_void_p(stream.cuda_stream))
+def give_back(stream: torch.cuda.ExternalStream | None) -> None:
+    """A closed runner's `own_stream` (and those of runners collected without close) given back:
+    the cuBLAS workspaces freed first (`release_workspaces`), then the streams destroyed (work
+    still queued on one completes first, as the driver does). Not while this thread records."""
+    dropped = _DROPPED[:]
+    del _DROPPED[:len(dropped)]  # (one a finalizer adds meanwhile waits for the next time)
+    streams = dropped + ([] if stream is None else [stream])
+    release_workspaces()
+    for s in streams:
+        _driver().cuStreamDestroy_v2(ctypes.c_void_p(s.cuda_stream))
+
+
+def dropped_stream(stream: torch.cuda.ExternalStream) -> None:
+    """A runner collected without close (a finalizer, which may run in the middle of another
+    runner's recording): its stream waits for the next safe point, `own_stream` or `give_back`."""
+    _DROPPED.append(stream)
 
 
 def release_workspaces() -> None:

@@ -61,8 +61,10 @@ class GraphRunner:
         self._locked = False
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
         self._stream = cuda_graph.own_stream(device) if backend == "cuda" else None
-        # (a runner dropped without close gives its stream back when collected)
-        self._give_stream = weakref.finalize(self, cuda_graph.destroy_stream, self._stream) if self._stream else None
+        # a runner dropped without close(): its stream is given back at the next runner's start or close
+        self._dropped = weakref.finalize(self, cuda_graph.dropped_stream, self._stream) if self._stream else None
+        if self._dropped is not None:
+            self._dropped.atexit = False  # (the process ends: nothing to give back)
         self._graphs_alive: list = []  # the graphs must outlive their replays
         self._cache_emptied = False
         self.closed = False
@@ -90,9 +92,9 @@ class GraphRunner:
         self._weight_addresses = None
         for graph in graphs:
             graph.close()
-        if self._give_stream is not None:
-            cuda_graph.release_workspaces()  # (its own, in its pool, among them)
-            self._give_stream()
+        if self._dropped is not None:
+            self._dropped.detach()
+            cuda_graph.give_back(self._stream)
         self.pool = self._stream = None
 
     def capture(self, key: GraphKey, step: Callable[[], object], meta) -> CaptureStats:
