@@ -145,7 +145,7 @@ def test_close_while_streams_and_generates_run_on_other_threads(default_artifact
     with trtgraph.LLM(default_artifacts) as again:  # what the stream gave: the start of each request's tokens
         want = {c.id: c.token_ids for c in again.generate(long[:2])}
     assert all(toks == want[rid][:len(toks)] for rid, toks in got.items())
-    assert not engine.has_unfinished() and engine.executor.closed
+    assert not engine.has_unfinished() and engine.executor.closed and gc.isenabled()  # (the collector was held)
 
 
 class _Yielding:
@@ -562,3 +562,22 @@ def test_ctrl_c_anywhere_in_admitting_a_request_loses_it_nowhere(shared):
     E = _engine()
     n = _every_check_point(llm, want, lambda at: _CtrlC(E._admit, at, (), _Nth(1, bool)))
     assert n >= 5
+
+
+def test_one_request_object_in_two_calls_never_aborts_the_first(shared):
+    """A Request object passed to a second call while the first still serves it: the second is
+    refused (duplicate id) and must leave the first call's request alone (its clean-up, which
+    knows its submission before submitting, took the same object for its own)."""
+    from trtgraph.errors import PromptError
+    from trtgraph.runtime.serving.requests import parse_request
+
+    llm, want = shared
+    req = parse_request(dict(REQS[2]), "test", llm.engine.vocab_size)
+    for second in (lambda: llm.generate([req]), lambda: list(llm.stream([req])),
+                   lambda: list(llm.engine.generate([req]))):
+        stream = llm.stream([req])
+        got = list(next(stream).token_ids)
+        with pytest.raises(PromptError, match="duplicate id 'q2'"):
+            second()
+        got += [t for d in stream for t in d.token_ids]
+        assert got == want["q2"].token_ids

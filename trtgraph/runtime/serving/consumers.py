@@ -11,6 +11,7 @@ when it closes. An id is free for a new request as soon as its abort is asked fo
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Iterable, Iterator
 
@@ -72,7 +73,7 @@ class Consumers:
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
-        reqs = self.parsed(requests)
+        reqs = [copy.copy(r) for r in self.parsed(requests)]  # (each call's submission its own: owners)
         ids, owners, finished = [r.id for r in reqs], {r.id: r for r in reqs}, set()
         try:  # (known before it is submitted: a Ctrl-C as submit returns leaves none served for nobody)
             self.submit(reqs, gpu_timing, stream=False)

@@ -18,6 +18,7 @@ KV cache and weights; every call after it raises EngineClosedError.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import numbers
@@ -200,8 +201,8 @@ class LLM:
         given |= {item.id for item in items if isinstance(item, Request)}
         reqs = []
         for i, (item, raw) in enumerate(zip(items, fields)):
-            if raw is None:
-                reqs.append(item)
+            if raw is None:  # (a copy: each call's submission is its own, even of one Request object)
+                reqs.append(copy.copy(item))
                 continue
             if raw.get("id") is None:  # a made id is never one given in this call or one still live
                 raw["id"] = next(rid for n in self._next_id if (rid := f"trtgraph-{n}") not in given
