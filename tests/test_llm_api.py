@@ -225,11 +225,11 @@ def test_an_interrupted_generate_leaves_nothing_served_for_nobody(llm):
 
     engine, step, calls = llm.engine, Engine.step, []
 
-    def interrupted(self):
+    def interrupted(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 4:
             raise KeyboardInterrupt
-        return step(self)
+        return step(self, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Engine, "step", interrupted)

@@ -32,10 +32,10 @@ class _StepBound:
     def __init__(self, engine, most=2000):
         self.engine, self.most, self.calls, self.step = engine, most, 0, engine.step
 
-    def __call__(self):
+    def __call__(self, *args, **kwargs):
         self.calls += 1
         assert self.calls <= self.most, "the engine was stepped for ever: a consumer waits for outputs that never come"
-        return self.step()
+        return self.step(*args, **kwargs)
 
 
 def test_an_id_is_free_again_as_soon_as_its_stream_is_closed(llm, alone):

@@ -11,10 +11,11 @@ when it closes. An id is free for a new request as soon as its abort is asked fo
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Iterable, Iterator
 
-from .requests import Request, Result
+from .requests import Request, Result, parse_request
 from .streaming import RequestOutput
 
 
@@ -33,7 +34,9 @@ class Consumers:
     @locked
     def hand_back(self, outputs: list[RequestOutput]) -> None:
         """Outputs a consumer took from step() that belong to another consumer's requests:
-        the next step() returns them first."""
+        the next step() returns them first (once the engine is closed: nobody's, dropped)."""
+        if self.closed:
+            return
         self._undelivered = list(outputs) + self._undelivered
 
     def owners(self, ids: Iterable[str]) -> dict[str, object]:
@@ -43,19 +46,21 @@ class Consumers:
 
     def outputs_of(self, ids: Iterable[str], owners: dict[str, object] | None = None) -> Iterator[RequestOutput]:
         """Step until every request in `ids` has finished (or was aborted: none comes for it),
-        yielding their outputs as they come and handing every other request's back for its own
+        yielding their outputs as they come and leaving every other request's to its own
         consumer. owners: `owners(ids)` taken at submit (else now)."""
         remaining = set(ids)
         mine = self.owners(remaining) if owners is None else owners
         aborts = -1  # (the first step checks too: aborts may have been applied since the submit)
+
+        def ours(out) -> bool:  # (an id aborted and reused: the newer request's outputs are not ours)
+            return out.id in remaining and self._owners.get(out.id) is mine[out.id]
         while remaining:
             with self._lock:
-                outputs = self.step()
+                outputs = self.step(ours)  # every other request's stay for its own consumer
                 if self._aborts_applied != aborts:  # requests were aborted: none of ours among them comes
                     aborts, here = self._aborts_applied, {o.id for o in outputs}
                     remaining = {rid for rid in remaining if (rid in here or self._is_live(rid))
                                  and self._owners.get(rid) is mine[rid]}
-                self.hand_back([o for o in outputs if o.id not in remaining])
             for out in outputs:
                 if out.id in remaining:
                     if out.finished:
@@ -68,10 +73,10 @@ class Consumers:
     def generate(self, requests: Iterable[Request | dict], gpu_timing: bool = False) -> Iterator[Result]:
         """Serve `requests`; yield each Result as soon as it finishes (refusals first).
         gpu_timing: record CUDA events around every step to report the GPU's idle time."""
-        ids = self.submit(requests, gpu_timing, stream=False)
-        owners = self.owners(ids)
-        finished: set[str] = set()
-        try:
+        reqs = [copy.copy(r) for r in self.parsed(requests)]  # (each call's submission its own: owners)
+        ids, owners, finished = [r.id for r in reqs], {r.id: r for r in reqs}, set()
+        try:  # (known before it is submitted: a Ctrl-C as submit returns leaves none served for nobody)
+            self.submit(reqs, gpu_timing, stream=False)
             for out in self.outputs_of(ids, owners):
                 if out.finished:
                     finished.add(out.id)
@@ -91,6 +96,12 @@ class Consumers:
                 self.abort(rid)
             if owners is not None and mine:
                 self._owners.pop(rid, None)
+
+    def parsed(self, requests: Iterable[Request | dict]) -> list[Request]:
+        """Each request as a Request (dicts validated: PromptError naming `request i`)."""
+        self.check_open()
+        vocab = self.vocab_size
+        return [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab) for i, r in enumerate(requests)]
 
     def _settle_aborts(self, ids: Iterable[str]) -> None:
         """Aborts asked for these ids applied now rather than at the next step, so the ids are

@@ -47,7 +47,14 @@ class Live:
 
 
 class Deliveries:
-    """The engine's read side: tokens applied (stop strings checked), outputs and Results."""
+    """The engine's read side: tokens applied (stop strings checked), outputs and Results.
+
+    Ctrl-C: CPython raises a KeyboardInterrupt only where it checks for signals, as a call
+    returns and at a loop's back edge, never between two stores with no call between them. So
+    each output is made first (every call) and then recorded and delivered by stores alone, its
+    request's state and `_undelivered` together: an interrupt lands before both (the output is
+    made again after `Engine._recover`) or after both, never between (an output lost or sent
+    twice, a request gone without its Result)."""
 
     def _drawn(self, f: InFlight) -> list[tuple[Sequence, str | None, str | None]]:
         """Wait for a step's tokens and let the scheduler apply them; stop strings are checked
@@ -56,51 +63,55 @@ class Deliveries:
         reads: every one that finished, and the others of streamed requests (a request
         submitted with stream=False has its text decoded once, at the end)."""
         tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
+        self._reading = f.step.seqs  # (where a failed step's finished completions are found: _orphans)
         drew, live = [], self._live
         for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
-            req, text, f = seq.request, None, seq.facts
-            if f.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= f.min_tokens:
-                text = _stop_string(seq, live[req.id].text, reason is not None)
+            req, text = seq.request, None
+            if seq.facts.stop_strings and len(seq.all_ids) - len(seq.prompt_ids) >= seq.facts.min_tokens:
+                text = _stop(self.scheduler, seq, live[req.id].text, reason is not None)
                 if text is not None:
                     reason = "stop"
-                    if not seq.finished:
-                        self.scheduler.finish(seq)
             if reason is not None or live[req.id].stream:
                 drew.append((seq, reason, text))
         return drew
 
-    def _news(self, seq: Sequence, reason: str | None, text: str | None = None) -> list[RequestOutput]:
-        """One sequence's new tokens as its request's output: the text so far, or, when a stop
-        (token-level, from the scheduler, or a stop string, found by `_drawn`) ended it, its
-        Result. text: the output's text when `_drawn` decoded it (cut at a stop string)."""
+    def _news(self, seq: Sequence, reason: str | None, text: str | None = None) -> None:
+        """One sequence's new tokens as its request's output, into `_undelivered`: the text so far,
+        or, when a stop (token-level, from the scheduler, or a stop string, found by `_drawn`)
+        ended it, its Result. text: the output's text when `_drawn` decoded it (cut at a stop string)."""
         req, live = seq.request, self._live[seq.request.id]
         by_choice = live.stream == BY_CHOICE
         if reason is None:
-            if not live.stream or (req.n > 1 and not by_choice):  # one output, once it (all n) has finished
-                return []
-            return [self._delta(seq, live, by_choice)]
+            if live.stream and (req.n == 1 or by_choice):  # else one output, once it (all n) has finished
+                self._delta(seq, live, by_choice)
+            return
         result = final_result(seq, reason, self.tokenizer.decode(seq.output_ids) if text is None else text,
                               live.arrival_seconds, self.tokenizer.decode,
                               live.sent(seq.index).entries if by_choice else None)
-        self.stats.completion_tokens += len(result.token_ids)
+        tokens = len(result.token_ids)
         if req.n > 1:
-            ended = [self._last_delta(live, seq.index, result, False)] if by_choice else []
-            return ended + self._finish_choice(seq, result)
+            self._finish_choice(seq, result, tokens, [self._last_delta(live, seq.index, result, False)]
+                                if by_choice else [])
+            return
+        last = self._last_delta(live, 0, result, True, by_choice)
+        self.stats.completion_tokens += tokens  # (no call from here on)
         del self._live[req.id]
-        return [self._last_delta(live, 0, result, True, by_choice)]
+        self._undelivered += [last]
 
-    def _delta(self, seq: Sequence, live: Live, by_choice: bool) -> RequestOutput:
-        """A sequence's tokens and text since its previous output (and, by choice, their logprob entries)."""
+    def _delta(self, seq: Sequence, live: Live, by_choice: bool) -> None:
+        """A sequence's tokens and text since its previous output (and, by choice, their logprob
+        entries), into `_undelivered`; its completion's stream, count and entries stored with it."""
         sent, out, k = live.sent(seq.index), seq.output_ids, seq.request.logprobs
-        new = out[sent.num_sent:]
-        entries = None
+        new, num = out[sent.num_sent:], len(out)
+        entries, kept = None, sent.entries
         if by_choice and k is not None:  # (kept: the Result's logprobs begin with them)
             entries = logprob_entries(new, seq.logprobs[sent.num_sent:], k, self.tokenizer.decode)
-            sent.entries += entries
-        delta = RequestOutput(seq.request.id, new, sent.text.feed(out, seq.stop_floor or 0), index=seq.index,
+            kept = kept + entries
+        stream = _forked(sent.text)
+        delta = RequestOutput(seq.request.id, new, stream.feed(out, seq.stop_floor or 0), index=seq.index,
                               logprobs=entries)
-        sent.num_sent = len(out)
-        return delta
+        sent.text, sent.num_sent, sent.entries = stream, num, kept  # (no call from here on: see the class)
+        self._undelivered += [delta]
 
     @staticmethod
     def _last_delta(live: Live, index: int, result: Result, finished: bool,
@@ -112,42 +123,78 @@ class Deliveries:
         return RequestOutput(result.id, result.token_ids[sent.num_sent:], sent.text.finish(result.text), finished,
                              result.finish_reason, result if finished else None, index, entries)
 
-    def _orphans(self) -> list[RequestOutput]:
-        """After a failed step (Engine._recover): the Result of each request (n = 1) whose
-        sequence finished in a step read before the failure but whose news was never made."""
-        outputs = []
+    def _orphans(self) -> None:
+        """After a failed step (Engine._recover): the Result of each request whose sequence (n = 1)
+        or one of whose completions (n > 1: those of the step being read) finished in a step read
+        before the failure but whose news was never made."""
         for live in list(self._live.values()):
-            seq = live.seq
-            if not seq.finished or seq.request.n > 1:
-                continue
-            text = _stop_string(seq, live.text, True) if seq.facts.stop_strings else None
-            outputs += self._news(seq, "stop" if text is not None else seq.finish_reason or "stop", text)
-        return outputs
+            if live.seq.finished and live.seq.request.n == 1:
+                self._orphan(live.seq, live)
+        for seq in self._reading:
+            live = self._live.get(seq.request.id)
+            if seq.finished and seq.request.n > 1 and live is not None and live.seq.request is seq.request \
+                    and (self._choices.get(seq.request.id) or [None] * seq.request.n)[seq.index] is None:
+                self._orphan(seq, live)
 
-    def _finish_choice(self, seq: Sequence, result: Result) -> list[RequestOutput]:
+    def _orphan(self, seq: Sequence, live: Live) -> None:
+        text = _stop(self.scheduler, seq, live.text, True) if seq.facts.stop_strings else None
+        self._news(seq, "stop" if text is not None else seq.finish_reason or "stop", text)
+
+    def _finish_choice(self, seq: Sequence, result: Result, tokens: int, ended: list[RequestOutput]) -> None:
         """n > 1: hold each finished completion until all n have; then the request's one
-        output, a Result carrying them as `choices`."""
-        slots = self._choices.setdefault(seq.request.id, [None] * seq.request.n)
+        output, a Result carrying them as `choices`. tokens: the completion's, counted; ended: its
+        own last delta (streamed by choice), delivered with it."""
+        rid = seq.request.id
+        slots = list(self._choices.get(rid) or [None] * seq.request.n)
         slots[seq.index] = result
         if any(r is None for r in slots):
-            return []
-        del self._choices[seq.request.id]
-        del self._live[seq.request.id]
+            self.stats.completion_tokens += tokens  # (no call from here on)
+            self._choices[rid] = slots
+            self._undelivered += ended
+            return
         result = Result(id=result.id, prompt_tokens=result.prompt_tokens, choices=slots,
                         finish_reason=slots[0].finish_reason, ttft_ms=min(r.ttft_ms for r in slots))
-        return [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
+        outputs = ended + [RequestOutput(result.id, [], "", True, result.finish_reason, result)]
+        self.stats.completion_tokens += tokens  # (no call from here on)
+        del self._live[rid]
+        if rid in self._choices:
+            del self._choices[rid]
+        self._undelivered += outputs
 
 
-def _stop_string(seq: Sequence, stream: TextStream, finished: bool = False) -> str | None:
+def _forked(stream: TextStream) -> TextStream:
+    """A copy of a request's detokenizer, fed in its place and put back in one store (`_delta`)."""
+    fork = object.__new__(type(stream))
+    fork.__dict__.update(stream.__dict__)
+    return fork
+
+
+def _stop(scheduler, seq: Sequence, stream: TextStream, finished: bool = False) -> str | None:
+    """A stop string in the sequence's output: it is finished (its blocks freed), then its
+    output cut after the first token whose text holds the stop; that text, cut before the stop
+    (None: no stop). Finished first: cut short of that, an interrupted check is found again
+    (`_orphans`) rather than go on serving the cut sequence. finished: the sequence ended
+    otherwise this step (the full text is checked: `_stop_string`)."""
+    found = _stop_string(seq, stream, finished)
+    if found is None:
+        return None
+    text, end = found
+    if not seq.finished:
+        scheduler.finish(seq)
+    del seq.all_ids[end:]
+    return text
+
+
+def _stop_string(seq: Sequence, stream: TextStream, finished: bool = False) -> tuple[str, int] | None:
     """Whether the sequence's output now holds one of its stop strings: its text, cut before
-    the first, or None. A step that drew several tokens (a verify step's accepted run) ends
-    the output at the first of them whose text holds the stop, as plain decoding would have
-    (the tokens after it are dropped). `seq.stop_checked`: output tokens already found free of
-    stops (the check runs at every step the sequence draws in, from min_tokens on). A stop
-    string within the text of the first min_tokens - 1 tokens is none (`seq.stop_floor`: that
-    text's length): no stop applies before min_tokens. The search is incremental
-    (`seq.stop_scan`); the full text is decoded where it finds a hit, and once for a sequence
-    that `finished` otherwise, so the result is always the full decode's."""
+    the first, and where its ids end (an index into `all_ids`), or None. A step that drew several
+    tokens (a verify step's accepted run) ends the output at the first of them whose text holds
+    the stop, as plain decoding would have (the tokens after it are dropped). `seq.stop_checked`:
+    output tokens already found free of stops (the check runs at every step the sequence draws
+    in, from min_tokens on). A stop string within the text of the first min_tokens - 1 tokens is
+    none (`seq.stop_floor`: that text's length): no stop applies before min_tokens. The search is
+    incremental (`seq.stop_scan`); the full text is decoded where it finds a hit, and once for a
+    sequence that `finished` otherwise, so the result is always the full decode's."""
     out, m = seq.output_ids, seq.facts.min_tokens
     if seq.stop_floor is None:
         seq.stop_floor = stream.length(out[:m - 1]) if m > 1 else 0
@@ -163,6 +210,5 @@ def _stop_string(seq: Sequence, stream: TextStream, finished: bool = False) -> s
     for t in range(max(seq.stop_checked + 1, m, 1), len(out)):
         early, hit = stream.stop_text(out[:t], seq.stop_floor)
         if hit:
-            del seq.all_ids[len(seq.prompt_ids) + t:]
-            return early
-    return text
+            return early, len(seq.prompt_ids) + t
+    return text, len(seq.all_ids)

@@ -6,6 +6,7 @@ never imports the compiler.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -32,11 +33,13 @@ from .scheduler import Scheduler
 from .stats import RunStats
 from .consumers import Consumers, locked
 from .deliveries import Deliveries, Live
+from .lifecycle import EngineClosedError, Lifecycle  # noqa: F401 (EngineClosedError: importers take it from here)
 from .streaming import RequestOutput, TextStream
 
 ADMIT_SLICE = 8  # submitted requests admitted per step() while the device runs (Engine._admit_slice)
 
-class Engine(Deliveries, Consumers):
+
+class Engine(Deliveries, Consumers, Lifecycle):
     def __init__(self, path: str | Path | Manifest = "trtgraph-artifacts", eager: bool = False, speculative: bool = True,
                  tp: TPGroup = TPGroup(), model: str | Path | None = None):
         """speculative=False ignores the manifest's speculative section (plain decode steps),
@@ -51,6 +54,17 @@ class Engine(Deliveries, Consumers):
         self.eager = eager
         self.executor = ex = Executor.build(config, self.manifest.plan(), device, tp=tp, from_manifest=True,
                                             linear_record=self.manifest.totals.get("linear_backends"))
+        try:
+            self._start(path, tp, eager, speculative, config)
+        except BaseException:  # a start that fails gives back what it built (its graphs, KV cache, weights)
+            with contextlib.suppress(Exception):  # (a device that failed too: the start's own error is the one)
+                ex.close()
+            raise
+
+    def _start(self, path, tp: TPGroup, eager: bool, speculative: bool, config) -> None:
+        """__init__ once the executor is built: checks, re-records, locks; the serving side."""
+        ex = self.executor
+        self.vocab_size = ex.loaded.config.vocab_size  # (kept after close: a prompt is parsed, then refused)
         startup.lap("kv_cache_and_buffers")
         check_built(self.manifest, ex, manifest_path(path))
         self.record_seconds = record(self.manifest, ex, tp, eager)
@@ -90,10 +104,12 @@ class Engine(Deliveries, Consumers):
         self._pending: deque[tuple[Request, bool, float]] = deque()
         self._pending_ids: set[str] = set()
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
+        self._reading: list = []  # the sequences of the step being read (deliveries.py)
         self._lock = threading.RLock()  # around every change: consumers may step it from several threads
         self._owners: dict[str, Request] = {}  # id -> the submit() request now under it (consumers.py)
         # Form the step after a rows-changing one before reading it (form_ahead); False: after (A/B runs).
         self.pipeline_changes = True
+        self.closed = False  # close(): every call that would serve refuses (EngineClosedError)
         startup.lap("tokenizer_and_scheduler")
 
     @property
@@ -107,52 +123,54 @@ class Engine(Deliveries, Consumers):
         recorded key can serve comes back from the next step() as an error Result. Raises
         PromptError for a malformed dict or an id that is already live. stream=False: no
         output until it finishes (its text is decoded once, at the end)."""
+        self.check_open()
         req = request if isinstance(request, Request) else parse_request(
-            request, where, self.executor.loaded.config.vocab_size)
+            request, where, self.vocab_size)
         self._settle_aborts([req.id])
         if self._is_live(req.id):
             raise PromptError(f"{where}: duplicate id {req.id!r}: a request with that id is still being "
                               f"served; ids must be unique, results are keyed by them.")
+        if not self.has_unfinished():  # a new run: the graphs read the weights where they were recorded
+            self.executor.runner.check_weights()
         self._owners.pop(req.id, None)  # (a consumer still waiting on an aborted request of this id: not this one)
         if self._pending:  # after the submitted ones still waiting for admission, in order
-            self._queue(req, stream)
+            entry = (req, stream, time.perf_counter())
+            self._pending_ids |= {req.id}  # (no call between: see Deliveries on Ctrl-C)
+            self._pending.append(entry)
             return
-        self._admit(req, stream, time.perf_counter())
+        self._admit(req, stream, time.perf_counter(), queued=False)
 
-    def _queue(self, req: Request, stream: bool) -> None:
-        self._pending.append((req, stream, time.perf_counter()))
-        self._pending_ids.add(req.id)
-
-    def _admit(self, req: Request, stream: bool, arrived: float) -> None:
+    def _admit(self, req: Request, stream: bool, arrived: float, queued: bool = True) -> None:
         """Admission: the request's Sequence joins the scheduler's queue, or its refusal waits
-        to be handed out. arrived: when it was submitted (its time to first token counts from there)."""
-        if not self.has_unfinished():
-            self.executor.runner.check_weights()
+        to be handed out. arrived: when it was submitted (its time to first token counts from there).
+        queued: it is the first of `_pending`, which it leaves. Made first (its text encoded, its chat
+        rendered), then recorded by stores alone: a Ctrl-C leaves it waiting as it was, or admitted."""
         if self._run_start is None:
             self._run_start = time.perf_counter()
-        self._arrivals += 1
-        item = self.admission.admit(req, self._arrivals, speculative=self.drafter is not None)
-        self.stats.requests += 1
+        item = self.admission.admit(req, self._arrivals + 1, speculative=self.drafter is not None)
         if isinstance(item, Result):
-            self.stats.refused += 1
-            self._undelivered.append(RequestOutput(req.id, finished=True, finish_reason="error", result=item))
-            return
-        self.stats.prompt_tokens += len(item.prompt_ids)
-        self._live[req.id] = Live(item, arrived, TextStream(self.tokenizer, req.stop_strings), stream)
-        self.scheduler.add(item)
+            out = [RequestOutput(req.id, finished=True, finish_reason="error", result=item)]
+            live, tokens, refused = None, 0, 1
+        else:
+            out, tokens, refused = [], len(item.prompt_ids), 0
+            live = Live(item, arrived, TextStream(self.tokenizer, req.stop_strings), stream)
+        if queued:  # (no call from here on but the last: see Deliveries on Ctrl-C)
+            del self._pending[0]
+            self._pending_ids -= {req.id}
+        self._arrivals += 1
+        self.stats.requests += 1
+        self.stats.refused += refused
+        self.stats.prompt_tokens += tokens
+        self._undelivered += out
+        if live is not None:
+            self._live[req.id] = live
+            self.scheduler.waiting.append(item)  # (Scheduler.add; the last call: nothing after it)
 
     def _admit_pending(self, most: int) -> None:
-        """Admit up to `most` of the submitted requests, in order."""
+        """Admit up to `most` of the submitted requests, in order (each leaves `_pending` as it
+        is admitted: a Ctrl-C while encoding its text leaves it waiting)."""
         while self._pending and most > 0:
-            req, stream, arrived = item = self._pending.popleft()
-            self._pending_ids.discard(req.id)
-            try:
-                self._admit(req, stream, arrived)
-            except BaseException:  # (Ctrl-C while encoding its text): it waits on, not lost
-                if req.id not in self._live and all(o.id != req.id for o in self._undelivered):
-                    self._pending.appendleft(item)
-                    self._pending_ids.add(req.id)
-                raise
+            self._admit(*self._pending[0])
             most -= 1
 
     def _top_up(self) -> None:
@@ -176,8 +194,9 @@ class Engine(Deliveries, Consumers):
     @locked
     def abort(self, request_id: str) -> bool:
         """Stop serving a live request at the next step: it leaves the scheduler, its KV
-        blocks are freed, and no more outputs come for it. False if it is not live."""
-        if not self._is_live(request_id):
+        blocks are freed, and no more outputs come for it. False if it is not live (nothing
+        is, once the engine is closed)."""
+        if self.closed or not self._is_live(request_id):
             return False
         self._aborts.add(request_id)
         if self._only_aborted():  # its consumer may step no more (a stream left early): the collector
@@ -195,27 +214,37 @@ class Engine(Deliveries, Consumers):
         return bool(self._live or self._undelivered or self._flight or self._pending)
 
     @locked
-    def step(self) -> list[RequestOutput]:
+    def step(self, take=None) -> list[RequestOutput]:
         """Advance by one step: apply aborts, launch a step if none is in flight (and, in
         steady decoding, the next one before reading this one's tokens; where every row ends
         with that one, the next wave's first step too), admit a slice of the submitted
         requests while the device runs, read the oldest step's tokens back. Returns every
         request's news: outputs handed back by other consumers first, then refusals, then
-        this step's."""
+        this step's. take(output): which of them the caller takes (a consumer of some requests,
+        Consumers.outputs_of); the others stay for the next step, handed out by the store that
+        takes these (a Ctrl-C as step() returns loses none of them)."""
+        self.check_open()
         self._apply_aborts()
         collection.hold(self)  # the collector runs at this step's safe point below (collection.py)
         try:
-            outputs = self._step()
+            self._step()
         except BaseException:
             self._recover()
             collection.release(self)
             raise
-        if not self.has_unfinished():
+        ready = self._undelivered
+        if take is None:
+            outputs, left = ready, []
+        else:
+            mine = [take(o) for o in ready]
+            outputs, left = [o for o, m in zip(ready, mine) if m], [o for o, m in zip(ready, mine) if not m]
+        if not (self._live or left or self._flight or self._pending):  # (has_unfinished, once handed out)
             collection.release(self)
+        self._undelivered = left
         return outputs
 
-    def _step(self) -> list[RequestOutput]:
-        """step()'s launches and read (the collector held)."""
+    def _step(self) -> None:
+        """step()'s launches and read (the collector held), its outputs into `_undelivered`."""
         with torch.inference_mode():
             if not self._flight:
                 self._launch_next()
@@ -262,12 +291,10 @@ class Engine(Deliveries, Consumers):
                 # launch the next step now, before turning this one's tokens into text.
                 self._launch_next()
             for d in drew:  # (kept as they are made: a step that raises loses none, Engine._recover)
-                self._undelivered += self._news(*d)
-            outputs, self._undelivered = self._undelivered, []
+                self._news(*d)
         self.stats.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         if self._run_start is not None:
             self.stats.seconds = time.perf_counter() - self._run_start
-        return outputs
 
     @locked
     def submit(self, requests: Iterable[Request | dict], gpu_timing: bool = False, stream: bool = True) -> list[str]:
@@ -275,9 +302,8 @@ class Engine(Deliveries, Consumers):
         then queue them all; their ids. Submitted to an idle engine they start a new run:
         `stats` then cover this batch (and whatever joins it before the engine is idle).
         stream=False: each request's one output is its last (no per-step text deltas)."""
-        vocab = self.executor.loaded.config.vocab_size
-        reqs = [r if isinstance(r, Request) else parse_request(r, f"request {i}", vocab)
-                for i, r in enumerate(requests)]
+        self.check_open()
+        reqs = self.parsed(requests)
         self._settle_aborts(r.id for r in reqs)
         first: dict[str, int] = {}
         for i, r in enumerate(reqs):
@@ -289,12 +315,21 @@ class Engine(Deliveries, Consumers):
                                   f"served; ids must be unique, results are keyed by them.")
             first[r.id] = i
         idle = not self.has_unfinished()
-        if idle:
-            collection.hold(self)  # (before the run's clock: queueing allocates too)
-            self.start_run(gpu_timing)
-        for req in reqs:
-            self._queue(req, stream)
-            self._owners[req.id] = req
+        if idle:  # a new run: the graphs read the weights where they were recorded
+            self.executor.runner.check_weights()
+        now = time.perf_counter()
+        entries, owners, ids = deque((req, stream, now) for req in reqs), {req.id: req for req in reqs}, set(first)
+        try:
+            if idle:
+                collection.hold(self)  # (before the run's clock: queueing allocates too)
+                self.start_run(gpu_timing)
+            self._pending_ids |= ids  # (no call between: see Deliveries on Ctrl-C)
+            self._pending += entries
+            self._owners |= owners
+        except BaseException:  # (Ctrl-C as the collector was held: none queued)
+            if idle and not self.has_unfinished():
+                collection.release(self)
+            raise
         if idle:
             # Admit what the first step can take, launch it, and admit the rest in slices while
             # the device runs (every step is the one it would be with all admitted now: _top_up).
@@ -309,38 +344,34 @@ class Engine(Deliveries, Consumers):
                 collection.release(self)
         return list(first)
 
-    def start_run(self, gpu_timing: bool = False) -> None:
-        """Fresh stats, from now on (an idle engine only; submit() and generate() start one
-        when the engine is idle, so what they report covers their own call). gpu_timing:
-        CUDA events around every step, for the GPU's idle time."""
-        if self.has_unfinished():
-            raise RuntimeError("start_run() on an engine that is still serving requests")
-        self.stats = RunStats(record_seconds=self.record_seconds, speculative=self.drafter is not None)
-        self._preemptions_before = self.scheduler.num_preemptions
-        self._run_start = time.perf_counter()
-        self.launcher.timing = gpu_timing and self.executor.device.type == "cuda"
-        if self.launcher.timing:
-            self.stats.gpu_busy_seconds = 0.0
-
     def _apply_aborts(self) -> None:
-        if self._aborts and self._pending_ids & self._aborts:  # submitted, not admitted: counted, dropped
-            kept = deque(p for p in self._pending if p[0].id not in self._aborts)
-            self.stats.requests += len(self._pending) - len(kept)
-            self.stats.aborted += len(self._pending) - len(kept)
-            self._pending_ids -= self._aborts
+        """The aborts asked for, applied, each made first and recorded by stores alone (see
+        Deliveries on Ctrl-C; one interrupted is applied again at the next step)."""
+        aborts = self._aborts
+        if aborts and self._pending_ids & aborts:  # submitted, not admitted: counted, dropped
+            kept = deque(p for p in self._pending if p[0].id not in aborts)
+            dropped = len(self._pending) - len(kept)
+            self.stats.requests += dropped  # (no call from here on)
+            self.stats.aborted += dropped
+            self._pending_ids -= aborts
             self._pending = kept
-        for rid in self._aborts:
-            live = self._live.pop(rid, None)
+        for rid in list(aborts):
+            live = self._live.get(rid)
             if live is None:  # finished; its last output is dropped below
                 continue
-            self.stats.aborted += 1
-            done = self._choices.pop(rid, None) or ()  # its finished completions: never handed out, not counted
-            self.stats.completion_tokens -= sum(len(r.token_ids) for r in done if r is not None)
-            self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it
-        if self._aborts:
-            self._undelivered = [o for o in self._undelivered if o.id not in self._aborts]
-            self._aborts_applied += len(self._aborts)
-            self._aborts.clear()
+            self.scheduler.abort(live.seq.request)  # with n > 1, every completion forked from it (again: none left)
+            done = self._choices.get(rid) or ()  # its finished completions: never handed out, not counted
+            tokens = sum(len(r.token_ids) for r in done if r is not None)
+            self.stats.aborted += 1  # (no call from here on)
+            self.stats.completion_tokens -= tokens
+            del self._live[rid]
+            if rid in self._choices:
+                del self._choices[rid]
+        if aborts:
+            kept, applied = [o for o in self._undelivered if o.id not in aborts], len(aborts)
+            self._undelivered = kept  # (no call from here on)
+            self._aborts_applied += applied
+            self._aborts = set()
 
     def _recover(self) -> None:
         """A step raised part-way (Ctrl-C, a device error): the steps in flight are dropped and
@@ -349,7 +380,7 @@ class Engine(Deliveries, Consumers):
         finished before its Result was made gets it now."""
         self._flight.clear()
         self.scheduler.requeue_all()
-        self._undelivered += self._orphans()
+        self._orphans()
 
     def _launch_next(self) -> None:
         """Form and launch a step (it joins the steps in flight), unless nothing is left to run."""
@@ -363,10 +394,5 @@ class Engine(Deliveries, Consumers):
 
     def follow(self) -> int:
         """Ranks other than 0: replay every step rank 0 broadcasts, until it closes."""
+        self.check_open()
         return self.broadcast.follow(self.eager)
-
-    def close(self) -> None:
-        """Rank 0: tell the other ranks to stop following."""
-        collection.release(self)
-        if self.broadcast is not None:
-            self.broadcast.stop()

@@ -11,10 +11,14 @@ fields) applies to every prompt; a dict prompt's own fields win. Every request g
 the JSONL validator. Several `generate` / `stream` / `chat` calls may be live at once (a
 stream consumed alternately with another, a generate in between, on several threads): they share one scheduler
 and each gets exactly the tokens it would get alone.
+
+`llm.close()` (or the end of `with trtgraph.LLM(...) as llm:`) gives back the engine's graphs,
+KV cache and weights; every call after it raises EngineClosedError.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import numbers
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ...errors import PromptError
-from .engine import Engine
+from .engine import Engine, EngineClosedError
 from .requests import Request, Result, parse_request
 from .streaming import RequestOutput
 
@@ -90,7 +94,8 @@ class CompletionDelta:
 
 
 class LLM:
-    """One engine; its calls may be live at once, on one thread or several (each step holds the engine's lock)."""
+    """One engine; its calls may be live at once, on one thread or several (each step holds the
+    engine's lock). `close()` (or a `with` block) gives back what it holds on the device."""
 
     def __init__(self, manifest_path: str | Path = "trtgraph-artifacts", eager: bool = False,
                  model: str | Path | None = None, speculative: bool = True):
@@ -103,14 +108,33 @@ class LLM:
         self.engine = Engine(manifest_path, eager=eager, model=model, speculative=speculative)
         self._next_id = itertools.count()
 
+    def close(self) -> None:
+        """Stop for good and give back what the engine holds: its graphs are destroyed and its
+        KV cache, buffers and weights dropped (on CUDA torch's allocator has their memory back at
+        once; `torch.cuda.empty_cache()` returns it to the device). Requests still being served
+        are dropped: a stream being read ends, a generate on another thread raises
+        EngineClosedError, as does every call after this one. Idempotent; `stats` stays readable."""
+        self.engine.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.engine.closed
+
+    def __enter__(self) -> "LLM":
+        self.engine.check_open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(self, prompts, sampling=None) -> list[Completion]:
         """Every prompt's Completion, in the order given (a PromptError if one of them was
         aborted meanwhile, by Engine.abort)."""
         reqs = self._requests(prompts, sampling)
         done: dict[str, Completion] = {}
-        ids = self.engine.submit(reqs)
-        owners = self.engine.owners(ids)
-        try:
+        ids, owners = [r.id for r in reqs], {r.id: r for r in reqs}  # (the submission: Engine.owners)
+        try:  # (known before it is submitted: a Ctrl-C as submit returns leaves none served for nobody)
+            self.engine.submit(reqs)
             for out in self.engine.outputs_of(ids, owners):
                 if out.finished:
                     done[out.id] = Completion.of(out.result)
@@ -145,13 +169,15 @@ class LLM:
         return self.engine.stats.to_json()
 
     def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
-        ids: list[str] = []
-        owners: dict = {}
-        finished: set[str] = set()
+        ids, owners, finished = [r.id for r in reqs], {r.id: r for r in reqs}, set()
         try:
-            ids = self.engine.submit(reqs)
-            owners = self.engine.owners(ids)
-            for out in self.engine.outputs_of(ids, owners):
+            self.engine.submit(reqs)  # (closed before the stream started: EngineClosedError)
+            outputs = self.engine.outputs_of(ids, owners)
+            while True:
+                try:
+                    out = next(outputs)
+                except (StopIteration, EngineClosedError):  # (closed while being read: the stream ends there)
+                    return
                 if out.finished:
                     finished.add(out.id)
                 yield CompletionDelta.of(out)
@@ -160,8 +186,9 @@ class LLM:
 
     def _requests(self, prompts, sampling) -> list[Request]:
         """Every prompt as a validated Request (ids made for those without one)."""
+        self.engine.check_open()
         defaults = _sampling_fields(sampling)
-        vocab = self.engine.executor.loaded.config.vocab_size
+        vocab = self.engine.vocab_size
         prompts = _array_ids(prompts, (1, 2))
         if not _is_one_prompt(prompts) and (isinstance(prompts, (bytes, bytearray))
                                              or not isinstance(prompts, Iterable)):
@@ -174,8 +201,8 @@ class LLM:
         given |= {item.id for item in items if isinstance(item, Request)}
         reqs = []
         for i, (item, raw) in enumerate(zip(items, fields)):
-            if raw is None:
-                reqs.append(item)
+            if raw is None:  # (a copy: each call's submission is its own, even of one Request object)
+                reqs.append(copy.copy(item))
                 continue
             if raw.get("id") is None:  # a made id is never one given in this call or one still live
                 raw["id"] = next(rid for n in self._next_id if (rid := f"trtgraph-{n}") not in given

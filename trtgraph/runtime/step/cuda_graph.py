@@ -45,6 +45,8 @@ def _driver():
                                ("cuGraphExecDestroy", (ctypes.c_void_p,)),
                                ("cuGraphDestroy", (ctypes.c_void_p,)),
                                ("cuGraphGetNodes", (ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t))),
+                               ("cuStreamCreate", (ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint)),
+                               ("cuStreamDestroy_v2", (ctypes.c_void_p,)),
                                ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
                 fn = getattr(lib, name)
                 fn.argtypes, fn.restype = args, ctypes.c_int
@@ -136,6 +138,59 @@ class DriverGraph:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter shutdown: the driver may be gone already)
             pass
+
+
+_CU_STREAM_NON_BLOCKING = 1  # as torch's pooled side streams
+
+
+_DROPPED: list = []  # the streams of runners collected without close(): given back at the next safe point
+
+
+def own_stream(device: torch.device) -> torch.cuda.ExternalStream:
+    """A capture stream of the caller's alone (GraphRunner), given back by `give_back`.
+
+    Not one of torch's pooled streams: torch keeps a cuBLAS workspace per (handle, stream) for
+    good, made at the stream's first GEMM; on a capture stream that is inside a recording, in the
+    runner's pool, and the graphs hold its address. A pooled stream comes back to the next runner
+    once 32 more were taken, whose graphs would then use a workspace in an earlier runner's pool;
+    with a stream of its own a runner's workspace is its own, freed at its close
+    (`release_workspaces`) with nothing else recorded over it."""
+    if _DROPPED:  # (a runner's start: no recording is under way here)
+        give_back(None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = ctypes.c_void_p()
+    with torch.cuda.device(index):  # (the primary context current: torch made it)
+        _check(_driver().cuStreamCreate(ctypes.byref(handle), _CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+    return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
+
+
+def give_back(stream: torch.cuda.ExternalStream | None) -> None:
+    """A closed runner's `own_stream` (and those of runners collected without close) given back:
+    the cuBLAS workspaces freed first (`release_workspaces`), then the streams destroyed (work
+    still queued on one completes first, as the driver does). Not while this thread records."""
+    dropped = _DROPPED[:]
+    del _DROPPED[:len(dropped)]  # (one a finalizer adds meanwhile waits for the next time)
+    streams = dropped + ([] if stream is None else [stream])
+    release_workspaces()
+    for s in streams:
+        _driver().cuStreamDestroy_v2(ctypes.c_void_p(s.cuda_stream))
+
+
+def dropped_stream(stream: torch.cuda.ExternalStream) -> None:
+    """A runner collected without close (a finalizer, which may run in the middle of another
+    runner's recording): its stream waits for the next safe point, `own_stream` or `give_back`."""
+    _DROPPED.append(stream)
+
+
+def release_workspaces() -> None:
+    """The cuBLAS / cuBLASLt workspaces torch keeps per (handle, stream), freed (torch makes
+    them again at the next GEMM on a stream). A closed runner's own (in its pool, which is then
+    free as a whole); the live runners' (each in its own pool, which takes no allocation after its
+    lock, so its graphs go on using the same memory); those of other streams (the allocator's
+    stream order keeps them safe). The timing streams are made afresh at their next use, their
+    workspaces outside any recording again (`_timing_stream`). Call with the device idle."""
+    torch._C._cuda_clearCublasWorkspaces()
+    _TIMING_STREAMS.clear()
 
 
 _TIMING_STREAMS: dict[int, torch.cuda.Stream] = {}

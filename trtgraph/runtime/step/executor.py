@@ -79,6 +79,7 @@ class Executor(StepInputs):
     runner: GraphRunner = field(init=False)
     metadata: dict = field(init=False)
     num_eager_steps: int = 0
+    closed: bool = False
 
     def __post_init__(self):
         cfg, lim = self.model.local, self.config.limits  # this rank's KV heads
@@ -152,6 +153,21 @@ class Executor(StepInputs):
             num_blocks = auto_num_blocks(loaded.model.local, config.kv_cache.block_size, DTYPES[config.dtype], device,
                                          lim.max_batch_size, lim.max_seq_len)
         return cls(config=config, plan=plan, loaded=loaded, device=device, num_blocks=num_blocks)
+
+    def close(self) -> None:
+        """Give back what was built on the device: the device waits for the work queued on it,
+        then the graphs are destroyed (GraphRunner.close) and the KV cache, the step buffers, the
+        per-key metadata and the model (weights) dropped, so nothing of them is left referenced here
+        (their memory returns to torch's allocator at once, without the cyclic collector). Idempotent;
+        a closed executor serves nothing (Engine.close)."""
+        if self.closed:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # no replay or copy may still use what is freed below
+        self.runner.close()
+        self.metadata, self.kv_caches, self.buffers, self._new_blocks_host = {}, [], None, []
+        self.loaded = None
+        self.closed = True
 
     @property
     def model(self):

@@ -13,6 +13,7 @@ capture raises, so nothing can be recorded once serving starts.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +22,7 @@ import torch
 
 from ...buckets import GraphKey
 from ...errors import CaptureError, ReplayMismatchError
+from . import cuda_graph
 from .cuda_graph import DriverGraph
 
 BACKENDS = ("cuda", "static")
@@ -58,9 +60,14 @@ class GraphRunner:
         self._graphs: dict[GraphKey, _Recorded] = {}
         self._locked = False
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
-        self._stream = torch.cuda.Stream(device) if backend == "cuda" else None
+        self._stream = cuda_graph.own_stream(device) if backend == "cuda" else None
+        # a runner dropped without close(): its stream is given back at the next runner's start or close
+        self._dropped = weakref.finalize(self, cuda_graph.dropped_stream, self._stream) if self._stream else None
+        if self._dropped is not None:
+            self._dropped.atexit = False  # (the process ends: nothing to give back)
         self._graphs_alive: list = []  # the graphs must outlive their replays
         self._cache_emptied = False
+        self.closed = False
         self.num_captures = 0
         self.replays: Counter = Counter()
 
@@ -73,8 +80,27 @@ class GraphRunner:
         """From now on only replay: any capture raises."""
         self._locked = True
 
+    def close(self) -> None:
+        """Destroy every graph and let go of what they hold: the recorded outputs and step
+        closures (the buffers, KV cache and weights they reach), the driver graphs and their holds on
+        the shared pool (torch frees a pool none holds at its next empty_cache). The device must be
+        idle (Executor.close synchronises first). Idempotent; a closed runner neither records nor replays."""
+        graphs, self._graphs_alive = self._graphs_alive, []
+        self._graphs = {}
+        self._locked = self.closed = True
+        self._persistent, self._weights = dict, dict  # (bound methods of the executor: no cycle left)
+        self._weight_addresses = None
+        for graph in graphs:
+            graph.close()
+        if self._dropped is not None:
+            self._dropped.detach()
+            cuda_graph.give_back(self._stream)
+        self.pool = self._stream = None
+
     def capture(self, key: GraphKey, step: Callable[[], object], meta) -> CaptureStats:
         """Record `step` (which reads and writes only persistent buffers) for `key`."""
+        if self.closed:
+            raise CaptureError(f"capture of {key} after close(): the runner's graphs were destroyed.")
         if self._locked:
             raise CaptureError(f"capture of {key} after lock(): the runtime only replays. Every graph "
                                f"must be recorded at start-up, before lock().")
@@ -119,6 +145,8 @@ class GraphRunner:
     def replay(self, key: GraphKey, meta, num_tokens: int, positions: torch.Tensor):
         """Replay the graph of `key`; returns the outputs recorded at capture (now refreshed)."""
         rec = self._graphs.get(key)
+        if rec is None and self.closed:
+            raise ReplayMismatchError(f"replay of {key} after close(): the runner's graphs were destroyed.")
         if rec is None:
             raise ReplayMismatchError(f"replay of {key}: no graph was recorded for it; recorded keys: "
                                       f"{', '.join(str(k) for k in sorted(self._graphs)) or 'none'}")
