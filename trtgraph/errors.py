@@ -43,3 +43,7 @@ class OutputPathError(TrtgraphError):
 
 class RankLostError(TrtgraphError):
     """A tensor-parallel rank was ended from outside (a signal: the out-of-memory killer, kill -9)."""
+
+
+class EngineClosedError(TrtgraphError, ValueError):
+    """A call on an engine (or LLM) after its close(): nothing it held is left to serve with."""

@@ -7,13 +7,9 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from ...errors import TrtgraphError
+from ...errors import EngineClosedError
 from . import collection
 from .stats import RunStats
-
-
-class EngineClosedError(TrtgraphError, ValueError):
-    """A call on an engine (or LLM) after its close(): nothing it held is left to serve with."""
 
 
 class Lifecycle:
