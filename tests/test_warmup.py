@@ -84,6 +84,18 @@ def test_capture_records_each_key_that_loaded_a_new_kernel(tmp_path, monkeypatch
     assert len(expected) >= 3 and any(not k.is_prefill for k in expected)
 
 
+def test_a_capture_in_a_process_that_had_loaded_kernels_records_every_key(tmp_path, monkeypatch):
+    """A capture after other work in the same process (the Python API, a test suite: on the H200
+    a capture after other GPU tests) does not see its keys' first loads: those kernels were loaded
+    already. Its warmup_keys held the first key alone, and a fresh process starting the manifest
+    refused a later key's recording ("loaded 9 Triton kernel(s) that the warm-up ... had not").
+    Now every key is a warm-up key there (a slower start, never a refused one)."""
+    monkeypatch.setattr(pipeline, "loaded_kernels", lambda: 7)  # loaded before, none by the keys' runs
+    pipeline.capture(tiny_config(), tmp_path)
+    m = load_manifest(tmp_path)
+    assert m.totals["warmup_keys"] == [str(k) for k in _warm_order(m)]
+
+
 def test_a_start_warms_only_the_recorded_keys(default_artifacts, monkeypatch):
     seen = _warmed(monkeypatch)
     engine = Engine(default_artifacts)

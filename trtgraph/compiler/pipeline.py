@@ -123,6 +123,7 @@ def capture(config: Config, out_dir: Path | None = None, device: torch.device | 
 
 def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.device | None, progress: Progress,
              timing_repeats: int | None, tp: TPGroup, notes: list[str]) -> CaptureResult:
+    history = loaded_kernels()  # trtgraph's Triton kernels this process loaded before (not in a fresh one)
     try:
         ex = Executor.build(config, plan, device, tp=tp)
     except Exception as exc:
@@ -139,7 +140,7 @@ def _capture(config: Config, plan: BucketPlan, out_dir: Path, device: torch.devi
     with torch.inference_mode():
         t0 = time.perf_counter()
         fill_kv_cache(ex, seed=0)  # the verifications' rows read a random context, not zeros
-        order, warm_keys, refs, eager_ms = _warm_up(ex, plan, progress, tp)
+        order, warm_keys, refs, eager_ms = _warm_up(ex, plan, progress, tp, history)
         warmup_seconds = time.perf_counter() - t0
         startup.lap("warm_up")
         layout = json.dumps([ex.buffers.layout(), [str(k) for k in order]])
@@ -210,14 +211,17 @@ def _local_model_config(config: Config, tp: TPGroup):
     return local_config(model_config(config.model), tp)
 
 
-def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
-             tp: TPGroup) -> tuple[list[GraphKey], list[GraphKey], dict, dict]:
+def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress, tp: TPGroup,
+             history: int | None = 0) -> tuple[list[GraphKey], list[GraphKey], dict, dict]:
     """Run every key eagerly once, on random valid rows (seeded by its place in the warm
     order): the verification's eager reference (`verify.eager_reference`). Returns the
     capture order: largest first (by the memory its eager step peaked at), so later keys
     reuse its pool; ranks order by the largest peak any rank saw, so all capture in the same
     order. The keys a start warms, in warm order: the first, and each whose run loaded a
-    Triton kernel or kept device memory that no earlier key had (on any rank). Each key's
+    Triton kernel or kept device memory that no earlier key had (on any rank); every key where
+    the process had loaded trtgraph kernels before the capture (`history`: the Python API after
+    other captures or engines: a key's first loads are not seen then, and a start of the manifest
+    in a fresh process refused its recording's loads). Each key's
     reference: its outputs while they fit in REFERENCE_BYTES in all, else only its seed (the
     verification then runs the key eagerly again first). And each key's eager milliseconds (the
     least of the ranks'; None on the CPU): the pacer's estimate of its replays."""
@@ -227,7 +231,8 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress,
         kernels = loaded_kernels()
         ref = _guard(key, "warm-up", lambda: eager_reference(ex, key, seed=i))
         now = loaded_kernels()
-        seen.append((ref.peak_bytes, i == 0 or kernels is None or now is None or now > kernels or ref.kept_bytes > 0))
+        seen.append((ref.peak_bytes, i == 0 or history != 0 or kernels is None or now is None or now > kernels
+                     or ref.kept_bytes > 0))
         clocks.append(ref.clock)
         held += ref.nbytes
         refs[key] = ref if held <= REFERENCE_BYTES else i
