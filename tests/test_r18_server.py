@@ -165,6 +165,15 @@ def test_a_prompt_over_the_context_is_context_length_exceeded_naming_the_prompt(
         err = r.json()["error"]
         assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == field, err
         assert f"limits.max_seq_len ({max_seq_len})" in err["message"]
+    # text past what any prompt that fits could spell is refused before encoding (admission's bound); a chat's
+    # refusal named `prompt`, a field its body does not have (the nineteenth session's review)
+    per_token = server.engine.tokenizer.max_token_chars
+    long = "x" * (max_seq_len * per_token * 8 + 1)
+    r = post(server, path, {"model": MODEL, **({"prompt": long} if field == "prompt" else
+                                               {"messages": [{"role": "user", "content": long}]})})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == field, err
+    assert "refused before encoding" in err["message"], err
     r = post(server, path, {"model": MODEL, "max_tokens": max_seq_len, **(
         {"prompt": "x"} if field == "prompt" else {"messages": HELLO})})
     err = r.json()["error"]

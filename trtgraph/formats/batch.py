@@ -37,7 +37,7 @@ class BatchEntry:
     line: int  # in the input file
     model: str
     fingerprint: str  # request_fingerprint of the whole input line (each response's request_id: `req_sha256_` + it)
-    max_field: str = "max_tokens"  # the body's max field (max_completion_tokens where a chat body gave that)
+    fields: tuple[str, str] = ("prompt", "max_tokens")  # the body's prompt and max fields (oa.body_fields)
 
 
 @dataclass
@@ -109,8 +109,7 @@ class RequestFile:
     def _batch_line(self, result: Result, token_text, token_bytes=None) -> dict:
         entry = self.entries[result.id]
         if result.error is not None:
-            return output_line(entry, 400, oa.error_from_result(result, fields=(
-                "messages" if entry.url == "/v1/chat/completions" else "prompt", entry.max_field)))
+            return output_line(entry, 400, oa.error_from_result(result, fields=entry.fields))
         to_object = URLS[entry.url][1]
         return output_line(entry, 200, to_object(result, entry.model, response_id=None, token_text=token_text,
                                                  token_bytes=token_bytes))
@@ -181,9 +180,9 @@ def _entry(raw: dict, where: str, line: int, seen: dict[str, BatchEntry]) -> Bat
     model = body.get("model") if isinstance(body, dict) else None
     if isinstance(model, str) and text_problem(model):  # echoed in the response body, which cannot hold it
         raise PromptError(f"{where}: `body.model` = {short(model)} is not allowed; expected {text_problem(model)}.")
-    given = isinstance(body, dict) and body.get("max_completion_tokens") is not None
+    fields = oa.body_fields(body if isinstance(body, dict) else {}, raw["url"] == "/v1/chat/completions")
     return BatchEntry(cid, raw["url"], line, model if isinstance(model, str) and model else DEFAULT_MODEL,
-                      request_fingerprint(raw), "max_completion_tokens" if given else "max_tokens")
+                      request_fingerprint(raw), fields)
 
 
 def output_line(entry: BatchEntry, status_code: int, body: dict) -> dict:

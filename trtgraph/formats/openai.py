@@ -388,6 +388,12 @@ def error_from_exception(exc: Exception) -> dict:
     return error_object(str(exc), param)
 
 
+def body_fields(body: dict, chat: bool) -> tuple[str, str]:
+    """A body's prompt field and its max field, as a refusal by the context names them."""
+    given = chat and body.get("max_completion_tokens") is not None
+    return "messages" if chat else "prompt", "max_completion_tokens" if given else "max_tokens"
+
+
 def error_from_result(result, name_request: bool = True, fields: tuple[str, str] = ("prompt", "max_tokens")) -> dict:
     """A Result the engine refused at admission (finish_reason "error"); the message is
     `run`'s, prefixed with the request's id unless `name_request` is false. A refusal by the

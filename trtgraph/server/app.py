@@ -136,6 +136,7 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     if body.get("model", model_name) != model_name:
         raise _not_served(body["model"], model_name)
     shapes = oa.Response(chat, model_name, token_bytes=getattr(thread.engine.tokenizer, "token_bytes", None))
+    fields = oa.body_fields(body, chat)  # what a refusal by the context names
 
     try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
         req, refused, over = await asyncio.to_thread(_translate, body, chat, shapes.id, thread.engine)
@@ -143,7 +144,7 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
     if refused is not None:  # the prompt's refusal admission would give, counted as the engine counts it
         thread.metrics.finished(refused)
-        raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, name_request=False)) if over is None \
+        raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, False, fields)) if over is None \
             else OpenAIError(400, refused.error, over, code="context_length_exceeded")
     stream, include_usage = oa.stream_mode(body)
     rid = req.id
@@ -157,14 +158,14 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     except BaseException:
         thread.abort(rid)
         raise
-    _raise_if_refused(first)
+    _raise_if_refused(first, fields)
     if stream:
         return StreamingResponse(_events(first, queue, shapes, include_usage, thread, rid),
                                  media_type="text/event-stream")
     item = first
     while not item.finished:
         item = await _next(queue, request, thread, rid)
-        _raise_if_refused(item)
+        _raise_if_refused(item, fields)
     return shapes.full(item.result)
 
 
@@ -241,7 +242,7 @@ async def _next(queue: asyncio.Queue, request: Request, thread: EngineThread, ri
             continue
 
 
-def _raise_if_refused(item) -> None:
+def _raise_if_refused(item, fields: tuple[str, str]) -> None:
     if isinstance(item, Aborted):
         raise OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error", code="aborted")
     if isinstance(item, PromptError):
@@ -249,7 +250,7 @@ def _raise_if_refused(item) -> None:
     if isinstance(item, TrtgraphError):
         raise OpenAIError(500, str(item), error_type="server_error")
     if item.finished and item.finish_reason == "error":  # no recorded key can serve it: run's message
-        raise OpenAIError(400, item.result.error, body=oa.error_from_result(item.result, name_request=False))
+        raise OpenAIError(400, item.result.error, body=oa.error_from_result(item.result, False, fields))
 
 
 async def _events(first, queue: asyncio.Queue, shapes: oa.Response, include_usage: bool, thread: EngineThread,

@@ -1,9 +1,10 @@
 """Consumers of one engine (`Consumers`, mixed into the Engine): callers that each wait for
 their own requests (LLM.generate / stream / chat calls, Engine.generate), stepping the
-engine and handing every other request's outputs back, from one thread or several.
+engine and leaving every other request's outputs in place for their own consumer (`step(take)`),
+from one thread or several.
 
-Every change to the engine runs under its lock (`locked`: step, submit, add_request, abort,
-hand_back; a consumer's step and hand-back together), never across a yield. A request is
+Every change to the engine runs under its lock (`locked`: step, submit, add_request, abort),
+never across a yield. A request is
 known by its id and by the submission that made it (`_owners`): a consumer whose request was
 aborted while another reused the id neither takes the newer request's outputs nor aborts it
 when it closes. An id is free for a new request as soon as its abort is asked for.
@@ -29,15 +30,7 @@ def locked(method):
 
 
 class Consumers:
-    """The engine's waiting side: outputs_of, generate, hand_back, abort_unfinished."""
-
-    @locked
-    def hand_back(self, outputs: list[RequestOutput]) -> None:
-        """Outputs a consumer took from step() that belong to another consumer's requests:
-        the next step() returns them first (once the engine is closed: nobody's, dropped)."""
-        if self.closed:
-            return
-        self._undelivered = list(outputs) + self._undelivered
+    """The engine's waiting side: outputs_of, generate, abort_unfinished."""
 
     def owners(self, ids: Iterable[str]) -> dict[str, object]:
         """Which submission each id's live request is, for outputs_of and abort_unfinished:

@@ -94,7 +94,7 @@ class Engine(Deliveries, Consumers, Lifecycle):
         self._preemptions_before = 0  # the scheduler's count when `stats` began
         self._run_start: float | None = None  # when `stats` began counting seconds
         self._live: dict[str, Live] = {}  # requests being served, by id
-        self._undelivered: list[RequestOutput] = []  # refusals, and outputs handed back
+        self._undelivered: list[RequestOutput] = []  # refusals, and outputs no consumer took yet
         self._aborts: set[str] = set()  # applied at the next step
         self._arrivals = 0  # requests added so far: each sequence's arrival order
         self._aborts_applied = 0  # aborts applied so far (outputs_of stops waiting for an aborted request)
@@ -219,7 +219,7 @@ class Engine(Deliveries, Consumers, Lifecycle):
         steady decoding, the next one before reading this one's tokens; where every row ends
         with that one, the next wave's first step too), admit a slice of the submitted
         requests while the device runs, read the oldest step's tokens back. Returns every
-        request's news: outputs handed back by other consumers first, then refusals, then
+        request's news: outputs other consumers left in place first, then refusals, then
         this step's. take(output): which of them the caller takes (a consumer of some requests,
         Consumers.outputs_of); the others stay for the next step, handed out by the store that
         takes these (a Ctrl-C as step() returns loses none of them)."""
