@@ -63,7 +63,7 @@ class Deliveries:
         reads: every one that finished, and the others of streamed requests (a request
         submitted with stream=False has its text decoded once, at the end)."""
         tokens, accepted, logprobs = self.launcher.wait(f, self.stats)
-        self._reading = f.step.seqs  # (where a failed step's finished completions are found: _orphans)
+        self._reading = [*self._reading, *f.step.seqs]  # (where a failed step's finished completions are found)
         drew, live = [], self._live
         for seq, reason in self.scheduler.postprocess(f.step, tokens, accepted, logprobs):
             req, text = seq.request, None

@@ -104,7 +104,7 @@ class Engine(Deliveries, Consumers, Lifecycle):
         self._pending: deque[tuple[Request, bool, float]] = deque()
         self._pending_ids: set[str] = set()
         self._choices: dict[str, list[Result | None]] = {}  # n > 1: finished completions by request
-        self._reading: list = []  # the sequences of the step being read (deliveries.py)
+        self._reading: list = []  # the sequences of the steps read by this step() (deliveries.py: _orphans)
         self._lock = threading.RLock()  # around every change: consumers may step it from several threads
         self._owners: dict[str, Request] = {}  # id -> the submit() request now under it (consumers.py)
         # Form the step after a rows-changing one before reading it (form_ahead); False: after (A/B runs).
@@ -245,6 +245,7 @@ class Engine(Deliveries, Consumers, Lifecycle):
 
     def _step(self) -> None:
         """step()'s launches and read (the collector held), its outputs into `_undelivered`."""
+        self._reading = []  # (a step drained after the first read must not hide the first's rows from _orphans)
         with torch.inference_mode():
             if not self._flight:
                 self._launch_next()
