@@ -156,7 +156,7 @@ def test_an_interruption_right_after_a_line_is_written_counts_that_line(tmp_path
 
 
 def test_resume_repairs_a_line_cut_short_by_a_hard_kill(tmp_path):
-    from trtgraph.runtime.serving.requests import resume_point
+    from trtgraph.runtime.serving.resume import resume_point
 
     out = tmp_path / "out.jsonl"
     out.write_bytes(b'{"id": "a", "token_ids": [1], "finish_reason": "length"}\n'
@@ -167,7 +167,7 @@ def test_resume_repairs_a_line_cut_short_by_a_hard_kill(tmp_path):
 
 def test_resume_refuses_a_file_that_is_not_run_output(tmp_path):
     from trtgraph.errors import PromptError
-    from trtgraph.runtime.serving.requests import resume_point
+    from trtgraph.runtime.serving.resume import resume_point
 
     out = tmp_path / "notes.txt"
     out.write_text("hello\nworld\n")

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtgraph.cli import main
-from trtgraph.runtime.serving import requests as native
+from trtgraph.runtime.serving import resume
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_SEQ_LEN = 64
@@ -191,9 +191,9 @@ def test_resume_refuses_a_chat_result_an_earlier_trtgraph_cut_at_16_tokens(artif
     assert run(artifacts, write_jsonl(tmp_path / "first.jsonl", lines[1:3]), "--output", str(out)).exit_code == 0
     rows = rows_of(out)
     old = json.loads(json.dumps(rows["asked16"]).replace("asked16", "old"))  # as the old default wrote it
-    old["response"]["request_id"] = "req_sha256_" + native.request_fingerprint(lines[0])
+    old["response"]["request_id"] = "req_sha256_" + resume.request_fingerprint(lines[0])
     for row in rows.values():
-        row["response"]["request_id"] = "req_sha256_" + native.request_fingerprint(
+        row["response"]["request_id"] = "req_sha256_" + resume.request_fingerprint(
             next(ln for ln in lines if ln["custom_id"] == row["custom_id"]))
     write_jsonl(out, [old, rows["asked16"], rows["new"]])
     before = out.read_text()

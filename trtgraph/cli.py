@@ -179,7 +179,7 @@ def inspect(path, as_json, check):
       trtgraph inspect out/manifest.json --json | jq .totals
     """
     from .artifacts import load_manifest, manifest_path
-    from .report import manifest_text
+    from .report import check_text, manifest_text
     from .runtime.step.checks import check_manifest
 
     _not_empty("PATH", path, "the artifacts directory or its manifest, or leave it out for trtgraph-artifacts")
@@ -193,12 +193,7 @@ def inspect(path, as_json, check):
     else:
         click.echo(manifest_text(manifest, manifest_path(path)))
         if check:
-            click.echo("")
-            fix = ("the checkpoint is not at its path: serve it from where it is now with `trtgraph run --model DIR`"
-                   if all(d.field.startswith("config.model.path") for d in diffs) else
-                   "recapture here with `trtgraph capture --config ...`")
-            click.echo("check: this machine matches the manifest" if not diffs else f"check: DIFFERS from the manifest; {fix}\n"
-                       + "\n".join(f"  {d}" for d in diffs))
+            click.echo("\n" + check_text(diffs))
     if diffs:
         sys.exit(3)
 
@@ -239,7 +234,7 @@ def run(prompts_path, manifest, output, eager, summary_json, resume, no_speculat
     from .artifacts import load_manifest, manifest_path
     from .formats.batch import read_requests
     from .outputs import check_outputs, manifest_inputs, output_locked, place, stdin_place, stdout_place
-    from .runtime.serving.requests import refuse_unfinished, resume_point
+    from .runtime.serving.resume import refuse_unfinished, resume_point
 
     output = _run_options(prompts_path, manifest, model, output, summary_json, resume)
     outputs = [place("--output", output), stdout_place("--summary-json - (standard output)") if summary_json == "-"

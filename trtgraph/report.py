@@ -49,6 +49,17 @@ def manifest_text(manifest: Manifest, path) -> str:
     return "\n".join(lines)
 
 
+def check_text(diffs: list) -> str:
+    """`inspect --check`'s verdict: a match, or the differences and what to do about them (a
+    checkpoint that only moved is served with `run --model`; anything else is recaptured)."""
+    if not diffs:
+        return "check: this machine matches the manifest"
+    fix = ("the checkpoint is not at its path: serve it from where it is now with `trtgraph run --model DIR`"
+           if all(d.field.startswith("config.model.path") for d in diffs) else
+           "recapture here with `trtgraph capture --config ...`")
+    return f"check: DIFFERS from the manifest; {fix}\n" + "\n".join(f"  {d}" for d in diffs)
+
+
 def _gemm_lines(totals: dict) -> list[str]:
     """Each GEMM shape's backend, with capture's times where it timed them: as chosen, and cuBLAS alone."""
     backends, times = totals.get("linear_backends") or {}, totals.get("linear_times_us") or {}

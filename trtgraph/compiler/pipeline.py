@@ -218,13 +218,11 @@ def _warm_up(ex: Executor, plan: BucketPlan, progress: Progress, tp: TPGroup,
     capture order: largest first (by the memory its eager step peaked at), so later keys
     reuse its pool; ranks order by the largest peak any rank saw, so all capture in the same
     order. The keys a start warms, in warm order: the first, and each whose run loaded a
-    Triton kernel or kept device memory that no earlier key had (on any rank); every key where
-    the process had loaded trtgraph kernels before the capture (`history`: the Python API after
-    other captures or engines: a key's first loads are not seen then, and a start of the manifest
-    in a fresh process refused its recording's loads). Each key's
-    reference: its outputs while they fit in REFERENCE_BYTES in all, else only its seed (the
-    verification then runs the key eagerly again first). And each key's eager milliseconds (the
-    least of the ranks'; None on the CPU): the pacer's estimate of its replays."""
+    Triton kernel or kept device memory that no earlier key had (on any rank) — every key where
+    the process had loaded trtgraph's kernels before (`history`: their first loads go unseen).
+    Each key's reference: its outputs while they fit in REFERENCE_BYTES in all, else its seed
+    (the verification then runs the key eagerly again first). And each key's eager milliseconds
+    (the least of the ranks'; None on the CPU): the pacer's estimate of its replays."""
     warm = sorted(plan.keys, key=lambda k: (-k.num_tokens, k))
     seen, refs, clocks, held = [], {}, [], 0  # seen, per key: (peak bytes, whether a start must warm it)
     for i, key in enumerate(warm):

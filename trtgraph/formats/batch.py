@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Iterator
 
 from ..errors import PromptError
 from ..inputs import short, text_problem
-from ..runtime.serving.requests import (Request, Result, json_lines, parse_prompts, parse_request, read_input,
-                                        BATCH_PREFIX, request_fingerprint)
+from ..runtime.serving.requests import Request, Result, json_lines, parse_prompts, parse_request, read_input
+from ..runtime.serving.resume import BATCH_PREFIX, request_fingerprint
 from . import openai as oa
 
 BATCH_FIELDS = ("custom_id", "method", "url", "body")
