@@ -93,18 +93,16 @@ def completion_request(body, request_id: str, where: str = "request", allow_stre
     return native
 
 
-def chat_request(body, request_id: str, where: str = "request", allow_stream: bool = False,
-                 fill_context: bool = False) -> dict:
+def chat_request(body, request_id: str, where: str = "request", allow_stream: bool = False) -> dict:
     """A `/v1/chat/completions` body -> a native request dict with `messages`. A body without
     `max_tokens` / `max_completion_tokens` may run to the end of the context (OpenAI's and vLLM's
-    default for chat; `fills_context(body)`): native max_tokens "context", which admission resolves
-    once the prompt is encoded; fill_context: MAX_TOKENS_CAP instead, for a caller that lowers it
-    itself (the server)."""
+    default for chat): native max_tokens "context", which admission resolves once the prompt is
+    encoded."""
     _check_fields(body, CHAT_FIELDS, where, "/v1/chat/completions", allow_stream, UNUSED_CHAT)
     native = {"id": request_id, "messages": _messages(body.get("messages"), where), **_sampling(body)}
     _check_max_tokens(body, where)
-    if fills_context(body):
-        native["max_tokens"] = MAX_TOKENS_CAP if fill_context else TO_CONTEXT
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        native["max_tokens"] = TO_CONTEXT
     mct = body.get("max_completion_tokens")
     if mct is not None:
         if body.get("max_tokens") is not None and body["max_tokens"] != mct:
@@ -133,11 +131,6 @@ def _check_max_tokens(body: dict, where: str) -> None:
         if value is not None and (not is_int(value) or not 1 <= value <= MAX_TOKENS_CAP):
             raise OpenAIRequestError(f"{where}: field `{name}` = {short(value)} is not allowed; expected an "
                                      f"integer in [1, {MAX_TOKENS_CAP}].", name)
-
-
-def fills_context(body: dict) -> bool:
-    """Whether a chat body leaves its length to the context (no max_tokens of either name)."""
-    return body.get("max_tokens") is None and body.get("max_completion_tokens") is None
 
 
 def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stream: bool,
@@ -401,5 +394,5 @@ def error_from_result(result, name_request: bool = True, fields: tuple[str, str]
     field (`fields`: its prompt's and its max's names) — the prompt where it alone leaves no
     room, else the max."""
     message = f"request {result.id}: {result.error}" if name_request else result.error
-    param = {"prompt": fields[0], "max_tokens": fields[1]}.get(result.error_param)
+    param = {"prompt": fields[0], "max_tokens": fields[1]}.get(result.error_param, result.error_param)
     return error_object(message, param, code=result.error_code)

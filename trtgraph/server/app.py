@@ -16,7 +16,6 @@ import signal
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import replace
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -139,13 +138,12 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     fields = oa.body_fields(body, chat)  # what a refusal by the context names
 
     try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
-        req, refused, over = await asyncio.to_thread(_translate, body, chat, shapes.id, thread.engine)
+        req, refused = await asyncio.to_thread(_translate, body, chat, shapes.id, thread.engine)
     except PromptError as exc:
         raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
     if refused is not None:  # the prompt's refusal admission would give, counted as the engine counts it
         thread.metrics.finished(refused)
-        raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, False, fields)) if over is None \
-            else OpenAIError(400, refused.error, over, code="context_length_exceeded")
+        raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, False, fields))
     stream, include_usage = oa.stream_mode(body)
     rid = req.id
     queue = thread.submit(req)
@@ -169,39 +167,14 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
     return shapes.full(item.result)
 
 
-def _translate(body: dict, chat: bool, rid: str, engine) -> tuple[ParsedRequest, Result | None, str | None]:
-    """A body -> (the request with its prompt rendered and encoded, the refusal admission would
-    give it or None, the field to name where that refusal is a prompt over the context).
-    Raises PromptError for a bad body."""
-    if chat:
-        native = oa.chat_request(body, rid, WHERE, allow_stream=True, fill_context=True)
-    else:
-        native = oa.completion_request(body, rid, WHERE, allow_stream=True)
-    req = parse_request(native, WHERE, engine.executor.loaded.config.vocab_size)
+def _translate(body: dict, chat: bool, rid: str, engine) -> tuple[ParsedRequest, Result | None]:
+    """A body -> (the request with its prompt rendered and encoded and fitted to the context —
+    a chat without a max gets what the context leaves, as OpenAI and vLLM have it — or the refusal
+    admission would give it: Admission.prepare, Admission.fit). Raises PromptError for a bad body."""
+    native = (oa.chat_request if chat else oa.completion_request)(body, rid, WHERE, allow_stream=True)
+    req = parse_request(native, WHERE, engine.vocab_size)
     req, refused = engine.admission.prepare(req)
-    if refused is not None:
-        return req, refused, None
-    prompt, limit, field = len(req.prompt_token_ids), engine.admission.max_seq_len, "messages" if chat else "prompt"
-    if chat and oa.fills_context(body):  # max_tokens: what the context leaves, as OpenAI and vLLM have it
-        if prompt >= limit:
-            return req, _over(req, prompt, f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len "
-                                           f"({limit}), leaving no room for a reply; shorten `messages`"), field
-        if req.sampling.min_tokens > limit - prompt:
-            raise oa.OpenAIRequestError(f"{WHERE}: `min_tokens` = {req.sampling.min_tokens} is more than the "
-                                        f"{limit - prompt} tokens limits.max_seq_len ({limit}) leaves after the "
-                                        f"prompt ({prompt} tokens).", "min_tokens")
-        return req.with_sampling(replace(req.sampling, max_tokens=min(limit - prompt, req.sampling.max_tokens))), \
-            None, None
-    if prompt + req.sampling.max_tokens > limit:  # admission's refusal, with OpenAI's code and the field to cut
-        named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        return req, _over(req, prompt, f"prompt ({prompt} tokens) + max_tokens ({req.sampling.max_tokens}) = "
-                                       f"{prompt + req.sampling.max_tokens} exceeds the manifest's limits.max_seq_len "
-                                       f"({limit})"), field if prompt >= limit else named
-    return req, None, None
-
-
-def _over(req: ParsedRequest, prompt: int, error: str) -> Result:
-    return Result(id=req.id, finish_reason="error", prompt_tokens=prompt, error=error)
+    return (req, refused) if refused is not None else engine.admission.fit(req)
 
 
 async def _body(request: Request) -> dict:

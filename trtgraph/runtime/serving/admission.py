@@ -20,22 +20,25 @@ RESOLVED_CACHE = 4096  # distinct sampling fields kept resolved (then the cache 
 _BUT_SEED = attrgetter(*(f for f in SAMPLING_FIELDS if f != "seed"))  # a request's sampling fields but its seed
 
 
-class OverContext(str):
-    """A refusal because the request does not fit limits.max_seq_len: its text, and the native
-    field it names (`param`: "prompt" where the prompt alone leaves no room, else "max_tokens"),
-    which the OpenAI formats report as `context_length_exceeded` (formats/openai.py)."""
+class Refusal(str):
+    """A refusal's text with the native field it names (`param`) and OpenAI's `code`, which the
+    OpenAI formats report (formats/openai.py). The context's: code `context_length_exceeded`,
+    param "prompt" where the prompt alone leaves no room, else "max_tokens"."""
 
-    def __new__(cls, text: str, param: str):
+    def __new__(cls, text: str, param: str, code: str | None = None):
         self = super().__new__(cls, text)
-        self.param = param
+        self.param, self.code = param, code
         return self
 
 
+def _over(text: str, param: str) -> Refusal:
+    return Refusal(text, param, "context_length_exceeded")
+
+
 def _refused(req: Request, fail: str, prompt_tokens: int) -> Result:
-    """The error Result of a refusal (an OverContext's code and field kept)."""
-    over = isinstance(fail, OverContext)
+    """The error Result of a refusal (a Refusal's code and field kept)."""
     return Result(id=req.id, finish_reason="error", error=str(fail), prompt_tokens=prompt_tokens,
-                  error_code="context_length_exceeded" if over else None, error_param=fail.param if over else None)
+                  error_code=getattr(fail, "code", None), error_param=getattr(fail, "param", None))
 
 
 @dataclass
@@ -81,17 +84,36 @@ class Admission:
             seq._facts = known.facts  # (shared: RowFacts is frozen)
         return seq
 
+    def fit(self, req: Request) -> tuple[Request, Result | None]:
+        """A request whose prompt is ids already (`prepare`) fitted to the context as `admit` fits
+        it: max_tokens "context" resolved, or the refusal by limits.max_seq_len admit would give.
+        For the server, which answers those before submitting."""
+        prompt = len(req.prompt_token_ids)
+        if req.sampling.fills_context:
+            req, fail = self._to_context(req, prompt)
+        else:
+            fail = self._over_context(prompt, req.sampling.max_tokens)
+        return req, _refused(req, fail, prompt) if fail else None
+
+    def _over_context(self, prompt: int, max_tokens: int) -> Refusal | None:
+        if prompt + max_tokens <= self.max_seq_len:
+            return None
+        return _over(f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) = {prompt + max_tokens} exceeds the "
+                     f"manifest's limits.max_seq_len ({self.max_seq_len})",
+                     "prompt" if prompt >= self.max_seq_len else "max_tokens")
+
     def _to_context(self, req: Request, prompt: int) -> tuple[Request, str | None]:
         """max_tokens "context" (an OpenAI chat without a max): what limits.max_seq_len leaves after
         the prompt's `prompt` tokens, or (req, why nothing is left)."""
         left, limit = self.max_seq_len - prompt, self.max_seq_len
         if left < 1:
-            return req, OverContext(f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len ({limit}), "
-                                    f"leaving no room for a reply; shorten "
-                                    f"{'the messages' if req.messages is not None else 'the prompt'}", "prompt")
+            return req, _over(f"the prompt ({prompt} tokens) fills the manifest's limits.max_seq_len ({limit}), "
+                              f"leaving no room for a reply; shorten "
+                              f"{'the messages' if req.messages is not None else 'the prompt'}", "prompt")
         if req.sampling.min_tokens > left:
-            return req, (f"min_tokens ({req.sampling.min_tokens}) is more than the {left} tokens the manifest's "
-                         f"limits.max_seq_len ({limit}) leaves after the prompt ({prompt} tokens)")
+            return req, Refusal(f"min_tokens ({req.sampling.min_tokens}) is more than the {left} tokens the "
+                                f"manifest's limits.max_seq_len ({limit}) leaves after the prompt ({prompt} tokens)",
+                                "min_tokens")
         return req.with_sampling(replace(req.sampling, max_tokens=left)), None
 
     def _resolve(self, req: Request) -> tuple[Request, _Resolved | None]:
@@ -144,11 +166,9 @@ class Admission:
         if top >= cfg.vocab_size or low < 0:  # (a Request built in Python skips parse_request's check)
             return (f"prompt token id {top if top >= cfg.vocab_size else low} is outside the vocabulary "
                     f"(size {cfg.vocab_size})")
-        max_tokens = req.max_tokens if known is None else known.facts.max_tokens
-        if len(ids) + max_tokens > self.max_seq_len:
-            return OverContext(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-                               f"exceeds the manifest's limits.max_seq_len ({self.max_seq_len})",
-                               "prompt" if len(ids) >= self.max_seq_len else "max_tokens")
+        over = self._over_context(len(ids), req.max_tokens if known is None else known.facts.max_tokens)
+        if over:
+            return over
         if known is None:
             return self._fields_refusal(req, speculative)
         if speculative not in known.refusals:
@@ -202,8 +222,8 @@ class Admission:
         per_token = getattr(self.tokenizer, "max_token_chars", None)
         most = self.max_seq_len * per_token * TEXT_SLACK if per_token else None
         if most is not None and len(text) > most:
-            return [], OverContext(f"the prompt's text ({len(text):,} characters) cannot fit limits.max_seq_len "
-                                   f"({self.max_seq_len} tokens): no token of this tokenizer covers more than "
-                                   f"{per_token} characters (refused before encoding, past {most:,} characters); "
-                                   f"shorten the prompt", "prompt")
+            return [], _over(f"the prompt's text ({len(text):,} characters) cannot fit limits.max_seq_len "
+                             f"({self.max_seq_len} tokens): no token of this tokenizer covers more than {per_token} "
+                             f"characters (refused before encoding, past {most:,} characters); shorten the prompt",
+                             "prompt")
         return self.tokenizer.encode(text, add_special_tokens=special), None
