@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The twentieth session's device calls. Every figure goes to a file under $OUT.
-# Usage: OUT=... CALL=N bash scripts/s19_gpu.sh
+# Usage: OUT=... CALL=N bash scripts/s20_gpu.sh
 #  1 (one H200, the landing tree): `pytest -m gpu tests/` (the landing tree of the merges)
 #  2 (one H200, the landing tree): the bench (decode bs 1-64 against the floor, prefill, run, mixed), the step
 #    profile, 256 greedy prompts captured, replayed and --eager.
