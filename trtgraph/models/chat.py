@@ -60,20 +60,33 @@ class ChatTemplate:
         bound_filters(env)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.globals["dict"] = _TemplateDict()  # (the type itself would hand out dict.update on any dict)
+        env.globals["namespace"] = _TemplateNamespace
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise WeightLoadError(f"{where}: the chat template does not compile ({exc}).") from None
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text; tokenize it without adding special tokens (the template has them)."""
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
+               continue_final_message: bool = False, **kwargs) -> str:
+        """The prompt text; tokenize it without adding special tokens (the template has them).
+        As transformers' apply_chat_template: the template sees a copy of the messages, `tools` and
+        `kwargs` (plain JSON data: a template cannot change the caller's), `kwargs` over the special
+        tokens; `continue_final_message` ends the text where the last message's content ends (no
+        end-of-turn after it), for the model to continue that message."""
         import jinja2
 
         from .chat_bounds import RenderLimit, render_bounded
 
+        reserved = sorted(RESERVED_NAMES & set(kwargs))
+        if reserved:
+            raise PromptError(f"chat template variables {', '.join(reserved)} are set by the chat itself; rename them.")
+        messages = [_reasoning_aliased(m) for m in plain_data(messages)]
+        tools, kwargs = plain_data(tools), plain_data(kwargs)
+        final = _tag_final_message(messages, self.where) if continue_final_message else None
         try:
-            return render_bounded(self._template, messages=messages, tools=None, documents=None,
-                                  add_generation_prompt=add_generation_prompt, **self.tokens)
+            text = render_bounded(self._template, **{**self.tokens, "documents": None, **kwargs, "messages": messages,
+                                                     "tools": tools, "add_generation_prompt": add_generation_prompt})
         except RenderLimit as exc:  # a template that loops or grows without end, or messages too many for it
             raise PromptError(f"the chat template of {self.where} went past a render bound on these messages: "
                               f"{exc}") from None
@@ -83,6 +96,7 @@ class ChatTemplate:
             # TypeError, a RecursionError): their refusal, not the server's or the run's end
             raise PromptError(f"the chat template of {self.where} failed on these messages: "
                               f"{type(exc).__name__}: {exc}") from None
+        return text if final is None else _cut_at_tag(text, final, self.where)
 
 
 def load_chat_template(ckpt: Path | None) -> ChatTemplate | None:
@@ -121,3 +135,101 @@ def _raise_exception(message):
     import jinja2
 
     raise jinja2.exceptions.TemplateError(message)
+
+
+class _TemplateDict:
+    """`dict` in a template, as transformers gives it: dict(...) and dict.fromkeys(...), nothing else."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _namespace_name(name) -> None:
+    import jinja2
+
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(f"a chat template cannot store the underscore-prefixed attribute "
+                                              f"{name!r} on a namespace")
+
+
+def _make_namespace_class():
+    import jinja2.utils
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        """jinja2's namespace() without underscore-prefixed attributes (as transformers)."""
+
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                _namespace_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            _namespace_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    return TemplateNamespace
+
+
+_TemplateNamespace = _make_namespace_class()
+
+
+def plain_data(value):
+    """A copy of `value` made of JSON's types only (str, int, float, bool, None, dict, list; a tuple
+    as a list): what a template may see of the caller's data. Anything else (a numpy number as the
+    Python one) is refused by TypeError naming its type."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, dict):
+        return {plain_data(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    for kind in (bool, int, float, str):  # subclasses (an IntEnum, a str subclass) as the plain type
+        if isinstance(value, kind):
+            return kind(value) if kind is not str else str.__str__(value)
+    raise TypeError(f"{type(value).__name__} is not plain JSON data")
+
+
+RESERVED_NAMES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _reasoning_aliased(message):
+    """A message's reasoning under each name templates read it by (transformers' aliasing)."""
+    if not isinstance(message, dict):
+        return message
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final_message(messages: list, where: str) -> str:
+    """The last message's content (its last text part) marked with CONTINUE_TAG, as transformers
+    marks it; the content before the mark is returned."""
+    last = messages[-1] if messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    if isinstance(content, str):
+        last["content"] = content + CONTINUE_TAG
+        return content
+    for part in reversed(content if isinstance(content, list) else []):
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            text, part["text"] = part["text"], part["text"] + CONTINUE_TAG
+            return text
+    raise PromptError("continue_final_message: the last message has no text content to continue.")
+
+
+def _cut_at_tag(text: str, final: str, where: str) -> str:
+    """The render up to where the final message's text ends (transformers' cut)."""
+    if final.strip() not in text or CONTINUE_TAG.strip() not in text:
+        raise PromptError(f"continue_final_message: the chat template of {where} does not write the last message's "
+                          f"content as given, so its end cannot be found to continue it.")
+    at = text.rindex(CONTINUE_TAG.strip())
+    return text[:at] if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()

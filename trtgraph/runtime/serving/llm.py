@@ -29,6 +29,7 @@ from typing import Any, Iterable, Iterator
 
 from ...errors import PromptError
 from .engine import Engine, EngineClosedError
+from .llm_chat import ChatOptions, check_conversation, conversations_of, is_plain
 from .requests import Request, Result, parse_request
 from .streaming import RequestOutput
 
@@ -153,14 +154,45 @@ class LLM:
         what it had not finished."""
         return self._stream(self._requests(prompts, sampling))
 
-    def chat(self, conversations, sampling=None) -> list[Completion]:
+    def chat(self, conversations, sampling=None, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False, tools: list | None = None,
+             chat_template_kwargs: dict | None = None) -> list[Completion]:
         """One conversation (a list of {role, content}) or a list of them, rendered with the
-        checkpoint's chat template; a Completion per conversation."""
-        if isinstance(conversations, list) and conversations and all(isinstance(m, dict) for m in conversations):
-            conversations = [conversations]
-        if not isinstance(conversations, list) or not conversations:
-            raise PromptError("chat: expected a conversation (a list of {role, content}) or a list of them.")
-        return self.generate([{"messages": c} for c in conversations], sampling)
+        checkpoint's chat template (or `chat_template`, a template's text) as transformers'
+        apply_chat_template renders it; a Completion per conversation, in order. As vLLM's LLM.chat:
+        `add_generation_prompt=False` leaves out the assistant turn's header; `continue_final_message`
+        continues the last message (with add_generation_prompt=False); `tools`: JSON schemas the
+        template sees as `tools`; `chat_template_kwargs`: more variables for it (`enable_thinking`).
+        Messages may carry `tool` roles, `tool_calls`, `name`, content parts: the template sees
+        them. A conversation the template refuses gets a Completion with finish_reason "error"
+        naming the template and its message; a bad argument raises PromptError."""
+        convs = conversations_of(conversations)
+        options = ChatOptions(self.engine, chat_template, add_generation_prompt, continue_final_message, tools,
+                              chat_template_kwargs)
+        if not options.given and all(is_plain(c) for c in convs):
+            return self.generate([{"messages": c} for c in convs], sampling)
+        self.engine.check_open()
+        items = [self._rendered(options, check_conversation(c, f"conversations[{i}]")) for i, c in enumerate(convs)]
+        good = [x for x in items if isinstance(x, dict)]
+        if not good:
+            self._requests([[0]], sampling)  # (the sampling fields are checked all the same)
+        served = iter(self.generate(good, sampling) if good else ())
+        return [next(served) if isinstance(x, dict) else self._refusal(x) for x in items]
+
+    def _rendered(self, options: ChatOptions, conversation) -> dict | str:
+        """The conversation as a request dict of token ids, or why the template or the context refuses it."""
+        try:
+            text = options.render(conversation)
+        except PromptError as exc:
+            return str(exc)
+        ids, fail = self.engine.admission._encode(text, False)
+        if fail:
+            return str(fail)
+        return {"prompt_token_ids": ids} if ids else "the chat template rendered these messages as no text"
+
+    def _refusal(self, error: str) -> Completion:
+        rid = next(rid for n in self._next_id if not self.engine._is_live(rid := f"trtgraph-{n}"))
+        return Completion.of(Result(id=rid, finish_reason="error", error=error))
 
     @property
     def stats(self) -> dict:

@@ -1,0 +1,246 @@
+"""The twentieth session's pass over the Python API and chat handling (trtgraph.LLM,
+SamplingParams, chat templates): LLM.chat's template options as vLLM's (chat_template,
+add_generation_prompt, continue_final_message, tools, chat_template_kwargs) rendering as
+transformers' apply_chat_template, and what a template may not do. Each test failed on the code
+before its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trtgraph
+from trtgraph.errors import PromptError
+from trtgraph.models.chat import ChatTemplate, load_chat_template
+
+SHIPPED = Path(trtgraph.__file__).parent / "assets" / "stdlib-llama"
+TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
+
+LLAMA31 = """{{- bos_token }}
+{%- set ns = namespace(system='') %}
+{%- if messages[0]['role'] == 'system' %}{%- set ns.system = messages[0]['content'] | trim %}
+{%- set messages = messages[1:] %}{%- endif %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}
+{%- if tools is not none %}{{- 'Environment: ipython\\n' }}{%- endif %}
+{{- 'Today Date: ' + strftime_now('%d %b %Y') + '\\n\\n' }}{{- ns.system }}{{- '<|eot_id|>' }}
+{%- for message in messages %}
+    {%- if message.role == 'tool' or message.role == 'ipython' %}
+        {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content | tojson + '<|eot_id|>' }}
+    {%- elif message.tool_calls is defined %}
+        {%- for call in message.tool_calls %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": "' + call.function.name + '", '
+            + '"parameters": ' + call.function.arguments | tojson + '}<|eot_id|>' }}
+        {%- endfor %}
+    {%- else %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim }}
+        {%- if not loop.last or not continue_final_message is defined %}{{- '<|eot_id|>' }}{%- endif %}
+    {%- endif %}
+    {%- if loop.last and tools %}{{- '\\n' + tools | map(attribute='function.name') | join(',') }}{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""
+QWEN_TOOLS = """{%- if tools %}
+    {{- '<|im_start|>system\\n# Tools\\n<tools>' }}
+    {%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
+    {{- '\\n</tools><|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'assistant' and message.tool_calls %}
+        {{- '<|im_start|>assistant\\n' }}{%- if message.content %}{{- message.content }}{%- endif %}
+        {%- for tc in message.tool_calls %}
+            {{- '\\n<tool_call>\\n' + {'name': tc.function.name, 'arguments': tc.function.arguments} | tojson
+                + '\\n</tool_call>' }}
+        {%- endfor %}{{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' }}
+        {%- if message.reasoning_content and not enable_thinking is false %}
+            {{- '<think>' + message.reasoning_content + '</think>' }}{%- endif %}
+        {{- message.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
+{%- endif %}"""
+MISTRAL = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+           "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+           "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+           "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+           "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+         "{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}"
+         "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+         "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+         "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "time_now", "parameters": {"type": "object", "properties": {}}}}
+TOOL_TURN = [{"role": "system", "content": "Be brief. ünï 🦙"},
+             {"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+             {"role": "tool", "content": "{\"temp\": 21}"},
+             {"role": "assistant", "content": "It is 21 degrees.", "reasoning_content": "read the tool"},
+             {"role": "user", "content": "Thanks <b>&</b>"}]
+ALTERNATING = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"},
+               {"role": "user", "content": "2+2?"}]
+PARTIAL = ALTERNATING + [{"role": "assistant", "content": "It is "}]
+
+
+def _hf_render(source, messages, tokens=TOKENS, **options):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    [text], _ = render_jinja_template(conversations=[messages], chat_template=source, **tokens, **options)
+    return text
+
+
+CASES = [  # (template, messages, options)
+    (LLAMA31, TOOL_TURN, {"tools": [WEATHER, CLOCK]}),
+    (LLAMA31, TOOL_TURN[1:2], {"add_generation_prompt": False}),
+    (QWEN_TOOLS, TOOL_TURN, {"tools": [WEATHER], "add_generation_prompt": True}),
+    (QWEN_TOOLS, TOOL_TURN, {"enable_thinking": False, "add_generation_prompt": True}),
+    (QWEN_TOOLS, PARTIAL, {"continue_final_message": True}),
+    (MISTRAL, ALTERNATING, {}),
+    (MISTRAL, PARTIAL, {"continue_final_message": True}),
+    (GEMMA, ALTERNATING, {"add_generation_prompt": True}),
+    (GEMMA, PARTIAL, {"continue_final_message": True}),
+]
+
+
+@pytest.mark.parametrize("source,messages,options", CASES, ids=[
+    "llama31-tools", "llama31-no-prompt", "qwen-tools", "qwen-no-thinking", "qwen-continue", "mistral",
+    "mistral-continue", "gemma", "gemma-continue"])
+def test_templates_render_as_transformers_with_tools_continuation_and_variables(source, messages, options):
+    """Real template styles (Llama-3.1 with tools, namespace(), strftime_now and loop.last; Qwen with
+    tool calls, tool results, reasoning and enable_thinking; Mistral; Gemma) with every option of
+    apply_chat_template render as transformers renders them."""
+    template = ChatTemplate(source, "t", TOKENS)
+    options = {"add_generation_prompt": False, **options}
+    assert template.render(messages, **options) == _hf_render(source, messages, **options)
+
+
+def test_the_shipped_checkpoint_renders_options_as_transformers():
+    from transformers import AutoTokenizer
+
+    from trtgraph.models.tokenizer import HFTokenizer
+
+    hf, ours = AutoTokenizer.from_pretrained(str(SHIPPED)), HFTokenizer(SHIPPED / "tokenizer.json")
+    template = load_chat_template(SHIPPED)
+    for options in ({"add_generation_prompt": False}, {"continue_final_message": True}):
+        want = hf.apply_chat_template(PARTIAL, tokenize=True, return_dict=False, **options)
+        got = ours.encode(template.render(PARTIAL, **{"add_generation_prompt": False, **options}),
+                          add_special_tokens=False)
+        assert got == want, options
+
+
+def test_a_template_cannot_change_the_callers_messages():
+    """`dict` in a template was the type itself: dict.update(messages[0], ...) rewrote the caller's
+    message (the immutable sandbox guards a dict's own methods, not the type's). As transformers,
+    `dict` only builds dicts now, and the template sees a copy."""
+    messages = [{"role": "user", "content": "hi"}]
+    sneaky = ChatTemplate("{{ dict.update(messages[0], {'content': 'PWNED'}) }}{{ messages[0].content }}", "t", {})
+    with pytest.raises(PromptError, match="chat template of t refused"):
+        sneaky.render(messages)
+    assert messages == [{"role": "user", "content": "hi"}]
+    built = ChatTemplate("{{ dict(a=1) | tojson }}{{ dict.fromkeys(['b']) | tojson }}", "t", {})
+    assert built.render(messages) == '{"a": 1}{"b": null}'
+
+
+@pytest.mark.parametrize("source", ["{% set ns = namespace() %}{% set ns._x = 1 %}{{ ns._x }}",
+                                    "{% set ns = namespace(__class__=1) %}{{ ns }}"], ids=["set", "built"])
+def test_a_namespace_takes_no_underscore_attributes_as_in_transformers(source):
+    with pytest.raises(Exception):
+        _hf_render(source, ALTERNATING)
+    with pytest.raises(PromptError, match="underscore-prefixed"):
+        ChatTemplate(source, "t", {}).render(ALTERNATING)
+
+
+# ---- LLM.chat on the embedded default (byte-level tokens: a prompt's ids are its UTF-8 bytes) ----
+
+@pytest.fixture(scope="module")
+def llm(default_artifacts, one_torch_thread):
+    with trtgraph.LLM(default_artifacts) as llm:
+        yield llm
+
+
+GREEDY = {"max_tokens": 4, "temperature": 0}
+MISTRAL_PLAIN = MISTRAL.replace("bos_token", "'<s>'").replace("eos_token", "'</s>'")  # (the model has no specials)
+
+
+def _bytes_of(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def test_chat_takes_vllms_template_options(llm):
+    """llm.chat(chat_template=, add_generation_prompt=, continue_final_message=, tools=,
+    chat_template_kwargs=): each conversation served on the ids of transformers' render."""
+    calls = [(LLAMA31.replace("bos_token", "'<s>'"), TOOL_TURN[1:2], {"tools": [CLOCK]}),
+             (QWEN_TOOLS, TOOL_TURN[3:], {"chat_template_kwargs": {"enable_thinking": False}}),
+             (QWEN_TOOLS, PARTIAL, {"add_generation_prompt": False, "continue_final_message": True}),
+             (GEMMA, ALTERNATING, {"add_generation_prompt": False})]
+    for source, messages, options in calls:
+        hf = {k: v for k, v in options.items() if k != "chat_template_kwargs"}
+        hf = {"add_generation_prompt": True, **hf, **options.get("chat_template_kwargs", {})}
+        want = llm.generate([_bytes_of(_hf_render(source, messages, {}, **hf))], GREEDY)[0]
+        [got] = llm.chat(messages, GREEDY, chat_template=source, **options)
+        assert got.error is None and got.usage.prompt_tokens == want.usage.prompt_tokens, options
+        assert got.token_ids == want.token_ids
+
+
+def test_a_template_refusing_one_conversation_refuses_that_one_only(llm):
+    """raise_exception() in the template: that conversation's Completion is an error naming the
+    template and its message, never a jinja traceback; the others are served, in order."""
+    convs = [ALTERNATING, [{"role": "assistant", "content": "first"}], ALTERNATING[:1]]
+    out = llm.chat(convs, GREEDY, chat_template=MISTRAL_PLAIN)
+    assert [c.finish_reason for c in out] == ["length", "error", "length"]
+    assert "chat_template given to LLM.chat" in out[1].error and "roles must alternate" in out[1].error
+    want = _bytes_of(_hf_render(MISTRAL_PLAIN, ALTERNATING, {}))
+    assert out[0].token_ids == llm.generate([want], GREEDY)[0].token_ids
+    assert len({c.id for c in out}) == 3
+
+
+def test_a_chat_template_trying_to_escape_the_sandbox_is_refused(llm):
+    """Escapes end in that conversation's error naming the template (the first four) or render
+    nothing of Python's objects (str.format's fields are read by the sandbox's formatter); the
+    caller's conversation is left as it was."""
+    conversation = [{"role": "user", "content": "hi"}]
+    refused = ["{{ ''.__class__.__mro__[1].__subclasses__() }}", "{{ lipsum.__globals__['os'].popen('id').read() }}",
+               "{{ cycler.__init__.__globals__ }}", "{{ dict.update(messages[0], {'content': 'x'}) }}"]
+    for source in refused:
+        [c] = llm.chat(conversation, GREEDY, chat_template=source)
+        assert c.finish_reason == "error" and "chat_template given to LLM.chat" in c.error, source
+    for source in ["x{% set f = 'x'.format %}{{ f('{0.__class__.__base__}', 1) }}", "x{{ '{0.__class__}'.format(1) }}"]:
+        assert "class" not in ChatTemplate(source, "t", {}).render(conversation)
+        assert llm.chat(conversation, GREEDY, chat_template=source)[0].error is None
+    assert conversation == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"continue_final_message": True}, "add_generation_prompt=False"),
+    ({"add_generation_prompt": "no"}, "`add_generation_prompt` = 'no'"),
+    ({"chat_template": "{% for %}"}, "does not compile"),
+    ({"chat_template": ""}, "`chat_template`"),
+    ({"chat_template_kwargs": {"messages": []}}, "`chat_template_kwargs` key 'messages'"),
+    ({"chat_template_kwargs": ["x"]}, "`chat_template_kwargs`"),
+    ({"tools": [print]}, "`tools`"),
+    ({"tools": ["get_weather"]}, "`tools` holds 'get_weather'"),
+    ({"tools": [{"name": "bad\ud800"}]}, "lone surrogate"),
+])
+def test_bad_chat_options_are_refused_naming_them(llm, options, match):
+    with pytest.raises(PromptError, match=match):
+        llm.chat(ALTERNATING, GREEDY, **{"chat_template": MISTRAL, **options})
+
+
+def test_messages_beyond_role_and_content_reach_the_template(llm):
+    """tool messages, tool_calls, name, content parts: the template sees them (the plain path
+    refused them); a message without a role is refused naming it."""
+    source = "{% for m in messages %}{{ m.role }}:{{ m.name }}:{{ m.content | tojson }};{% endfor %}"
+    conv = [{"role": "user", "name": "ann", "content": [{"type": "text", "text": "hé"}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "21"}]
+    [c] = llm.chat(conv, GREEDY, chat_template=source)
+    assert c.usage.prompt_tokens == len(_bytes_of(_hf_render(source, conv, {}, add_generation_prompt=True)))
+    with pytest.raises(PromptError, match=r"conversations\[0\]\[1\]"):
+        llm.chat([{"role": "user", "content": "x"}, {"content": "no role"}], GREEDY, chat_template=source)
