@@ -244,3 +244,13 @@ def test_messages_beyond_role_and_content_reach_the_template(llm):
     assert c.usage.prompt_tokens == len(_bytes_of(_hf_render(source, conv, {}, add_generation_prompt=True)))
     with pytest.raises(PromptError, match=r"conversations\[0\]\[1\]"):
         llm.chat([{"role": "user", "content": "x"}, {"content": "no role"}], GREEDY, chat_template=source)
+
+
+@pytest.mark.parametrize("prompts", [{"hello", "world"}, frozenset({"a", "b"}), {(1, 2), (3, 4)}])
+def test_prompts_in_a_set_are_refused_for_their_order(llm, prompts):
+    """Completions come back in the prompts' order and name no prompt: from a set (whose order is
+    the hash's, not the caller's) nobody could tell which completion is whose."""
+    with pytest.raises(PromptError, match="prompts: a set has no order"):
+        llm.generate(prompts, GREEDY)
+    with pytest.raises(PromptError, match="prompts: a set has no order"):
+        llm.stream(prompts, GREEDY)

@@ -226,6 +226,9 @@ class LLM:
                                              or not isinstance(prompts, Iterable)):
             raise PromptError(f"prompts: expected a string, a list of token ids, a request dict or a list of those; "
                               f"got {type(prompts).__name__}.")
+        if isinstance(prompts, (set, frozenset)):
+            raise PromptError(f"prompts: a set has no order, and completions come back in the prompts' order (they "
+                              f"name no prompt); pass a list. Got a {type(prompts).__name__} of {len(prompts)}.")
         items = [prompts] if _is_one_prompt(prompts) else list(prompts)
         fields = [None if isinstance(item, Request) else {**defaults, **_prompt_fields(item, f"prompts[{i}]")}
                   for i, item in enumerate(items)]
