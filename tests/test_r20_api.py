@@ -254,3 +254,24 @@ def test_prompts_in_a_set_are_refused_for_their_order(llm, prompts):
         llm.generate(prompts, GREEDY)
     with pytest.raises(PromptError, match="prompts: a set has no order"):
         llm.stream(prompts, GREEDY)
+
+
+def test_a_stream_of_n_completions_streams_each_of_them(llm):
+    """stream() of a request with n > 1 yielded nothing until all n had finished (one delta, no
+    text); now each completion's deltas come as they are drawn, naming it by `index` (with their
+    logprob entries when asked), and joined per index they are the completions' tokens and text."""
+    sampling = {"max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 5, "logprobs": 1}
+    [whole] = llm.generate("stream me", sampling)
+    deltas = list(llm.stream("stream me", sampling))
+    assert deltas[-1].finished and deltas[-1].completion.choices is not None
+    assert len(deltas) > 3 and not any(d.finished for d in deltas[:-1])
+    for i, choice in enumerate(whole.choices):
+        mine = [d for d in deltas if d.index == i]
+        assert [t for d in mine for t in d.token_ids] == choice.token_ids
+        assert "".join(d.text for d in mine) == choice.text
+        assert [e for d in mine for e in (d.logprobs or [])] == choice.logprobs
+        assert any(d.finish_reason == choice.finish_reason for d in mine)
+    one = list(llm.stream("stream me", {**sampling, "n": 1}))
+    assert {d.index for d in one} == {0} and one[-1].completion.token_ids == [t for d in one for t in d.token_ids]
+    [alone] = llm.generate("stream me", {**sampling, "n": 1})
+    assert one[-1].completion.logprobs == alone.logprobs == [e for d in one for e in (d.logprobs or [])]

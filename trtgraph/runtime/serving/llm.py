@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ...errors import PromptError
+from .deliveries import BY_CHOICE
 from .engine import Engine, EngineClosedError
 from .llm_chat import ChatOptions, check_conversation, conversations_of, is_plain
 from .requests import Request, Result, parse_request
@@ -80,18 +81,24 @@ class Completion:
 @dataclass(frozen=True)
 class CompletionDelta:
     """What one engine step added to a request: new token ids and new text (never part of a
-    character, never the start of a stop string), and at the end the whole Completion."""
+    character, never the start of a stop string), and at the end the whole Completion. A request
+    with n > 1 streams each completion's deltas, naming it by `index`; one whose completion ended
+    has its `finish_reason` but not `finished` (the request's last delta, with the Completion and
+    its `choices`, follows once all n have). `logprobs`: the new tokens' entries, when asked."""
     id: str
     token_ids: list[int]
     text: str
     finished: bool
     finish_reason: str | None
     completion: Completion | None
+    index: int = 0
+    logprobs: list | None = None
 
     @classmethod
     def of(cls, out: RequestOutput) -> "CompletionDelta":
         return cls(out.id, list(out.token_ids), out.text, out.finished, out.finish_reason,
-                   Completion.of(out.result) if out.result is not None else None)
+                   Completion.of(out.result) if out.result is not None else None, out.index,
+                   None if out.logprobs is None else list(out.logprobs))
 
 
 class LLM:
@@ -203,7 +210,7 @@ class LLM:
     def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
         ids, owners, finished = [r.id for r in reqs], {r.id: r for r in reqs}, set()
         try:
-            self.engine.submit(reqs)  # (closed before the stream started: EngineClosedError)
+            self.engine.submit(reqs, stream=BY_CHOICE)  # (closed before the stream started: EngineClosedError)
             outputs = self.engine.outputs_of(ids, owners)
             while True:
                 try:
