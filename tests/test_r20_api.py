@@ -6,6 +6,7 @@ before its fix."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,33 @@ def test_a_stream_of_n_completions_streams_each_of_them(llm):
     assert {d.index for d in one} == {0} and one[-1].completion.token_ids == [t for d in one for t in d.token_ids]
     [alone] = llm.generate("stream me", {**sampling, "n": 1})
     assert one[-1].completion.logprobs == alone.logprobs == [e for d in one for e in (d.logprobs or [])]
+
+
+def _nested(depth):
+    x = []
+    for _ in range(depth):
+        x = [x]
+    return x
+
+
+def _holding_itself():
+    x = []
+    x.append(x)
+    return x
+
+
+@pytest.mark.parametrize("where", ["message", "tools", "chat_template_kwargs"])
+@pytest.mark.parametrize("value", [_nested(5000), _holding_itself()], ids=["deep", "cycle"])
+def test_values_nested_without_end_are_refused_naming_them(llm, where, value):
+    """Data nested thousands deep or holding itself: a PromptError naming the argument, never a
+    RecursionError."""
+    conv, options = [{"role": "user", "content": "a"}], {}
+    if where == "message":
+        conv[0]["extra"] = value
+    elif where == "tools":
+        options["tools"] = [{"a": value}]
+    else:
+        options["chat_template_kwargs"] = {"a": value}
+    name = "conversations[0][0]" if where == "message" else where
+    with pytest.raises(PromptError, match=re.escape(f"`{name}`") + ".*nested deeper than"):
+        llm.chat(conv, GREEDY, chat_template="{{ messages[0].content }}", **options)

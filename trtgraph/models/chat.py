@@ -178,16 +178,21 @@ def _make_namespace_class():
 _TemplateNamespace = _make_namespace_class()
 
 
-def plain_data(value):
+MAX_DEPTH = 64  # nesting of the data a template is given (JSON's own readers stop there too)
+
+
+def plain_data(value, depth: int = 0):
     """A copy of `value` made of JSON's types only (str, int, float, bool, None, dict, list; a tuple
-    as a list): what a template may see of the caller's data. Anything else (a numpy number as the
-    Python one) is refused by TypeError naming its type."""
+    as a list): what a template may see of the caller's data. A numpy number is the Python one;
+    anything else, or data nested past MAX_DEPTH (or holding itself), is refused by TypeError."""
     if value is None or type(value) in (str, int, float, bool):
         return value
+    if depth >= MAX_DEPTH and isinstance(value, (dict, list, tuple)):
+        raise TypeError(f"nested deeper than {MAX_DEPTH} levels (or holding itself)")
     if isinstance(value, dict):
-        return {plain_data(k): plain_data(v) for k, v in value.items()}
+        return {plain_data(k, depth + 1): plain_data(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain_data(v) for v in value]
+        return [plain_data(v, depth + 1) for v in value]
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
         return value.item()
     for kind in (bool, int, float, str):  # subclasses (an IntEnum, a str subclass) as the plain type

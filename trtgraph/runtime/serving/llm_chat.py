@@ -93,7 +93,7 @@ def _data(name, value, kind, expected):
     try:
         value = plain_data(value)
     except TypeError as exc:
-        raise PromptError(f"chat: `{name}` holds a value that is not JSON data ({exc}).") from None
+        raise PromptError(f"chat: `{name}` holds a value that is not JSON data: {exc}.") from None
     problem = _text_problem(value)
     if problem:
         raise PromptError(f"chat: `{name}` holds text that is not allowed: {problem}.")
