@@ -306,3 +306,25 @@ def test_values_nested_without_end_are_refused_naming_them(llm, where, value):
     name = "conversations[0][0]" if where == "message" else where
     with pytest.raises(PromptError, match=re.escape(f"`{name}`") + ".*nested deeper than"):
         llm.chat(conv, GREEDY, chat_template="{{ messages[0].content }}", **options)
+
+
+def test_a_chat_template_given_as_a_file_is_read_and_a_path_that_is_none_refused(llm, tmp_path):
+    """chat_template="template.jinja" rendered the file's name as the whole prompt (text with no
+    `{{` or `{%` is a template that writes itself); a path (str or Path) of a file is read, a str
+    that is neither a template nor a file is refused naming it, as vLLM's loader does."""
+    path = tmp_path / "gemma.jinja"
+    path.write_text(GEMMA)
+    want = llm.chat(ALTERNATING, GREEDY, chat_template=GEMMA.replace("bos_token", "''"))[0]
+    path.write_text(GEMMA.replace("bos_token", "''"))
+    for given in (str(path), path):
+        got = llm.chat(ALTERNATING, GREEDY, chat_template=given)[0]
+        assert got.error is None and got.token_ids == want.token_ids and \
+            got.usage.prompt_tokens == want.usage.prompt_tokens, given
+    for missing in ("template.jinja", str(tmp_path / "none.jinja"), tmp_path / "none.jinja"):
+        with pytest.raises(PromptError, match="`chat_template`.*neither .*nor a file"):
+            llm.chat(ALTERNATING, GREEDY, chat_template=missing)
+    (tmp_path / "bad.jinja").write_bytes(b"{{ '\xff' }}")
+    with pytest.raises(PromptError, match="bad.jinja.*UTF-8"):
+        llm.chat(ALTERNATING, GREEDY, chat_template=tmp_path / "bad.jinja")
+    with pytest.raises(PromptError, match="`chat_template`.*directory"):
+        llm.chat(ALTERNATING, GREEDY, chat_template=tmp_path)

@@ -10,8 +10,10 @@ template has them), and sent as token ids.
 
 from __future__ import annotations
 
+import os
+
 from ...errors import PromptError, WeightLoadError
-from ...inputs import short, text_problem
+from ...inputs import InputTooLarge, read_bounded, short, text_problem
 from ...models.chat import RESERVED_NAMES, ChatTemplate, plain_data
 from .requests import CHAT_ROLES
 
@@ -114,18 +116,45 @@ def _text_problem(value) -> str | None:
     return None
 
 
+MAX_TEMPLATE_BYTES = 1 << 20  # a template file (real ones are a few KB)
+
+
 def _template(engine, source) -> ChatTemplate | None:
-    """The template given to the call (compiled with the checkpoint's special tokens), else the checkpoint's."""
+    """The template given to the call (its text, or a path of a file holding it; compiled with the
+    checkpoint's special tokens), else the checkpoint's."""
     if source is None:
         return engine.chat_template
+    where = "the chat_template given to LLM.chat"
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "{{" not in source and "{%" not in source):
+        source, where = _template_file(source), str(source)
     if not isinstance(source, str) or not source.strip() or text_problem(source):
         raise PromptError(f"chat: `chat_template` = {short(source)} is not allowed; expected the template's Jinja "
-                          f"text (a non-empty string).")
+                          f"text or the path of a file holding it.")
     tokens = engine.chat_template.tokens if engine.chat_template is not None else _tokens(engine)
     try:
-        return ChatTemplate(source, "the chat_template given to LLM.chat", tokens)
+        return ChatTemplate(source, where, tokens)
     except WeightLoadError as exc:
         raise PromptError(f"chat: {exc}") from None
+
+
+def _template_file(path) -> str:
+    """A template file's text (a str with no `{{` or `{%` is taken for a path, as vLLM's loader takes it)."""
+    if isinstance(path, str) and not path.strip():
+        raise PromptError("chat: `chat_template` = '' is not allowed; expected the template's Jinja text or the path "
+                          "of a file holding it.")
+    try:
+        data = read_bounded(path, MAX_TEMPLATE_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        raise PromptError(f"chat: `chat_template` = {short(str(path))} is neither a template (no {{{{ }}}} or {{% %}}) "
+                          f"nor a file; give the template's text or an existing file's path.") from None
+    except (OSError, InputTooLarge) as exc:
+        what = "a directory" if os.path.isdir(path) else str(exc)
+        raise PromptError(f"chat: `chat_template` = {short(str(path))} cannot be read as a template file ({what}).") \
+            from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"chat: `chat_template` file {path}: not UTF-8 ({exc}).") from None
 
 
 def _tokens(engine) -> dict[str, str]:
