@@ -328,3 +328,20 @@ def test_a_chat_template_given_as_a_file_is_read_and_a_path_that_is_none_refused
         llm.chat(ALTERNATING, GREEDY, chat_template=tmp_path / "bad.jinja")
     with pytest.raises(PromptError, match="`chat_template`.*directory"):
         llm.chat(ALTERNATING, GREEDY, chat_template=tmp_path)
+
+
+GENERATION_TAG = ("{% for m in messages %}{% if m.role == 'assistant' %}{{ '<a>' }}{% generation %}{{ m.content }}"
+                  "{% endgeneration %}{{ '</a>' }}{% else %}{{ m.content }}{% endif %}{% endfor %}"
+                  "{% if add_generation_prompt %}<a>{% endif %}")
+
+
+def test_a_template_with_generation_blocks_renders_as_transformers(tmp_path):
+    """`{% generation %}` (transformers' assistant-mask tag, in templates made for training) did not
+    compile: the checkpoint's template refused at load, so the engine did not start at all."""
+    import json
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": GENERATION_TAG}))
+    template = load_chat_template(tmp_path)
+    for gen in (True, False):
+        assert template.render(ALTERNATING[:2], add_generation_prompt=gen) == \
+            _hf_render(GENERATION_TAG, ALTERNATING[:2], add_generation_prompt=gen)

@@ -55,7 +55,8 @@ class ChatTemplate:
         from .chat_bounds import BoundedSandbox, bound_filters
 
         self.source, self.where, self.tokens = source, where, tokens
-        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                             extensions=["jinja2.ext.loopcontrols", _generation_extension()])
         env.filters["tojson"] = _tojson
         bound_filters(env)
         env.globals["raise_exception"] = _raise_exception
@@ -135,6 +136,26 @@ def _raise_exception(message):
     import jinja2
 
     raise jinja2.exceptions.TemplateError(message)
+
+
+def _generation_extension():
+    """`{% generation %}...{% endgeneration %}`: transformers' mark of the assistant's tokens (for
+    training masks); rendering, it writes its body as is."""
+    import jinja2.ext
+    import jinja2.nodes
+
+    class Generation(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    return Generation
 
 
 class _TemplateDict:
