@@ -345,3 +345,50 @@ def test_a_template_with_generation_blocks_renders_as_transformers(tmp_path):
     for gen in (True, False):
         assert template.render(ALTERNATING[:2], add_generation_prompt=gen) == \
             _hf_render(GENERATION_TAG, ALTERNATING[:2], add_generation_prompt=gen)
+
+
+TOOL_USE = ("{{ bos_token }}{% for t in tools or [] %}<tool>{{ t.function.name }}</tool>{% endfor %}"
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:"
+            "{% endif %}")
+PLAIN_DEFAULT = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def _named_templates_checkpoint(path, layout):
+    """A byte-level tokenizer whose checkpoint holds a default and a `tool_use` template: listed in
+    tokenizer_config.json, or as chat_template.jinja plus additional_chat_templates/tool_use.jinja."""
+    import json
+
+    from test_tokenizer import byte_level_tokenizer
+
+    byte_level_tokenizer(path)
+    if layout == "config":
+        cfg = json.loads((path / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = [{"name": "default", "template": PLAIN_DEFAULT}, {"name": "tool_use", "template": TOOL_USE}]
+        (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    else:
+        (path / "chat_template.jinja").write_text(PLAIN_DEFAULT)
+        (path / "additional_chat_templates").mkdir()
+        (path / "additional_chat_templates" / "tool_use.jinja").write_text(TOOL_USE)
+    return path
+
+
+@pytest.mark.parametrize("layout", ["config", "files"])
+def test_tools_pick_the_checkpoints_tool_use_template_as_transformers(tmp_path, layout):
+    """A checkpoint with a `tool_use` template (Hermes, Command-R): with `tools`, transformers renders
+    that one; trtgraph rendered the default, which never lists the tools (a silently wrong prompt).
+    A template's name as `chat_template` picks it too."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from trtgraph.models.chat import load_chat_template
+    from trtgraph.runtime.serving.llm_chat import ChatOptions
+
+    path = _named_templates_checkpoint(tmp_path, layout)
+    hf = AutoTokenizer.from_pretrained(str(path))
+    engine = SimpleNamespace(chat_template=load_chat_template(path),
+                             executor=SimpleNamespace(loaded=SimpleNamespace(checkpoint_dir=path)))
+    for options in ({"tools": [WEATHER]}, {}, {"chat_template": "tool_use"}, {"tools": [WEATHER], "chat_template": "default"}):
+        want = hf.apply_chat_template(ALTERNATING, tokenize=False, add_generation_prompt=True, **options)
+        chosen = ChatOptions(engine, options.get("chat_template"), True, False, options.get("tools"), None)
+        assert chosen.render(ALTERNATING) == want, options

@@ -127,6 +127,33 @@ def load_chat_template(ckpt: Path | None) -> ChatTemplate | None:
     return ChatTemplate(raw, where, tokens)
 
 
+TEMPLATE_DIR = "additional_chat_templates"  # transformers 5's named templates beside chat_template.jinja
+
+
+def named_templates(ckpt: Path | None) -> dict[str, tuple[str, str]]:
+    """The checkpoint's templates by name, {name: (source, where)}, as transformers finds them:
+    chat_template.jinja ("default") and additional_chat_templates/NAME.jinja where there are such
+    files, else tokenizer_config.json's list of {name, template}. LLM.chat picks `tool_use` for a
+    call with tools, or the one its `chat_template` names."""
+    if ckpt is None:
+        return {}
+    files = sorted((ckpt / TEMPLATE_DIR).glob("*.jinja")) if (ckpt / TEMPLATE_DIR).is_dir() else []
+    if files or (ckpt / TEMPLATE_FILE).is_file():
+        out = {}
+        for path in ([ckpt / TEMPLATE_FILE] if (ckpt / TEMPLATE_FILE).is_file() else []) + files:
+            name = "default" if path.name == TEMPLATE_FILE and path.parent == ckpt else path.name[:-len(".jinja")]
+            try:
+                out[name] = (path.read_text(encoding="utf-8"), str(path))
+            except UnicodeDecodeError as exc:
+                raise WeightLoadError(f"{path}: not UTF-8 ({exc}).") from None
+        return out
+    raw, where = read_tokenizer_config(ckpt).get("chat_template"), str(ckpt / "tokenizer_config.json")
+    if isinstance(raw, str):
+        return {"default": (raw, where)}
+    return {t["name"]: (t["template"], f"{where} (template {t['name']!r})") for t in raw or ()
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+
+
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     # Jinja's own tojson escapes HTML characters; HF templates expect plain JSON.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)

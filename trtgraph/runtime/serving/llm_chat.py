@@ -14,7 +14,7 @@ import os
 
 from ...errors import PromptError, WeightLoadError
 from ...inputs import InputTooLarge, read_bounded, short, text_problem
-from ...models.chat import RESERVED_NAMES, ChatTemplate, plain_data
+from ...models.chat import RESERVED_NAMES, ChatTemplate, named_templates, plain_data
 from .requests import CHAT_ROLES
 
 
@@ -55,7 +55,7 @@ class ChatOptions:
             if not isinstance(key, str) or not key.isidentifier() or key in RESERVED_NAMES:
                 raise PromptError(f"chat: `chat_template_kwargs` key {short(key)} is not allowed; expected variable "
                                   f"names other than {', '.join(sorted(RESERVED_NAMES))} (set by the chat itself).")
-        self.template = _template(engine, chat_template)
+        self.template = _template(engine, chat_template, self.tools)
         self.given = (chat_template is not None or not add_generation_prompt or continue_final_message
                       or tools is not None or bool(self.kwargs))
 
@@ -119,17 +119,23 @@ def _text_problem(value) -> str | None:
 MAX_TEMPLATE_BYTES = 1 << 20  # a template file (real ones are a few KB)
 
 
-def _template(engine, source) -> ChatTemplate | None:
-    """The template given to the call (its text, or a path of a file holding it; compiled with the
-    checkpoint's special tokens), else the checkpoint's."""
-    if source is None:
-        return engine.chat_template
+def _template(engine, source, tools) -> ChatTemplate | None:
+    """The template given to the call (its text, a path of a file holding it, or the name of one of
+    the checkpoint's templates; compiled with the checkpoint's special tokens), else, as
+    transformers picks: the checkpoint's `tool_use` template for a call with tools, its default."""
+    named = named_templates(engine.executor.loaded.checkpoint_dir) if source is not None or tools is not None else {}
     where = "the chat_template given to LLM.chat"
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "{{" not in source and "{%" not in source):
+    if source is None:
+        if tools is None or "tool_use" not in named:
+            return engine.chat_template
+        source, where = named["tool_use"]
+    elif isinstance(source, str) and source in named:
+        source, where = named[source]
+    elif isinstance(source, os.PathLike) or (isinstance(source, str) and "{{" not in source and "{%" not in source):
         source, where = _template_file(source), str(source)
     if not isinstance(source, str) or not source.strip() or text_problem(source):
         raise PromptError(f"chat: `chat_template` = {short(source)} is not allowed; expected the template's Jinja "
-                          f"text or the path of a file holding it.")
+                          f"text, the path of a file holding it, or the name of one of the checkpoint's templates.")
     tokens = engine.chat_template.tokens if engine.chat_template is not None else _tokens(engine)
     try:
         return ChatTemplate(source, where, tokens)
