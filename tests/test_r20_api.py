@@ -363,7 +363,8 @@ def _named_templates_checkpoint(path, layout):
     byte_level_tokenizer(path)
     if layout == "config":
         cfg = json.loads((path / "tokenizer_config.json").read_text())
-        cfg["chat_template"] = [{"name": "default", "template": PLAIN_DEFAULT}, {"name": "tool_use", "template": TOOL_USE}]
+        cfg["chat_template"] = [{"name": "default", "template": PLAIN_DEFAULT},
+                                {"name": "tool_use", "template": TOOL_USE}]
         (path / "tokenizer_config.json").write_text(json.dumps(cfg))
     else:
         (path / "chat_template.jinja").write_text(PLAIN_DEFAULT)
@@ -388,7 +389,8 @@ def test_tools_pick_the_checkpoints_tool_use_template_as_transformers(tmp_path, 
     hf = AutoTokenizer.from_pretrained(str(path))
     engine = SimpleNamespace(chat_template=load_chat_template(path),
                              executor=SimpleNamespace(loaded=SimpleNamespace(checkpoint_dir=path)))
-    for options in ({"tools": [WEATHER]}, {}, {"chat_template": "tool_use"}, {"tools": [WEATHER], "chat_template": "default"}):
+    for options in ({"tools": [WEATHER]}, {}, {"chat_template": "tool_use"},
+                    {"tools": [WEATHER], "chat_template": "default"}):
         want = hf.apply_chat_template(ALTERNATING, tokenize=False, add_generation_prompt=True, **options)
         chosen = ChatOptions(engine, options.get("chat_template"), True, False, options.get("tools"), None)
         assert chosen.render(ALTERNATING) == want, options
