@@ -167,8 +167,9 @@ class LLM:
         """One conversation (a list of {role, content}) or a list of them, rendered with the
         checkpoint's chat template (its `tool_use` one for a call with tools, where it has one; or
         `chat_template`: a template's text, its file's path or the name of one of the checkpoint's
-        templates) as transformers' apply_chat_template renders it; a Completion per conversation, in order. As vLLM's LLM.chat:
-        `add_generation_prompt=False` leaves out the assistant turn's header; `continue_final_message`
+        templates) as transformers' apply_chat_template renders it; a Completion per conversation,
+        in order. As vLLM's LLM.chat: `add_generation_prompt=False` leaves out the assistant turn's
+        header; `continue_final_message`
         continues the last message (with add_generation_prompt=False); `tools`: JSON schemas the
         template sees as `tools`; `chat_template_kwargs`: more variables for it (`enable_thinking`).
         Messages may carry `tool` roles, `tool_calls`, `name`, content parts: the template sees
