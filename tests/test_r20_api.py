@@ -394,3 +394,20 @@ def test_tools_pick_the_checkpoints_tool_use_template_as_transformers(tmp_path, 
         want = hf.apply_chat_template(ALTERNATING, tokenize=False, add_generation_prompt=True, **options)
         chosen = ChatOptions(engine, options.get("chat_template"), True, False, options.get("tools"), None)
         assert chosen.render(ALTERNATING) == want, options
+
+
+RAG = ("{% for d in documents %}<doc title={{ d.title | tojson }}>{{ d.text }}</doc>{% endfor %}"
+       "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+
+
+def test_documents_reach_a_rag_template_through_chat_template_kwargs(llm):
+    """`documents` (transformers' apply_chat_template argument for RAG templates, which vLLM passes
+    on from chat_template_kwargs) was refused as a reserved name; a list of non-dicts is refused
+    as transformers refuses it."""
+    docs = [{"title": "Paris", "text": "Capital of France."}, {"title": "Lyon", "text": "Silk."}]
+    [got] = llm.chat(ALTERNATING, GREEDY, chat_template=RAG, chat_template_kwargs={"documents": docs})
+    want = _hf_render(RAG, ALTERNATING, {}, documents=docs, add_generation_prompt=True)
+    assert got.error is None and got.usage.prompt_tokens == len(_bytes_of(want))
+    assert got.token_ids == llm.generate([_bytes_of(want)], GREEDY)[0].token_ids
+    with pytest.raises(PromptError, match="documents.*dicts"):
+        llm.chat(ALTERNATING, GREEDY, chat_template=RAG, chat_template_kwargs={"documents": ["Paris"]})

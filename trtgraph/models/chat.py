@@ -249,7 +249,7 @@ def plain_data(value, depth: int = 0):
     raise TypeError(f"{type(value).__name__} is not plain JSON data")
 
 
-RESERVED_NAMES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt"})  # (`documents` may be given)
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 

@@ -55,6 +55,10 @@ class ChatOptions:
             if not isinstance(key, str) or not key.isidentifier() or key in RESERVED_NAMES:
                 raise PromptError(f"chat: `chat_template_kwargs` key {short(key)} is not allowed; expected variable "
                                   f"names other than {', '.join(sorted(RESERVED_NAMES))} (set by the chat itself).")
+        docs = self.kwargs.get("documents")
+        if docs is not None and not (isinstance(docs, list) and all(isinstance(d, dict) for d in docs)):
+            raise PromptError(f"chat: `chat_template_kwargs` documents = {short(docs)} is not allowed; expected a "
+                              f"list of dicts (each with `title` and `text`, as RAG templates read them).")
         self.template = _template(engine, chat_template, self.tools)
         self.given = (chat_template is not None or not add_generation_prompt or continue_final_message
                       or tools is not None or bool(self.kwargs))
