@@ -411,3 +411,16 @@ def test_documents_reach_a_rag_template_through_chat_template_kwargs(llm):
     assert got.token_ids == llm.generate([_bytes_of(want)], GREEDY)[0].token_ids
     with pytest.raises(PromptError, match="documents.*dicts"):
         llm.chat(ALTERNATING, GREEDY, chat_template=RAG, chat_template_kwargs={"documents": ["Paris"]})
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_a_0_d_array_of_prompts_is_refused_naming_prompts(llm, kind):
+    """np.array(5) / torch.tensor(5) as the prompts raised Python's TypeError ("iteration over a
+    0-d array") from inside generate."""
+    import numpy as np
+    import torch
+
+    value = np.array(5) if kind == "numpy" else torch.tensor(5)
+    for call in (llm.generate, llm.stream):
+        with pytest.raises(PromptError, match="prompts: .*0-d"):
+            call(value, GREEDY)

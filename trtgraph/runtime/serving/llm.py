@@ -235,6 +235,9 @@ class LLM:
                                              or not isinstance(prompts, Iterable)):
             raise PromptError(f"prompts: expected a string, a list of token ids, a request dict or a list of those; "
                               f"got {type(prompts).__name__}.")
+        if getattr(prompts, "ndim", None) == 0 and not isinstance(prompts, numbers.Number):
+            raise PromptError(f"prompts: a 0-d {type(prompts).__name__} holds one value, not a prompt; pass a 1-D "
+                              f"array of token ids (2-D: one prompt per row), a string or a list of those.")
         if isinstance(prompts, (set, frozenset)):
             raise PromptError(f"prompts: a set has no order, and completions come back in the prompts' order (they "
                               f"name no prompt); pass a list. Got a {type(prompts).__name__} of {len(prompts)}.")
