@@ -424,3 +424,22 @@ def test_a_0_d_array_of_prompts_is_refused_naming_prompts(llm, kind):
     for call in (llm.generate, llm.stream):
         with pytest.raises(PromptError, match="prompts: .*0-d"):
             call(value, GREEDY)
+
+
+@pytest.mark.parametrize("files", [("tokenizer.model",), ("vocab.json", "merges.txt")])
+def test_a_tokenizer_only_in_slow_files_is_refused_not_replaced_by_bytes(tmp_path, files):
+    """A checkpoint whose tokenizer is only in files `tokenizers` cannot read (SentencePiece's
+    tokenizer.model, GPT-2's vocab.json + merges.txt) was served with the byte-level tokenizer:
+    every prompt silently became UTF-8 bytes the model never saw. Refused, naming the file and how
+    to write tokenizer.json."""
+    from trtgraph.errors import TrtgraphError
+    from trtgraph.models.tokenizer import check_vocab_covers_tokenizer, load_tokenizer
+
+    for name in files:
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(TrtgraphError, match=f"{files[0]}.*tokenizer.json.*save_pretrained"):
+        check_vocab_covers_tokenizer(tmp_path, 32000, str(tmp_path / "config.json"), "vocab_size")
+    with pytest.raises(TrtgraphError, match=f"{files[0]}.*tokenizer.json.*save_pretrained"):
+        load_tokenizer(tmp_path, 32000, None)
+    check_vocab_covers_tokenizer(None, 32000, "default", "vocab_size")  # (a synthetic model: bytes, as before)
+    assert load_tokenizer(None, 320, None).encode("é", False) == [0xC3, 0xA9]

@@ -227,6 +227,7 @@ def check_vocab_covers_tokenizer(checkpoint_dir: Path | None, vocab_size: int, s
     needs all 256 byte ids. Otherwise every later `run` would fail on it."""
     if checkpoint_dir is not None and (checkpoint_dir / "tokenizer.json").is_file():
         return
+    _refuse_slow_tokenizer(checkpoint_dir)
     if vocab_size < BYTE_VOCAB_SIZE:
         why = "a synthetic model" if checkpoint_dir is None else f"{checkpoint_dir} has no tokenizer.json, so it"
         exc = ConfigError(f"{source}: {field} = {vocab_size} is not allowed; expected at least {BYTE_VOCAB_SIZE}: "
@@ -236,9 +237,27 @@ def check_vocab_covers_tokenizer(checkpoint_dir: Path | None, vocab_size: int, s
         raise exc
 
 
+SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+
+
+def _refuse_slow_tokenizer(checkpoint_dir: Path | None) -> None:
+    """A checkpoint whose tokenizer is only in files `tokenizers` cannot read is refused: the
+    byte-level tokenizer in its place would encode every prompt as bytes the model never saw."""
+    if checkpoint_dir is None:
+        return
+    found = next((name for name in SLOW_TOKENIZER_FILES if (checkpoint_dir / name).is_file()), None)
+    if found is not None:
+        raise WeightLoadError(f"{checkpoint_dir / found}: this checkpoint's tokenizer is in {found}, which trtgraph "
+                              f"does not read, and it has no tokenizer.json (the byte-level tokenizer would encode "
+                              f"text the model never saw). Write tokenizer.json beside it: python -c \"from "
+                              f"transformers import AutoTokenizer as T; T.from_pretrained('{checkpoint_dir}')"
+                              f".save_pretrained('{checkpoint_dir}')\"")
+
+
 def load_tokenizer(checkpoint_dir: Path | None, vocab_size: int, bos_token_id: int | None):
     """The checkpoint's tokenizer.json when there is one; otherwise the byte-level one."""
     if checkpoint_dir is not None and (checkpoint_dir / "tokenizer.json").is_file():
         return HFTokenizer(checkpoint_dir / "tokenizer.json")
+    _refuse_slow_tokenizer(checkpoint_dir)
     bos = bos_token_id if bos_token_id is not None and 256 <= bos_token_id < vocab_size else None
     return ByteTokenizer(vocab_size, bos)
