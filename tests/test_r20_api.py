@@ -388,7 +388,7 @@ def test_tools_pick_the_checkpoints_tool_use_template_as_transformers(tmp_path, 
     path = _named_templates_checkpoint(tmp_path, layout)
     hf = AutoTokenizer.from_pretrained(str(path))
     engine = SimpleNamespace(chat_template=load_chat_template(path),
-                             executor=SimpleNamespace(loaded=SimpleNamespace(checkpoint_dir=path)))
+                             admission=SimpleNamespace(checkpoint_dir=path))
     for options in ({"tools": [WEATHER]}, {}, {"chat_template": "tool_use"},
                     {"tools": [WEATHER], "chat_template": "default"}):
         want = hf.apply_chat_template(ALTERNATING, tokenize=False, add_generation_prompt=True, **options)
@@ -443,3 +443,14 @@ def test_a_tokenizer_only_in_slow_files_is_refused_not_replaced_by_bytes(tmp_pat
         load_tokenizer(tmp_path, 32000, None)
     check_vocab_covers_tokenizer(None, 32000, "default", "vocab_size")  # (a synthetic model: bytes, as before)
     assert load_tokenizer(None, 320, None).encode("é", False) == [0xC3, 0xA9]
+
+
+def test_chat_with_options_after_close_is_refused_naming_close(default_artifacts):
+    from trtgraph.runtime.serving.engine import EngineClosedError
+
+    llm = trtgraph.LLM(default_artifacts)
+    llm.close()
+    for options in ({"tools": []}, {"chat_template": "x{{ 1 }}"}, {"chat_template": "default"},
+                    {"add_generation_prompt": False}):
+        with pytest.raises(EngineClosedError, match="closed"):
+            llm.chat(ALTERNATING, GREEDY, **options)

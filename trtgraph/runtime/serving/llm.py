@@ -175,12 +175,12 @@ class LLM:
         Messages may carry `tool` roles, `tool_calls`, `name`, content parts: the template sees
         them. A conversation the template refuses gets a Completion with finish_reason "error"
         naming the template and its message; a bad argument raises PromptError."""
+        self.engine.check_open()
         convs = conversations_of(conversations)
         options = ChatOptions(self.engine, chat_template, add_generation_prompt, continue_final_message, tools,
                               chat_template_kwargs)
         if not options.given and all(is_plain(c) for c in convs):
             return self.generate([{"messages": c} for c in convs], sampling)
-        self.engine.check_open()
         items = [self._rendered(options, check_conversation(c, f"conversations[{i}]")) for i, c in enumerate(convs)]
         good = [x for x in items if isinstance(x, dict)]
         if not good:

@@ -127,7 +127,7 @@ def _template(engine, source, tools) -> ChatTemplate | None:
     """The template given to the call (its text, a path of a file holding it, or the name of one of
     the checkpoint's templates; compiled with the checkpoint's special tokens), else, as
     transformers picks: the checkpoint's `tool_use` template for a call with tools, its default."""
-    named = named_templates(engine.executor.loaded.checkpoint_dir) if source is not None or tools is not None else {}
+    named = named_templates(engine.admission.checkpoint_dir) if source is not None or tools is not None else {}
     where = "the chat_template given to LLM.chat"
     if source is None:
         if tools is None or "tool_use" not in named:
@@ -170,5 +170,5 @@ def _template_file(path) -> str:
 def _tokens(engine) -> dict[str, str]:
     from ...models.chat import read_tokenizer_config, special_tokens
 
-    ckpt = engine.executor.loaded.checkpoint_dir
+    ckpt = engine.admission.checkpoint_dir
     return {} if ckpt is None else special_tokens(read_tokenizer_config(ckpt), ckpt)
