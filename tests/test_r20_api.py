@@ -454,3 +454,11 @@ def test_chat_with_options_after_close_is_refused_naming_close(default_artifacts
                     {"add_generation_prompt": False}):
         with pytest.raises(EngineClosedError, match="closed"):
             llm.chat(ALTERNATING, GREEDY, **options)
+
+
+def test_an_artifacts_directory_given_as_model_is_told_where_it_goes(default_artifacts):
+    """LLM(model=ARTIFACTS), as vLLM's LLM(model=...) is written: `model` here is the checkpoint's
+    new place, and the manifest was looked for in ./trtgraph-artifacts ("no manifest here")."""
+    for given in (default_artifacts, default_artifacts / "manifest.json"):
+        with pytest.raises(PromptError, match=r"`model` = .* holds manifest.json.*LLM\("):
+            trtgraph.LLM(model=given)

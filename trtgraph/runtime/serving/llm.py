@@ -268,6 +268,11 @@ def _check_arguments(manifest_path, eager, model, speculative) -> None:
                               f"os.PathLike): the artifacts directory or its manifest.json" if name == "manifest_path"
                               else f"LLM: `{name}` = {value!r} is not allowed; expected None or the checkpoint "
                               f"directory's path (a str or os.PathLike).")
+    if model is not None and (Path(model).name == "manifest.json" or (Path(model) / "manifest.json").is_file()):
+        artifacts = str(Path(model).parent if Path(model).name == "manifest.json" else model)
+        raise PromptError(f"LLM: `model` = {str(model)!r} holds manifest.json: it is an artifacts directory, the first "
+                          f"argument: LLM({artifacts!r}). `model` is the checkpoint directory, only where it has "
+                          f"moved since capture.")
     for name, value in (("eager", eager), ("speculative", speculative)):
         if not isinstance(value, bool):
             raise PromptError(f"LLM: `{name}` = {value!r} is not allowed; expected True or False.")
