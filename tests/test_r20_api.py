@@ -462,3 +462,40 @@ def test_an_artifacts_directory_given_as_model_is_told_where_it_goes(default_art
     for given in (default_artifacts, default_artifacts / "manifest.json"):
         with pytest.raises(PromptError, match=r"`model` = .* holds manifest.json.*LLM\("):
             trtgraph.LLM(model=given)
+
+
+@pytest.mark.parametrize("family,model_type,declared", [
+    ("byte-level", "llama", "LlamaTokenizerFast"),  # DeepSeek-LLM / -Coder: LlamaTokenizerFast over byte-level BPE
+    ("byte-level", "qwen2", "LlamaTokenizerFast"),  # DeepSeek-R1-Distill-Qwen
+    ("byte-level", "qwen2", None),
+    ("byte-level", "qwen3", "PreTrainedTokenizerFast"),
+    ("byte-fallback", "mistral", "LlamaTokenizer"),  # Mistral-7B: LlamaTokenizer, model_type mistral
+    ("byte-fallback", "llama", "CodeLlamaTokenizer"),  # CodeLlama
+    ("byte-fallback", "llama", "LlamaTokenizer"),
+    ("byte-level", "qwen2", "Qwen2Tokenizer"),
+])
+def test_the_tokenizer_transformers_picks_for_a_model_type_and_class_is_the_one_used(tmp_path, family, model_type,
+                                                                                      declared):
+    """transformers 5 picks a tokenizer's pipeline from tokenizer_class, config.json's model_type and
+    whether tokenizer.json is byte-level: LlamaTokenizer over byte-level BPE is used as tokenizer.json
+    says (its Metaspace would split every word wrongly), a qwen2 model gets Qwen2Tokenizer whatever
+    it declares, a mistral model's LlamaTokenizer is tokenizer.json as is, CodeLlamaTokenizer has its
+    own. trtgraph looked at tokenizer_class alone: different ids from transformers' for these."""
+    import json
+
+    from transformers import AutoTokenizer
+    from transformers import logging as hf_logging
+
+    from test_tokenizer import CORPUS, _id_sequences, byte_fallback_tokenizer, byte_level_tokenizer
+    from trtgraph.models.tokenizer import HFTokenizer
+
+    path = (byte_level_tokenizer if family == "byte-level" else byte_fallback_tokenizer)(tmp_path / "t")
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg.pop("tokenizer_class", None)
+    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, **({"tokenizer_class": declared} if declared else {})}))
+    (path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    hf_logging.set_verbosity_error()
+    hf, ours = AutoTokenizer.from_pretrained(str(path)), HFTokenizer(path / "tokenizer.json")
+    assert [ours.encode(t) for t in CORPUS] == [hf(t)["input_ids"] for t in CORPUS]
+    sequences = _id_sequences(hf)
+    assert [ours.decode(ids) for ids in sequences] == [hf.decode(ids, skip_special_tokens=True) for ids in sequences]

@@ -61,7 +61,7 @@ class HFTokenizer:
         if cls is not None and not isinstance(cls, str):  # a list or object: unhashable, and no class
             raise WeightLoadError(f"{path.parent / 'tokenizer_config.json'}: tokenizer_class = {str(cls)[:60]!r}; "
                                   f"expected a tokenizer class name (a string). Fix or remove the field.")
-        rebuild = CLASS_PIPELINES.get(cls)
+        rebuild = CLASS_PIPELINES.get(pipeline_class(cls, _model_type(path.parent), _is_byte_level(path)))
         if rebuild is not None:
             rebuild(self._tok, config)
         # transformers skips this clean-up for BPE models; others (WordPiece, ...) get it
@@ -207,10 +207,64 @@ def _as_qwen2_tokenizer(tok, config: dict) -> None:
     tok.decoder = decoders.ByteLevel()
 
 
+def _as_code_llama_tokenizer(tok, config: dict) -> None:
+    """transformers 5's CodeLlamaTokenizer: Llama's Metaspace (▁ before the first word unless
+    add_prefix_space is false; `legacy` not read), no normalizer, a decoder that strips that space."""
+    from tokenizers import decoders, pre_tokenizers
+
+    add_prefix_space = config.get("add_prefix_space")
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never" if add_prefix_space is False
+                                                 else "first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1)])
+
+
 # Classes whose tokenization transformers 5 rebuilds over tokenizer.json's vocabulary and
 # merges (the post-processor and added tokens stay). Other classes use tokenizer.json as is.
-CLASS_PIPELINES = {"LlamaTokenizer": _as_llama_tokenizer, "LlamaTokenizerFast": _as_llama_tokenizer,
-                   "Qwen2Tokenizer": _as_qwen2_tokenizer, "Qwen2TokenizerFast": _as_qwen2_tokenizer}
+CLASS_PIPELINES = {"LlamaTokenizer": _as_llama_tokenizer, "Qwen2Tokenizer": _as_qwen2_tokenizer,
+                   "CodeLlamaTokenizer": _as_code_llama_tokenizer}
+# What transformers 5 registers per model type (of those trtgraph runs), and the model types whose
+# declared tokenizer_class it overrides with that registered one.
+MODEL_TYPE_TOKENIZERS = {"qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer", "qwen2_moe": "Qwen2Tokenizer",
+                         "qwen3_moe": "Qwen2Tokenizer", "mistral": "TokenizersBackend", "mixtral": "TokenizersBackend"}
+OVERRIDDEN_MODEL_TYPES = frozenset({"qwen2", "phi3"})
+AS_IS = frozenset({"TokenizersBackend", "PythonBackend", "PreTrainedTokenizer"})
+
+
+def pipeline_class(declared, model_type: str | None, byte_level: bool) -> str | None:
+    """The class whose pipeline transformers 5's AutoTokenizer builds for a checkpoint (its rules for
+    these model types): tokenizer_class `declared` (without "Fast"), but LlamaTokenizer over a
+    byte-level tokenizer.json as is; where the model type registers another class, that one for
+    qwen2, else the declared one if transformers has a pipeline of its own for it, else as is.
+    None: tokenizer.json as is."""
+    base = declared.removesuffix("Fast") if isinstance(declared, str) else None
+    if base == "LlamaTokenizer" and byte_level and model_type not in OVERRIDDEN_MODEL_TYPES:
+        return None
+    registered = MODEL_TYPE_TOKENIZERS.get(model_type)
+    if base is None:
+        return registered
+    if registered is not None and registered != base:
+        if registered in AS_IS:
+            return None
+        return registered if model_type in OVERRIDDEN_MODEL_TYPES else base
+    return base
+
+
+def _model_type(ckpt: Path) -> str | None:
+    """config.json's model_type beside the tokenizer (None without one)."""
+    import json
+
+    try:
+        model_type = json.loads((ckpt / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
+
+
+def _is_byte_level(path: Path) -> bool:
+    """tokenizer.json names a ByteLevel pre-tokenizer or decoder (transformers' own test)."""
+    return '"ByteLevel"' in path.read_text(encoding="utf-8", errors="replace")
 
 
 def _clean_up(text: str) -> str:
