@@ -2,7 +2,8 @@
 tokenizer_config.json applied as transformers applies them, or a byte-level one for
 synthetic models (ids 0-255 are bytes; ids above are specials or unused).
 
-Encoding `prompt` text gives the ids `transformers.AutoTokenizer(text)` gives: BOS/EOS as
+Encoding `prompt` text gives the ids `transformers.AutoTokenizer(text)` gives (the pipeline it
+picks by tokenizer_class, config.json's model_type and a byte-level vocabulary): BOS/EOS as
 tokenizer.json's post-processor adds them (transformers 5 ignores tokenizer_config.json's
 `add_bos_token` / `add_eos_token` when there is a tokenizer.json, and so do we; real
 checkpoints write the same choice in both), added and special tokens matched in the text.
