@@ -499,3 +499,25 @@ def test_the_tokenizer_transformers_picks_for_a_model_type_and_class_is_the_one_
     assert [ours.encode(t) for t in CORPUS] == [hf(t)["input_ids"] for t in CORPUS]
     sequences = _id_sequences(hf)
     assert [ours.decode(ids) for ids in sequences] == [hf.decode(ids, skip_special_tokens=True) for ids in sequences]
+
+
+def test_stop_token_ids_are_taken_as_vllm_spells_them(llm):
+    """vLLM's SamplingParams(stop_token_ids=[...]) (and the key in a sampling dict or a prompt dict)
+    raised TypeError / "unknown field"; they join `stop`, checked by name."""
+    from trtgraph import SamplingParams
+
+    base = llm.generate("hello", {"max_tokens": 8})[0].token_ids
+    stop_id = base[2]
+    want = llm.generate("hello", {"max_tokens": 8, "stop": [stop_id]})[0]
+    assert want.finish_reason == "stop"
+    sp = SamplingParams(max_tokens=8, stop=["never"], stop_token_ids=[stop_id])
+    assert sp.stop == ("never", stop_id) and sp.stop_token_ids == (stop_id,)
+    for sampling, prompt in ((sp, "hello"), ({"max_tokens": 8, "stop_token_ids": [stop_id]}, "hello"),
+                             (None, {"prompt": "hello", "max_tokens": 8, "stop_token_ids": [stop_id]})):
+        got = llm.generate(prompt, sampling)[0]
+        assert got.token_ids == want.token_ids and got.finish_reason == "stop"
+    for bad in ([-1], ["x"], 3.5, [True]):
+        with pytest.raises(PromptError, match="`stop_token_ids`"):
+            SamplingParams(stop_token_ids=bad)
+        with pytest.raises(PromptError, match="`stop_token_ids`"):
+            llm.generate("hello", {"stop_token_ids": bad})

@@ -32,6 +32,7 @@ from .deliveries import BY_CHOICE
 from .engine import Engine, EngineClosedError
 from .llm_chat import ChatOptions, check_conversation, conversations_of, is_plain
 from .requests import Request, Result, parse_request
+from .sampling_params import with_stop_token_ids
 from .streaming import RequestOutput
 
 
@@ -300,7 +301,7 @@ def _prompt_fields(item, where: str) -> dict:
     if isinstance(item, str):
         return {"prompt": item}
     if isinstance(item, dict):
-        return dict(item)
+        return _stop_ids_joined(dict(item), where)
     if isinstance(item, (list, tuple)):
         return {"prompt_token_ids": [int(t) if _is_token(t) else t for t in item]}
     raise PromptError(f"{where}: a prompt is a string, a list of token ids or a request dict; got "
@@ -323,4 +324,16 @@ def _sampling_fields(sampling) -> dict[str, Any]:
     for name in ("id", "prompt", "prompt_token_ids", "messages"):
         if name in fields:
             raise PromptError(f"sampling: `{name}` is not a sampling field; give it with the prompt.")
+    return _stop_ids_joined(fields, "sampling")
+
+
+def _stop_ids_joined(fields: dict, where: str) -> dict:
+    """vLLM's `stop_token_ids` joined to `stop` (the JSONL field holding both)."""
+    if fields.get("stop_token_ids") is None:
+        fields.pop("stop_token_ids", None)
+        return fields
+    try:
+        fields["stop"] = list(with_stop_token_ids(fields.get("stop"), fields.pop("stop_token_ids")))
+    except PromptError as exc:
+        raise PromptError(f"{where}: {getattr(exc, 'detail', exc)}") from None
     return fields
