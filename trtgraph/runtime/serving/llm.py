@@ -157,7 +157,8 @@ class LLM:
 
     def stream(self, prompts, sampling=None) -> Iterator[CompletionDelta]:
         """Deltas as tokens are produced, each prompt's in order, prompts interleaved; the
-        last delta of each has `finished` and the Completion. Validated at the call; the
+        last delta of each has `finished` and the Completion (with n > 1, each completion's
+        deltas as they are drawn, by `index`, before it). Validated at the call; the
         requests join the engine when iteration starts. Closing the iterator early aborts
         what it had not finished."""
         return self._stream(self._requests(prompts, sampling))
