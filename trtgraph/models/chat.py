@@ -12,6 +12,7 @@ chat_bounds from running or growing without end.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -165,6 +166,7 @@ def _raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
 
 
+@functools.lru_cache(maxsize=1)
 def _generation_extension():
     """`{% generation %}...{% endgeneration %}`: transformers' mark of the assistant's tokens (for
     training masks); rendering, it writes its body as is."""
