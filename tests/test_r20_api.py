@@ -492,7 +492,9 @@ def test_the_tokenizer_transformers_picks_for_a_model_type_and_class_is_the_one_
     path = (byte_level_tokenizer if family == "byte-level" else byte_fallback_tokenizer)(tmp_path / "t")
     cfg = json.loads((path / "tokenizer_config.json").read_text())
     cfg.pop("tokenizer_class", None)
-    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, **({"tokenizer_class": declared} if declared else {})}))
+    if declared:
+        cfg["tokenizer_class"] = declared
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
     (path / "config.json").write_text(json.dumps({"model_type": model_type}))
     hf_logging.set_verbosity_error()
     hf, ours = AutoTokenizer.from_pretrained(str(path)), HFTokenizer(path / "tokenizer.json")

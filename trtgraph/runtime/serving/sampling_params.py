@@ -64,7 +64,8 @@ class SamplingParams:
     """Every sampling field of a request, validated on construction exactly as a JSONL line's
     fields are (the JSONL path builds one). temperature / top_p / top_k are None when omitted:
     `resolved()` fills them from the model's defaults (greedy, 1.0, 0 until generation_config
-    is read). stop: strings and token ids (vLLM's `stop_token_ids=[...]` joins them). logit_bias: {token id: bias in [-100, 100]} (OpenAI),
+    is read). stop: strings and token ids (vLLM's `stop_token_ids=[...]` joins them).
+    logit_bias: {token id: bias in [-100, 100]} (OpenAI),
     at most LOGIT_BIAS_CAPACITY entries, kept as sorted (id, bias) pairs. logprobs: None (off)
     or N in [0, 20] alternatives per generated token, from the raw model logits. n: completions
     of each prompt (a request field: LLM.generate gives it to each request, as a `sampling`
