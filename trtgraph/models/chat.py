@@ -85,7 +85,7 @@ class ChatTemplate:
             raise PromptError(f"chat template variables {', '.join(reserved)} are set by the chat itself; rename them.")
         messages = [_reasoning_aliased(m) for m in plain_data(messages)]
         tools, kwargs = plain_data(tools), plain_data(kwargs)
-        final = _tag_final_message(messages, self.where) if continue_final_message else None
+        final = _tag_final_message(messages) if continue_final_message else None
         try:
             text = render_bounded(self._template, **{**self.tokens, "documents": None, **kwargs, "messages": messages,
                                                      "tools": tools, "add_generation_prompt": add_generation_prompt})
@@ -266,7 +266,7 @@ def _reasoning_aliased(message):
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
-def _tag_final_message(messages: list, where: str) -> str:
+def _tag_final_message(messages: list) -> str:
     """The last message's content (its last text part) marked with CONTINUE_TAG, as transformers
     marks it; the content before the mark is returned."""
     last = messages[-1] if messages else None
