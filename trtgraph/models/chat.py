@@ -12,6 +12,7 @@ chat_bounds from running or growing without end.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -55,25 +56,39 @@ class ChatTemplate:
         from .chat_bounds import BoundedSandbox, bound_filters
 
         self.source, self.where, self.tokens = source, where, tokens
-        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                             extensions=["jinja2.ext.loopcontrols", _generation_extension()])
         env.filters["tojson"] = _tojson
         bound_filters(env)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.globals["dict"] = _TemplateDict()  # (the type itself would hand out dict.update on any dict)
+        env.globals["namespace"] = _TemplateNamespace
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise WeightLoadError(f"{where}: the chat template does not compile ({exc}).") from None
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text; tokenize it without adding special tokens (the template has them)."""
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
+               continue_final_message: bool = False, **kwargs) -> str:
+        """The prompt text; tokenize it without adding special tokens (the template has them).
+        As transformers' apply_chat_template: the template sees a copy of the messages, `tools` and
+        `kwargs` (plain JSON data: a template cannot change the caller's), `kwargs` over the special
+        tokens; `continue_final_message` ends the text where the last message's content ends (no
+        end-of-turn after it), for the model to continue that message."""
         import jinja2
 
         from .chat_bounds import RenderLimit, render_bounded
 
+        reserved = sorted(RESERVED_NAMES & set(kwargs))
+        if reserved:
+            raise PromptError(f"chat template variables {', '.join(reserved)} are set by the chat itself; rename them.")
+        messages = [_reasoning_aliased(m) for m in plain_data(messages)]
+        tools, kwargs = plain_data(tools), plain_data(kwargs)
+        final = _tag_final_message(messages) if continue_final_message else None
         try:
-            return render_bounded(self._template, messages=messages, tools=None, documents=None,
-                                  add_generation_prompt=add_generation_prompt, **self.tokens)
+            text = render_bounded(self._template, **{**self.tokens, "documents": None, **kwargs, "messages": messages,
+                                                     "tools": tools, "add_generation_prompt": add_generation_prompt})
         except RenderLimit as exc:  # a template that loops or grows without end, or messages too many for it
             raise PromptError(f"the chat template of {self.where} went past a render bound on these messages: "
                               f"{exc}") from None
@@ -83,6 +98,7 @@ class ChatTemplate:
             # TypeError, a RecursionError): their refusal, not the server's or the run's end
             raise PromptError(f"the chat template of {self.where} failed on these messages: "
                               f"{type(exc).__name__}: {exc}") from None
+        return text if final is None else _cut_at_tag(text, final, self.where)
 
 
 def load_chat_template(ckpt: Path | None) -> ChatTemplate | None:
@@ -112,6 +128,33 @@ def load_chat_template(ckpt: Path | None) -> ChatTemplate | None:
     return ChatTemplate(raw, where, tokens)
 
 
+TEMPLATE_DIR = "additional_chat_templates"  # transformers 5's named templates beside chat_template.jinja
+
+
+def named_templates(ckpt: Path | None) -> dict[str, tuple[str, str]]:
+    """The checkpoint's templates by name, {name: (source, where)}, as transformers finds them:
+    chat_template.jinja ("default") and additional_chat_templates/NAME.jinja where there are such
+    files, else tokenizer_config.json's list of {name, template}. LLM.chat picks `tool_use` for a
+    call with tools, or the one its `chat_template` names."""
+    if ckpt is None:
+        return {}
+    files = sorted((ckpt / TEMPLATE_DIR).glob("*.jinja")) if (ckpt / TEMPLATE_DIR).is_dir() else []
+    if files or (ckpt / TEMPLATE_FILE).is_file():
+        out = {}
+        for path in ([ckpt / TEMPLATE_FILE] if (ckpt / TEMPLATE_FILE).is_file() else []) + files:
+            name = "default" if path.name == TEMPLATE_FILE and path.parent == ckpt else path.name[:-len(".jinja")]
+            try:
+                out[name] = (path.read_text(encoding="utf-8"), str(path))
+            except UnicodeDecodeError as exc:
+                raise WeightLoadError(f"{path}: not UTF-8 ({exc}).") from None
+        return out
+    raw, where = read_tokenizer_config(ckpt).get("chat_template"), str(ckpt / "tokenizer_config.json")
+    if isinstance(raw, str):
+        return {"default": (raw, where)}
+    return {t["name"]: (t["template"], f"{where} (template {t['name']!r})") for t in raw or ()
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+
+
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     # Jinja's own tojson escapes HTML characters; HF templates expect plain JSON.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -121,3 +164,127 @@ def _raise_exception(message):
     import jinja2
 
     raise jinja2.exceptions.TemplateError(message)
+
+
+@functools.lru_cache(maxsize=1)
+def _generation_extension():
+    """`{% generation %}...{% endgeneration %}`: transformers' mark of the assistant's tokens (for
+    training masks); rendering, it writes its body as is."""
+    import jinja2.ext
+    import jinja2.nodes
+
+    class Generation(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    return Generation
+
+
+class _TemplateDict:
+    """`dict` in a template, as transformers gives it: dict(...) and dict.fromkeys(...), nothing else."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _namespace_name(name) -> None:
+    import jinja2
+
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(f"a chat template cannot store the underscore-prefixed attribute "
+                                              f"{name!r} on a namespace")
+
+
+def _make_namespace_class():
+    import jinja2.utils
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        """jinja2's namespace() without underscore-prefixed attributes (as transformers)."""
+
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                _namespace_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            _namespace_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    return TemplateNamespace
+
+
+_TemplateNamespace = _make_namespace_class()
+
+
+MAX_DEPTH = 64  # nesting of the data a template is given (JSON's own readers stop there too)
+
+
+def plain_data(value, depth: int = 0):
+    """A copy of `value` made of JSON's types only (str, int, float, bool, None, dict, list; a tuple
+    as a list): what a template may see of the caller's data. A numpy number is the Python one;
+    anything else, or data nested past MAX_DEPTH (or holding itself), is refused by TypeError."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if depth >= MAX_DEPTH and isinstance(value, (dict, list, tuple)):
+        raise TypeError(f"nested deeper than {MAX_DEPTH} levels (or holding itself)")
+    if isinstance(value, dict):
+        return {plain_data(k, depth + 1): plain_data(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v, depth + 1) for v in value]
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    for kind in (bool, int, float, str):  # subclasses (an IntEnum, a str subclass) as the plain type
+        if isinstance(value, kind):
+            return kind(value) if kind is not str else str.__str__(value)
+    raise TypeError(f"{type(value).__name__} is not plain JSON data")
+
+
+RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt"})  # (`documents` may be given)
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _reasoning_aliased(message):
+    """A message's reasoning under each name templates read it by (transformers' aliasing)."""
+    if not isinstance(message, dict):
+        return message
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final_message(messages: list) -> str:
+    """The last message's content (its last text part) marked with CONTINUE_TAG, as transformers
+    marks it; the content before the mark is returned."""
+    last = messages[-1] if messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    if isinstance(content, str):
+        last["content"] = content + CONTINUE_TAG
+        return content
+    for part in reversed(content if isinstance(content, list) else []):
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            text, part["text"] = part["text"], part["text"] + CONTINUE_TAG
+            return text
+    raise PromptError("continue_final_message: the last message has no text content to continue.")
+
+
+def _cut_at_tag(text: str, final: str, where: str) -> str:
+    """The render up to where the final message's text ends (transformers' cut)."""
+    if final.strip() not in text or CONTINUE_TAG.strip() not in text:
+        raise PromptError(f"continue_final_message: the chat template of {where} does not write the last message's "
+                          f"content as given, so its end cannot be found to continue it.")
+    at = text.rindex(CONTINUE_TAG.strip())
+    return text[:at] if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()

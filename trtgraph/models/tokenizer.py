@@ -2,7 +2,8 @@
 tokenizer_config.json applied as transformers applies them, or a byte-level one for
 synthetic models (ids 0-255 are bytes; ids above are specials or unused).
 
-Encoding `prompt` text gives the ids `transformers.AutoTokenizer(text)` gives: BOS/EOS as
+Encoding `prompt` text gives the ids `transformers.AutoTokenizer(text)` gives (the pipeline it
+picks by tokenizer_class, config.json's model_type and a byte-level vocabulary): BOS/EOS as
 tokenizer.json's post-processor adds them (transformers 5 ignores tokenizer_config.json's
 `add_bos_token` / `add_eos_token` when there is a tokenizer.json, and so do we; real
 checkpoints write the same choice in both), added and special tokens matched in the text.
@@ -61,7 +62,7 @@ class HFTokenizer:
         if cls is not None and not isinstance(cls, str):  # a list or object: unhashable, and no class
             raise WeightLoadError(f"{path.parent / 'tokenizer_config.json'}: tokenizer_class = {str(cls)[:60]!r}; "
                                   f"expected a tokenizer class name (a string). Fix or remove the field.")
-        rebuild = CLASS_PIPELINES.get(cls)
+        rebuild = CLASS_PIPELINES.get(pipeline_class(cls, _model_type(path.parent), _is_byte_level(path)))
         if rebuild is not None:
             rebuild(self._tok, config)
         # transformers skips this clean-up for BPE models; others (WordPiece, ...) get it
@@ -207,10 +208,64 @@ def _as_qwen2_tokenizer(tok, config: dict) -> None:
     tok.decoder = decoders.ByteLevel()
 
 
+def _as_code_llama_tokenizer(tok, config: dict) -> None:
+    """transformers 5's CodeLlamaTokenizer: Llama's Metaspace (▁ before the first word unless
+    add_prefix_space is false; `legacy` not read), no normalizer, a decoder that strips that space."""
+    from tokenizers import decoders, pre_tokenizers
+
+    add_prefix_space = config.get("add_prefix_space")
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never" if add_prefix_space is False
+                                                 else "first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1)])
+
+
 # Classes whose tokenization transformers 5 rebuilds over tokenizer.json's vocabulary and
 # merges (the post-processor and added tokens stay). Other classes use tokenizer.json as is.
-CLASS_PIPELINES = {"LlamaTokenizer": _as_llama_tokenizer, "LlamaTokenizerFast": _as_llama_tokenizer,
-                   "Qwen2Tokenizer": _as_qwen2_tokenizer, "Qwen2TokenizerFast": _as_qwen2_tokenizer}
+CLASS_PIPELINES = {"LlamaTokenizer": _as_llama_tokenizer, "Qwen2Tokenizer": _as_qwen2_tokenizer,
+                   "CodeLlamaTokenizer": _as_code_llama_tokenizer}
+# What transformers 5 registers per model type (of those trtgraph runs), and the model types whose
+# declared tokenizer_class it overrides with that registered one.
+MODEL_TYPE_TOKENIZERS = {"qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer", "qwen2_moe": "Qwen2Tokenizer",
+                         "qwen3_moe": "Qwen2Tokenizer", "mistral": "TokenizersBackend", "mixtral": "TokenizersBackend"}
+OVERRIDDEN_MODEL_TYPES = frozenset({"qwen2", "phi3"})
+AS_IS = frozenset({"TokenizersBackend", "PythonBackend", "PreTrainedTokenizer"})
+
+
+def pipeline_class(declared, model_type: str | None, byte_level: bool) -> str | None:
+    """The class whose pipeline transformers 5's AutoTokenizer builds for a checkpoint (its rules for
+    these model types): tokenizer_class `declared` (without "Fast"), but LlamaTokenizer over a
+    byte-level tokenizer.json as is; where the model type registers another class, that one for
+    qwen2, else the declared one if transformers has a pipeline of its own for it, else as is.
+    None: tokenizer.json as is."""
+    base = declared.removesuffix("Fast") if isinstance(declared, str) else None
+    if base == "LlamaTokenizer" and byte_level and model_type not in OVERRIDDEN_MODEL_TYPES:
+        return None
+    registered = MODEL_TYPE_TOKENIZERS.get(model_type)
+    if base is None:
+        return registered
+    if registered is not None and registered != base:
+        if registered in AS_IS:
+            return None
+        return registered if model_type in OVERRIDDEN_MODEL_TYPES else base
+    return base
+
+
+def _model_type(ckpt: Path) -> str | None:
+    """config.json's model_type beside the tokenizer (None without one)."""
+    import json
+
+    try:
+        model_type = json.loads((ckpt / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
+
+
+def _is_byte_level(path: Path) -> bool:
+    """tokenizer.json names a ByteLevel pre-tokenizer or decoder (transformers' own test)."""
+    return '"ByteLevel"' in path.read_text(encoding="utf-8", errors="replace")
 
 
 def _clean_up(text: str) -> str:
@@ -227,6 +282,7 @@ def check_vocab_covers_tokenizer(checkpoint_dir: Path | None, vocab_size: int, s
     needs all 256 byte ids. Otherwise every later `run` would fail on it."""
     if checkpoint_dir is not None and (checkpoint_dir / "tokenizer.json").is_file():
         return
+    _refuse_slow_tokenizer(checkpoint_dir)
     if vocab_size < BYTE_VOCAB_SIZE:
         why = "a synthetic model" if checkpoint_dir is None else f"{checkpoint_dir} has no tokenizer.json, so it"
         exc = ConfigError(f"{source}: {field} = {vocab_size} is not allowed; expected at least {BYTE_VOCAB_SIZE}: "
@@ -236,9 +292,27 @@ def check_vocab_covers_tokenizer(checkpoint_dir: Path | None, vocab_size: int, s
         raise exc
 
 
+SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+
+
+def _refuse_slow_tokenizer(checkpoint_dir: Path | None) -> None:
+    """A checkpoint whose tokenizer is only in files `tokenizers` cannot read is refused: the
+    byte-level tokenizer in its place would encode every prompt as bytes the model never saw."""
+    if checkpoint_dir is None:
+        return
+    found = next((name for name in SLOW_TOKENIZER_FILES if (checkpoint_dir / name).is_file()), None)
+    if found is not None:
+        raise WeightLoadError(f"{checkpoint_dir / found}: this checkpoint's tokenizer is in {found}, which trtgraph "
+                              f"does not read, and it has no tokenizer.json (the byte-level tokenizer would encode "
+                              f"text the model never saw). Write tokenizer.json beside it: python -c \"from "
+                              f"transformers import AutoTokenizer as T; T.from_pretrained('{checkpoint_dir}')"
+                              f".save_pretrained('{checkpoint_dir}')\"")
+
+
 def load_tokenizer(checkpoint_dir: Path | None, vocab_size: int, bos_token_id: int | None):
     """The checkpoint's tokenizer.json when there is one; otherwise the byte-level one."""
     if checkpoint_dir is not None and (checkpoint_dir / "tokenizer.json").is_file():
         return HFTokenizer(checkpoint_dir / "tokenizer.json")
+    _refuse_slow_tokenizer(checkpoint_dir)
     bos = bos_token_id if bos_token_id is not None and 256 <= bos_token_id < vocab_size else None
     return ByteTokenizer(vocab_size, bos)

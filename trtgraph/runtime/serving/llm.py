@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ...errors import PromptError
+from .deliveries import BY_CHOICE
 from .engine import Engine, EngineClosedError
+from .llm_chat import ChatOptions, check_conversation, conversations_of, is_plain
 from .requests import Request, Result, parse_request
+from .sampling_params import with_stop_token_ids
 from .streaming import RequestOutput
 
 
@@ -79,18 +82,24 @@ class Completion:
 @dataclass(frozen=True)
 class CompletionDelta:
     """What one engine step added to a request: new token ids and new text (never part of a
-    character, never the start of a stop string), and at the end the whole Completion."""
+    character, never the start of a stop string), and at the end the whole Completion. A request
+    with n > 1 streams each completion's deltas, naming it by `index`; one whose completion ended
+    has its `finish_reason` but not `finished` (the request's last delta, with the Completion and
+    its `choices`, follows once all n have). `logprobs`: the new tokens' entries, when asked."""
     id: str
     token_ids: list[int]
     text: str
     finished: bool
     finish_reason: str | None
     completion: Completion | None
+    index: int = 0
+    logprobs: list | None = None
 
     @classmethod
     def of(cls, out: RequestOutput) -> "CompletionDelta":
         return cls(out.id, list(out.token_ids), out.text, out.finished, out.finish_reason,
-                   Completion.of(out.result) if out.result is not None else None)
+                   Completion.of(out.result) if out.result is not None else None, out.index,
+                   None if out.logprobs is None else list(out.logprobs))
 
 
 class LLM:
@@ -148,19 +157,53 @@ class LLM:
 
     def stream(self, prompts, sampling=None) -> Iterator[CompletionDelta]:
         """Deltas as tokens are produced, each prompt's in order, prompts interleaved; the
-        last delta of each has `finished` and the Completion. Validated at the call; the
+        last delta of each has `finished` and the Completion (with n > 1, each completion's
+        deltas as they are drawn, by `index`, before it). Validated at the call; the
         requests join the engine when iteration starts. Closing the iterator early aborts
         what it had not finished."""
         return self._stream(self._requests(prompts, sampling))
 
-    def chat(self, conversations, sampling=None) -> list[Completion]:
+    def chat(self, conversations, sampling=None, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False, tools: list | None = None,
+             chat_template_kwargs: dict | None = None) -> list[Completion]:
         """One conversation (a list of {role, content}) or a list of them, rendered with the
-        checkpoint's chat template; a Completion per conversation."""
-        if isinstance(conversations, list) and conversations and all(isinstance(m, dict) for m in conversations):
-            conversations = [conversations]
-        if not isinstance(conversations, list) or not conversations:
-            raise PromptError("chat: expected a conversation (a list of {role, content}) or a list of them.")
-        return self.generate([{"messages": c} for c in conversations], sampling)
+        checkpoint's chat template (its `tool_use` one for a call with tools, where it has one; or
+        `chat_template`: a template's text, its file's path or the name of one of the checkpoint's
+        templates) as transformers' apply_chat_template renders it; a Completion per conversation,
+        in order. As vLLM's LLM.chat: `add_generation_prompt=False` leaves out the assistant turn's
+        header; `continue_final_message`
+        continues the last message (with add_generation_prompt=False); `tools`: JSON schemas the
+        template sees as `tools`; `chat_template_kwargs`: more variables for it (`enable_thinking`).
+        Messages may carry `tool` roles, `tool_calls`, `name`, content parts: the template sees
+        them. A conversation the template refuses gets a Completion with finish_reason "error"
+        naming the template and its message; a bad argument raises PromptError."""
+        self.engine.check_open()
+        convs = conversations_of(conversations)
+        options = ChatOptions(self.engine, chat_template, add_generation_prompt, continue_final_message, tools,
+                              chat_template_kwargs)
+        if not options.given and all(is_plain(c) for c in convs):
+            return self.generate([{"messages": c} for c in convs], sampling)
+        items = [self._rendered(options, check_conversation(c, f"conversations[{i}]")) for i, c in enumerate(convs)]
+        good = [x for x in items if isinstance(x, dict)]
+        if not good:
+            self._requests([[0]], sampling)  # (the sampling fields are checked all the same)
+        served = iter(self.generate(good, sampling) if good else ())
+        return [next(served) if isinstance(x, dict) else self._refusal(x) for x in items]
+
+    def _rendered(self, options: ChatOptions, conversation) -> dict | str:
+        """The conversation as a request dict of token ids, or why the template or the context refuses it."""
+        try:
+            text = options.render(conversation)
+        except PromptError as exc:
+            return str(exc)
+        ids, fail = self.engine.admission._encode(text, False)
+        if fail:
+            return str(fail)
+        return {"prompt_token_ids": ids} if ids else "the chat template rendered these messages as no text"
+
+    def _refusal(self, error: str) -> Completion:
+        rid = next(rid for n in self._next_id if not self.engine._is_live(rid := f"trtgraph-{n}"))
+        return Completion.of(Result(id=rid, finish_reason="error", error=error))
 
     @property
     def stats(self) -> dict:
@@ -171,7 +214,7 @@ class LLM:
     def _stream(self, reqs: list[Request]) -> Iterator[CompletionDelta]:
         ids, owners, finished = [r.id for r in reqs], {r.id: r for r in reqs}, set()
         try:
-            self.engine.submit(reqs)  # (closed before the stream started: EngineClosedError)
+            self.engine.submit(reqs, stream=BY_CHOICE)  # (closed before the stream started: EngineClosedError)
             outputs = self.engine.outputs_of(ids, owners)
             while True:
                 try:
@@ -194,6 +237,12 @@ class LLM:
                                              or not isinstance(prompts, Iterable)):
             raise PromptError(f"prompts: expected a string, a list of token ids, a request dict or a list of those; "
                               f"got {type(prompts).__name__}.")
+        if getattr(prompts, "ndim", None) == 0 and not isinstance(prompts, numbers.Number):
+            raise PromptError(f"prompts: a 0-d {type(prompts).__name__} holds one value, not a prompt; pass a 1-D "
+                              f"array of token ids (2-D: one prompt per row), a string or a list of those.")
+        if isinstance(prompts, (set, frozenset)):
+            raise PromptError(f"prompts: a set has no order, and completions come back in the prompts' order (they "
+                              f"name no prompt); pass a list. Got a {type(prompts).__name__} of {len(prompts)}.")
         items = [prompts] if _is_one_prompt(prompts) else list(prompts)
         fields = [None if isinstance(item, Request) else {**defaults, **_prompt_fields(item, f"prompts[{i}]")}
                   for i, item in enumerate(items)]
@@ -221,6 +270,11 @@ def _check_arguments(manifest_path, eager, model, speculative) -> None:
                               f"os.PathLike): the artifacts directory or its manifest.json" if name == "manifest_path"
                               else f"LLM: `{name}` = {value!r} is not allowed; expected None or the checkpoint "
                               f"directory's path (a str or os.PathLike).")
+    if model is not None and (Path(model).name == "manifest.json" or (Path(model) / "manifest.json").is_file()):
+        artifacts = str(Path(model).parent if Path(model).name == "manifest.json" else model)
+        raise PromptError(f"LLM: `model` = {str(model)!r} holds manifest.json: it is an artifacts directory, the first "
+                          f"argument: LLM({artifacts!r}). `model` is the checkpoint directory, only where it has "
+                          f"moved since capture.")
     for name, value in (("eager", eager), ("speculative", speculative)):
         if not isinstance(value, bool):
             raise PromptError(f"LLM: `{name}` = {value!r} is not allowed; expected True or False.")
@@ -248,7 +302,7 @@ def _prompt_fields(item, where: str) -> dict:
     if isinstance(item, str):
         return {"prompt": item}
     if isinstance(item, dict):
-        return dict(item)
+        return _stop_ids_joined(dict(item), where)
     if isinstance(item, (list, tuple)):
         return {"prompt_token_ids": [int(t) if _is_token(t) else t for t in item]}
     raise PromptError(f"{where}: a prompt is a string, a list of token ids or a request dict; got "
@@ -271,4 +325,16 @@ def _sampling_fields(sampling) -> dict[str, Any]:
     for name in ("id", "prompt", "prompt_token_ids", "messages"):
         if name in fields:
             raise PromptError(f"sampling: `{name}` is not a sampling field; give it with the prompt.")
+    return _stop_ids_joined(fields, "sampling")
+
+
+def _stop_ids_joined(fields: dict, where: str) -> dict:
+    """vLLM's `stop_token_ids` joined to `stop` (the JSONL field holding both)."""
+    if fields.get("stop_token_ids") is None:
+        fields.pop("stop_token_ids", None)
+        return fields
+    try:
+        fields["stop"] = list(with_stop_token_ids(fields.get("stop"), fields.pop("stop_token_ids")))
+    except PromptError as exc:
+        raise PromptError(f"{where}: {getattr(exc, 'detail', exc)}") from None
     return fields

@@ -3,7 +3,7 @@ JSONL, OpenAI and Python paths all build one), and the limits the device tables 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from ...errors import PromptError
 from ...fields import FieldChecker
@@ -64,7 +64,8 @@ class SamplingParams:
     """Every sampling field of a request, validated on construction exactly as a JSONL line's
     fields are (the JSONL path builds one). temperature / top_p / top_k are None when omitted:
     `resolved()` fills them from the model's defaults (greedy, 1.0, 0 until generation_config
-    is read). stop: strings and token ids. logit_bias: {token id: bias in [-100, 100]} (OpenAI),
+    is read). stop: strings and token ids (vLLM's `stop_token_ids=[...]` joins them).
+    logit_bias: {token id: bias in [-100, 100]} (OpenAI),
     at most LOGIT_BIAS_CAPACITY entries, kept as sorted (id, bias) pairs. logprobs: None (off)
     or N in [0, 20] alternatives per generated token, from the raw model logits. n: completions
     of each prompt (a request field: LLM.generate gives it to each request, as a `sampling`
@@ -163,6 +164,40 @@ class SamplingParams:
         except _FieldError as exc:
             raise PromptError(f"{where}: {exc.detail}") from None
 
+
+def with_stop_token_ids(stop, stop_token_ids) -> tuple:
+    """`stop` with vLLM's `stop_token_ids` after it (each a non-negative integer, named so when not)."""
+    ids = _plain(stop_token_ids)
+    if is_int(ids):
+        ids = [ids]
+    if not isinstance(ids, (list, tuple)) or not all(is_int(t) and t >= 0 for t in ids):
+        _CHECK.fail("stop_token_ids", stop_token_ids, "a list of non-negative token ids")
+    stop = () if stop is None else ((stop,) if isinstance(stop, str) or is_int(_plain(stop)) else stop)
+    if not isinstance(stop, (list, tuple)):
+        _CHECK.fail("stop", stop, "a string, a token id, or a list of them")
+    return (*stop, *ids)
+
+
+def _taking_stop_token_ids(init):
+    """SamplingParams(..., stop_token_ids=[...]) as vLLM spells it: the ids join `stop`."""
+    def __init__(self, *args, stop_token_ids=None, **kwargs):
+        if stop_token_ids is not None:
+            if len(args) > _STOP_AT:
+                args = (*args[:_STOP_AT], with_stop_token_ids(args[_STOP_AT], stop_token_ids), *args[_STOP_AT + 1:])
+            else:
+                kwargs["stop"] = with_stop_token_ids(kwargs.get("stop"), stop_token_ids)
+        init(self, *args, **kwargs)
+
+    import inspect
+
+    sig = inspect.signature(init)
+    __init__.__signature__ = sig.replace(parameters=[*sig.parameters.values(), inspect.Parameter(
+        "stop_token_ids", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return __init__
+
+
+_STOP_AT = [f.name for f in fields(SamplingParams)].index("stop")
+SamplingParams.__init__ = _taking_stop_token_ids(SamplingParams.__init__)
 
 _PLAIN_TYPES = frozenset({int, float, bool, str, type(None)})
 
