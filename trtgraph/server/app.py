@@ -296,6 +296,16 @@ def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
+def served_name(source, model: str | None = None) -> str:
+    """The name the model is served as: a Hub checkpoint's repository id (as vLLM serves it), a
+    checkpoint directory's name (`model`: where it has moved since capture), or
+    "trtgraph-synthetic"."""
+    if model is None and source.hub is not None:
+        return source.hub
+    path = model or source.path
+    return str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
+
+
 def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str | None,
                  log_level: str = "info", model: str | None = None) -> tuple[uvicorn.Server, EngineThread]:
     """The uvicorn server and its engine thread (not started: the thread loads the engine
@@ -307,8 +317,7 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
     if manifest_obj.parallel.get("tensor_parallel_size", 1) != 1:
         raise ConfigError(f"{manifest}: `trtgraph serve` serves single-process manifests; this one was captured "
                           f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
-    path = model or manifest_obj.app_config().model.path  # `model`: the checkpoint where it has moved
-    model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
+    model_name = served_name(manifest_obj.app_config().model, model)
 
     def load() -> Engine:
         engine = Engine(manifest_obj, model=model)
