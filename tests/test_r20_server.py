@@ -51,3 +51,103 @@ def test_a_hub_checkpoint_is_served_under_its_repository_id(tmp_path, monkeypatc
         assert r.status_code == 200, r.text
         assert Completion.model_validate(r.json()).model == "org/tiny"
         assert client.post("/v1/completions", json={"model": "tiny", "prompt": [1], "max_tokens": 1}).status_code == 404
+
+
+# ---- several prompts in one /v1/completions body --------------------------------------------
+
+def choices_of(c) -> list[tuple]:
+    return [(ch.index, ch.text, ch.token_ids, ch.finish_reason) for ch in c.choices]
+
+
+@pytest.mark.parametrize("prompts", [["The server says", "two", "é 😀 three"], [[5, 6, 7], [9] * 20]],
+                         ids=["texts", "token-ids"])
+def test_a_list_of_prompts_is_served_as_openai_numbers_its_choices(server, prompts):
+    """OpenAI's and vLLM's /v1/completions take a list of prompts (texts, or lists of token
+    ids) and answer each prompt's n completions as choices i*n .. i*n+n-1, usage summed; the
+    server refused any list of more than one ("send one prompt per request"), so clients
+    that batch (lm-eval, the `openai` client's own list type) could not use it."""
+    c = server.client()
+    body = dict(model=MODEL, max_tokens=6, n=2, temperature=0.9, seed=13, stop=["zz"])
+    whole = c.completions.create(prompt=prompts, **body)
+    alone = [c.completions.create(prompt=p, **body) for p in prompts]
+    assert isinstance(whole, Completion) and Completion.model_validate(whole.model_dump())
+    want = [(i * 2 + ch.index, ch.text, ch.token_ids, ch.finish_reason) for i, a in enumerate(alone)
+            for ch in a.choices]
+    assert choices_of(whole) == want
+    assert whole.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    chunks = list(c.completions.create(prompt=prompts, stream=True, stream_options={"include_usage": True}, **body))
+    *deltas, last = chunks
+    got: dict[int, list] = {}
+    for ch in deltas:
+        (choice,) = ch.choices
+        g = got.setdefault(choice.index, [choice.index, "", [], None])
+        assert g[3] is None, "a chunk after the choice's finish"
+        g[1] += choice.text
+        g[2] += choice.token_ids
+        g[3] = choice.finish_reason
+    assert [tuple(got[i]) for i in sorted(got)] == want
+    assert last.choices == [] and last.usage == whole.usage
+    assert len({ch.id for ch in chunks}) == 1
+    wait_for(server.idle_and_leak_free, 10, "every prompt's blocks freed")
+
+
+def test_a_list_of_prompts_async_and_with_logprobs(server):
+    import asyncio
+
+    async def go():
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        body = dict(model=MODEL, max_tokens=4, temperature=0, logprobs=2)
+        whole = await client.completions.create(prompt=["a", "bb"], **body)
+        alone = [await client.completions.create(prompt=p, **body) for p in ("a", "bb")]
+        await client.close()
+        return whole, alone
+
+    whole, alone = asyncio.run(go())
+    assert [ch.logprobs.tokens for ch in whole.choices] == [a.choices[0].logprobs.tokens for a in alone]
+    assert [ch.index for ch in whole.choices] == [0, 1]
+
+
+@pytest.mark.parametrize("prompt, param, code", [
+    (["fine", ""], "prompt", None),
+    (["fine", [1, 99999]], "prompt_token_ids", None),
+    ([[1, 2], "x" * 100_000], "prompt", "context_length_exceeded"),
+    (["fine", [1] * 300], "prompt", "context_length_exceeded"),
+    (["fine", ["nested"]], "prompt", None),
+], ids=["empty", "token-id", "too-long-text", "too-long-ids", "nested"])
+def test_a_bad_prompt_among_several_refuses_the_body_naming_it_and_runs_nothing(server, prompt, param, code):
+    """Checked before any runs (as vLLM does): one bad prompt refuses the body with the error it
+    would get alone, naming which prompt; a prompt over the context keeps its OpenAI code."""
+    before = server.metrics()["trtgraph_generation_tokens_total[]"]
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 3})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and "prompt 1" in err["message"], err
+    assert err["code"] == code, err
+    assert server.metrics()["trtgraph_generation_tokens_total[]"] == before
+    assert server.idle_and_leak_free()
+
+
+def test_more_prompts_than_may_wait_is_a_400_naming_the_limit(server):
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": ["p"] * 65, "max_tokens": 1})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt" and "65 prompts" in err["message"], err
+    assert "--max-waiting" in err["message"]
+
+
+def test_a_client_leaving_a_stream_of_several_prompts_aborts_every_one(server):
+    from test_r11_server import slowed
+
+    with slowed(server, 0.05):
+        stream = server.client().completions.create(model=MODEL, prompt=["long one", "long two", "three"],
+                                                    max_tokens=200, n=2, temperature=1.0, seed=1, stream=True)
+        seen = set()
+        for ch in stream:
+            seen.add(ch.choices[0].index)
+            if seen == set(range(6)):
+                break
+        assert len(server.engine.scheduler.running) == 6
+        stream.close()
+        wait_for(server.idle_and_leak_free, 10, "every prompt's completions aborted and their blocks freed")
+    m = server.metrics()
+    assert m["trtgraph_queue_depth[]"] == 0 and m["trtgraph_running_sequences[]"] == 0
