@@ -151,3 +151,29 @@ def test_a_client_leaving_a_stream_of_several_prompts_aborts_every_one(server):
         wait_for(server.idle_and_leak_free, 10, "every prompt's completions aborted and their blocks freed")
     m = server.metrics()
     assert m["trtgraph_queue_depth[]"] == 0 and m["trtgraph_running_sequences[]"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_the_engine_refuses_among_several_aborts_the_others(server, monkeypatch, stream):
+    """A refusal that only the engine gives (at add_request) for one prompt of several: a 400
+    in OpenAI's shape naming it, and the other prompts, already queued, are aborted, not left
+    decoding for nobody."""
+    from trtgraph.errors import PromptError
+    from test_r11_server import slowed
+
+    engine = server.engine
+    add = engine.add_request
+
+    def add_refusing(req, **kw):
+        if req.id.endswith("-2"):
+            raise PromptError(f"request {req.id}: field `prompt` refused here for the test.")
+        return add(req, **kw)
+
+    monkeypatch.setattr(engine, "add_request", add_refusing)
+    with slowed(server, 0.05):  # 200 tokens: 10 s of decoding
+        r = post(server, "/v1/completions", {"model": MODEL, "prompt": ["one", "two", "three"], "max_tokens": 200,
+                                             "stream": stream})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "prompt" and "refused here" in err["message"], err
+        wait_for(server.idle_and_leak_free, 2, "the other prompts aborted and their blocks freed")
+    assert server.thread.queued == 0
