@@ -177,3 +177,17 @@ def test_a_prompt_the_engine_refuses_among_several_aborts_the_others(server, mon
         assert r.status_code == 400 and err["param"] == "prompt" and "refused here" in err["message"], err
         wait_for(server.idle_and_leak_free, 2, "the other prompts aborted and their blocks freed")
     assert server.thread.queued == 0
+
+
+def test_a_checkpoint_given_as_dot_is_served_under_its_directorys_name(tmp_path, monkeypatch):
+    """`trtgraph serve --model .` (or `./`, `ckpt/..`) from inside the checkpoint served it as
+    ".": clients had to send `model: "."`. The name is the directory's, as for any other path."""
+    from trtgraph.config import Config
+    from trtgraph.server.app import served_name
+
+    ckpt = tmp_path / "my-ckpt"
+    (ckpt / "sub").mkdir(parents=True)
+    monkeypatch.chdir(ckpt)
+    source = Config.from_dict({"model": {"path": str(ckpt)}}, check_paths=False).model
+    assert [served_name(source, m) for m in (".", "./", "sub/..", str(ckpt) + "/", None)] == ["my-ckpt"] * 5
+    assert served_name(Config.default().model) == "trtgraph-synthetic"

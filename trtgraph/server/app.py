@@ -10,6 +10,7 @@ GRACE_SECONDS to finish, the rest are aborted, and the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import signal
 import threading
@@ -271,7 +272,8 @@ def served_name(source, model: str | None = None) -> str:
     if model is None and source.hub is not None:
         return source.hub
     path = model or source.path
-    return str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
+    name = os.path.basename(os.path.abspath(path)) if path else ""  # (`--model .` is the directory's name)
+    return name or "trtgraph-synthetic"
 
 
 def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str | None,
