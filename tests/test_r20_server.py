@@ -191,3 +191,13 @@ def test_a_checkpoint_given_as_dot_is_served_under_its_directorys_name(tmp_path,
     source = Config.from_dict({"model": {"path": str(ckpt)}}, check_paths=False).model
     assert [served_name(source, m) for m in (".", "./", "sub/..", str(ckpt) + "/", None)] == ["my-ckpt"] * 5
     assert served_name(Config.default().model) == "trtgraph-synthetic"
+
+
+@pytest.mark.parametrize("extra, param", [({"temperature": -1}, "temperature"), ({"bogus": 1}, "bogus"),
+                                          ({"stream_options": {"include_usage": True}}, "stream_options")])
+def test_a_bad_field_of_a_body_of_several_prompts_is_the_bodys_not_prompt_0s(server, extra, param):
+    """A field every prompt shares is named as the body's: "request body (prompt 0): field
+    `temperature`" sent the client looking at its first prompt."""
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 2, **extra})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and err["message"].startswith("request body: "), err

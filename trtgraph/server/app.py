@@ -191,7 +191,11 @@ def _translate(bodies: list[tuple[dict, str]], chat: bool, rid: str, engine) -> 
     """Bodies -> (their requests, each prompt rendered and encoded and fitted to the context —
     a chat without a max gets what the context leaves, as OpenAI and vLLM have it — or the first
     refusal admission would give one: Admission.prepare, Admission.fit). Raises PromptError for
-    a bad body. Several bodies (one per prompt) get ids rid-0, rid-1, ..."""
+    a bad body. Several bodies (one per prompt) get ids rid-0, rid-1, ..., their shared fields
+    checked first, once, as the body's."""
+    if len(bodies) > 1:
+        parse_request(oa.completion_request({**bodies[0][0], "prompt": [0]}, rid, WHERE, allow_stream=True), WHERE,
+                      engine.vocab_size)
     reqs = []
     for i, (body, where) in enumerate(bodies):
         native = (oa.chat_request if chat else oa.completion_request)(
