@@ -182,15 +182,6 @@ def _sampling(body: dict) -> dict:
     return native
 
 
-def prompts_of(body: dict) -> list | None:
-    """The prompts of a /v1/completions body whose `prompt` holds several (OpenAI's batch: a
-    list of texts or of token-id lists; the server serves each as a request), else None."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        return prompt
-    return None
-
-
 def _prompt(prompt, where: str) -> dict:
     """OpenAI's `prompt`: text, a list of token ids, or a one-element list of either."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):

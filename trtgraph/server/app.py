@@ -176,9 +176,9 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
 def _bodies(body: dict, chat: bool, most: int) -> list[tuple[dict, str]]:
     """A body as (the body of each of its prompts, where errors name it): several for a
     /v1/completions body whose `prompt` is a list of prompts (OpenAI's batch), else itself."""
-    prompts = None if chat else oa.prompts_of(body)
-    if prompts is None:
-        return [(body, WHERE)]
+    prompts = None if chat else body.get("prompt")
+    if not (isinstance(prompts, list) and len(prompts) > 1 and all(isinstance(p, (str, list)) for p in prompts)):
+        return [(body, WHERE)]  # one prompt (or none: refused as one)
     if len(prompts) > most:
         raise OpenAIError(400, f"`prompt` holds {len(prompts)} prompts; this server takes at most {most} in one "
                                f"request (--max-waiting): split them.", "prompt")
