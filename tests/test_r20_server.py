@@ -201,3 +201,22 @@ def test_a_bad_field_of_a_body_of_several_prompts_is_the_bodys_not_prompt_0s(ser
     r = post(server, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 2, **extra})
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == param and err["message"].startswith("request body: "), err
+
+
+def test_a_fresh_server_reports_its_kv_blocks_before_its_first_request(default_artifacts, one_torch_thread):
+    """/metrics' gauges were first set after the first engine step: a healthy, idle server
+    said `kv_blocks_free 0` of `kv_blocks_total 0` until its first request (a KV-usage alert
+    fired on every restart, and free/total was 0/0)."""
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trtgraph.server.app import build_server
+
+    srv, thread = build_server(default_artifacts, "127.0.0.1", 0, max_waiting=4, api_key=None, log_level="warning")
+    thread.start()
+    with TestClient(srv.config.app) as client:
+        wait_for(thread.ready.is_set, 120, "the engine to load")
+        m = {s.name: s.value for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples}
+        total = thread.engine.executor.num_blocks - 1
+        assert m["trtgraph_kv_blocks_total"] == m["trtgraph_kv_blocks_free"] == total > 0, m
+        assert m["trtgraph_running_sequences"] == 0 and m["trtgraph_queue_depth"] == 0

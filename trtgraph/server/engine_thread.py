@@ -101,6 +101,7 @@ class EngineThread:
             self.on_failure()
             return
         self.engine.start_run(gpu_timing=True)  # (CUDA only) the GPU's idle time per step, for /metrics
+        self.metrics.sample(self.engine)
         self.ready.set()
         try:
             self._serve()

@@ -50,6 +50,11 @@ class Metrics:
                 self.finished(out.result)
         self.step_seconds.observe(step_seconds)
         self._stats_delta(engine.stats, step_seconds)
+        self.sample(engine)
+
+    def sample(self, engine) -> None:
+        """The gauges read from the scheduler: after each step, and once the engine is loaded
+        (an idle server reports its free KV blocks, not 0 of 0)."""
         sched = engine.scheduler
         self.running.set(len(sched.running))
         self.kv_free.set(sched.allocator.num_free)
