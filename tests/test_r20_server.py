@@ -206,7 +206,8 @@ def test_a_bad_field_of_a_body_of_several_prompts_is_the_bodys_not_prompt_0s(ser
 def test_a_fresh_server_reports_its_kv_blocks_before_its_first_request(default_artifacts, one_torch_thread):
     """/metrics' gauges were first set after the first engine step: a healthy, idle server
     said `kv_blocks_free 0` of `kv_blocks_total 0` until its first request (a KV-usage alert
-    fired on every restart, and free/total was 0/0)."""
+    fired on every restart, and free/total was 0/0); and requests_total had no series until
+    the first request of each outcome."""
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -220,3 +221,7 @@ def test_a_fresh_server_reports_its_kv_blocks_before_its_first_request(default_a
         total = thread.engine.executor.num_blocks - 1
         assert m["trtgraph_kv_blocks_total"] == m["trtgraph_kv_blocks_free"] == total > 0, m
         assert m["trtgraph_running_sequences"] == 0 and m["trtgraph_queue_depth"] == 0
+        # every outcome's series from the start, at 0: a series born at 1 hides its first count from rate()
+        outcomes = {s.labels["outcome"]: s.value for f in text_string_to_metric_families(client.get("/metrics").text)
+                    for s in f.samples if s.name == "trtgraph_requests_total"}
+        assert outcomes == dict.fromkeys(("stop", "length", "error", "abort", "rejected"), 0.0), outcomes
