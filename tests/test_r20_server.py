@@ -225,3 +225,34 @@ def test_a_fresh_server_reports_its_kv_blocks_before_its_first_request(default_a
         outcomes = {s.labels["outcome"]: s.value for f in text_string_to_metric_families(client.get("/metrics").text)
                     for s in f.samples if s.name == "trtgraph_requests_total"}
         assert outcomes == dict.fromkeys(("stop", "length", "error", "abort", "rejected"), 0.0), outcomes
+
+
+def test_a_refusal_after_a_stream_of_several_prompts_began_ends_it_with_an_error_and_aborts_the_rest():
+    """One prompt's refusal coming after another prompt's chunks went out (a 400 is too late):
+    the chunks so far, OpenAI's error object, [DONE], and every request of the body aborted."""
+    import asyncio
+
+    from trtgraph.errors import PromptError
+    from trtgraph.formats import openai as oa
+    from trtgraph.runtime.serving.requests import parse_request
+    from trtgraph.runtime.serving.streaming import RequestOutput
+    from trtgraph.server.app import _refusal
+    from trtgraph.server.streams import Group, events
+
+    reqs = [parse_request({"id": f"r-{i}", "prompt_token_ids": [1], "n": 2}, "t") for i in range(2)]
+    group, aborted = Group(reqs), []
+
+    async def go():
+        queue = asyncio.Queue()
+        for item in (RequestOutput("r-0", [5], "a", index=1), PromptError("request r-1: field `prompt` refused.")):
+            queue.put_nowait(item)
+        first = RequestOutput("r-0", [4], "b", index=0)
+        return [e async for e in events(first, queue, oa.Response(False, MODEL), True, group,
+                                        lambda it: getattr(_refusal(it, ("prompt", "max_tokens")), "body", None),
+                                        lambda: aborted.append(True))]
+
+    out = asyncio.run(go())
+    bodies = [json.loads(e[6:]) for e in out[:-1]]
+    assert [b["choices"][0]["index"] for b in bodies[:2]] == [0, 1] and out[-1] == "data: [DONE]\n\n"
+    assert bodies[2]["error"]["param"] == "prompt" and "refused" in bodies[2]["error"]["message"]
+    assert aborted == [True]
