@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP front on FastAPI + uvicorn: /v1/completions,
 /v1/chat/completions (JSON or Server-Sent Events), /v1/models, /health, /metrics.
 
-Handlers validate the body, hand the request to the engine thread and drain its queue; they
-never touch the engine. A client that disconnects has its request aborted (the engine frees
-its KV blocks at the next step). SIGTERM: uvicorn stops accepting, in-flight requests get
+Handlers validate the body, hand its request (one per prompt of a /v1/completions body whose
+`prompt` is a list of them, as OpenAI's batch) to the engine thread and drain their queue
+(server/streams.py); they never touch the engine. A client that disconnects has its requests
+aborted (the engine frees their KV blocks at the next step). SIGTERM: uvicorn stops accepting, in-flight requests get
 GRACE_SECONDS to finish, the rest are aborted, and the process exits 0.
 """
 
