@@ -51,6 +51,11 @@ def test_a_hub_checkpoint_is_served_under_its_repository_id(tmp_path, monkeypatc
         assert r.status_code == 200, r.text
         assert Completion.model_validate(r.json()).model == "org/tiny"
         assert client.post("/v1/completions", json={"model": "tiny", "prompt": [1], "max_tokens": 1}).status_code == 404
+    # the same checkpoint where it has moved (`--model`, checked against the manifest's sha256): still org/tiny,
+    # not the name of its snapshot directory (a commit hash)
+    from trtgraph.server.app import served_name
+
+    assert served_name(thread.engine.manifest.app_config().model, str(repo / "snapshots" / commit)) == "org/tiny"
 
 
 # ---- several prompts in one /v1/completions body --------------------------------------------

@@ -271,10 +271,10 @@ def _raise_if_refused(item, fields: tuple[str, str]) -> None:
 
 
 def served_name(source, model: str | None = None) -> str:
-    """The name the model is served as: a Hub checkpoint's repository id (as vLLM serves it), a
-    checkpoint directory's name (`model`: where it has moved since capture), or
-    "trtgraph-synthetic"."""
-    if model is None and source.hub is not None:
+    """The name the model is served as: a Hub checkpoint's repository id (as vLLM serves it; also
+    where `model` says it has moved, the same files by their sha256), a checkpoint directory's
+    name (`model`: where it has moved since capture), or "trtgraph-synthetic"."""
+    if source.hub is not None:
         return source.hub
     path = model or source.path
     name = os.path.basename(os.path.abspath(path)) if path else ""  # (`--model .` is the directory's name)
