@@ -386,7 +386,7 @@ def error_of(exc: openai.APIStatusError) -> dict:
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"echo": True}, "echo"),
     ({"extra_body": {"top_k": -1}}, "top_k"),
-    ({"prompt": ["two", "prompts"]}, "prompt"),
+    ({"prompt": ["two", ["nested"]]}, "prompt"),  # (a list of prompts is served: tests/test_r20_server.py)
     ({"prompt": [1, 2, 99999]}, "prompt_token_ids"),
 ], ids=["temperature", "max_tokens", "unknown", "n-stream", "logprobs-stream", "stream-options", "echo", "top-k",
         "batch", "token-id"])

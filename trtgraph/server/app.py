@@ -1,21 +1,23 @@
 """The OpenAI-compatible HTTP front on FastAPI + uvicorn: /v1/completions,
 /v1/chat/completions (JSON or Server-Sent Events), /v1/models, /health, /metrics.
 
-Handlers validate the body, hand the request to the engine thread and drain its queue; they
-never touch the engine. A client that disconnects has its request aborted (the engine frees
-its KV blocks at the next step). SIGTERM: uvicorn stops accepting, in-flight requests get
+Handlers validate the body, hand its request (one per prompt of a /v1/completions body whose
+`prompt` is a list of them, as OpenAI's batch) to the engine thread and drain their queue
+(server/streams.py); they never touch the engine. A client that disconnects has its requests
+aborted (the engine frees their KV blocks at the next step). SIGTERM: uvicorn stops accepting, in-flight requests get
 GRACE_SECONDS to finish, the rest are aborted, and the process exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 import secrets
 import signal
 import threading
 import time
 from contextlib import asynccontextmanager
+from typing import Callable
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -28,9 +30,9 @@ from ..errors import ConfigError, PromptError, TrtgraphError
 from ..formats import openai as oa
 from ..inputs import JSONProblem, loads_json, short
 from ..runtime.serving.requests import Request as ParsedRequest, Result, parse_request
-from ..runtime.serving.streaming import RequestOutput
 from .engine_thread import Aborted, EngineThread
 from .metrics import CONTENT_TYPE, Metrics
+from .streams import Group, events
 
 DRAIN_SECONDS = 5.0  # after SIGTERM, how long in-flight requests may run before they are aborted
 GRACE_SECONDS = 10.0  # then uvicorn closes whatever connection is still open
@@ -136,45 +138,79 @@ async def _respond(request: Request, thread: EngineThread, model_name: str, chat
         raise _not_served(body["model"], model_name)
     shapes = oa.Response(chat, model_name, token_bytes=getattr(thread.engine.tokenizer, "token_bytes", None))
     fields = oa.body_fields(body, chat)  # what a refusal by the context names
-
+    bodies = _bodies(body, chat, thread.max_waiting)
     try:  # off the event loop, as the parse: a prompt of millions of ids is seconds of checks
-        req, refused = await asyncio.to_thread(_translate, body, chat, shapes.id, thread.engine)
+        reqs, refused = await asyncio.to_thread(_translate, bodies, chat, shapes.id, thread.engine)
     except PromptError as exc:
         raise OpenAIError(400, str(exc), body=oa.error_from_exception(exc)) from None
     if refused is not None:  # the prompt's refusal admission would give, counted as the engine counts it
         thread.metrics.finished(refused)
         raise OpenAIError(400, refused.error, body=oa.error_from_result(refused, False, fields))
     stream, include_usage = oa.stream_mode(body)
-    rid = req.id
-    queue = thread.submit(req)
+    group = Group(reqs)
+    queue = thread.submit(*reqs)
     if queue is None:
         thread.metrics.requests.labels("rejected").inc()
         raise OpenAIError(429, f"more than {thread.max_waiting} requests are waiting (--max-waiting); "
                                f"retry later.", error_type="rate_limit_error", code="too_many_waiting_requests")
+
+    def abort() -> None:
+        for rid in group.ids:
+            thread.abort(rid)
+
     try:
-        first = await _next(queue, request, thread, rid)
-    except BaseException:
-        thread.abort(rid)
-        raise
-    _raise_if_refused(first, fields)
-    if stream:
-        return StreamingResponse(_events(first, queue, shapes, include_usage, thread, rid),
-                                 media_type="text/event-stream")
-    item = first
-    while not item.finished:
-        item = await _next(queue, request, thread, rid)
+        item = await _next(queue, request, abort)
         _raise_if_refused(item, fields)
-    return shapes.full(item.result)
+        if stream:
+            return StreamingResponse(events(item, queue, shapes, include_usage, group,
+                                            lambda it: getattr(_refusal(it, fields), "body", None), abort),
+                                     media_type="text/event-stream")
+        while not group.take(item):
+            item = await _next(queue, request, abort)
+            _raise_if_refused(item, fields)
+    except BaseException:  # refused, the client gone, cancelled: no request of the body runs on for nobody
+        abort()
+        raise
+    return shapes.full(group.result())
 
 
-def _translate(body: dict, chat: bool, rid: str, engine) -> tuple[ParsedRequest, Result | None]:
-    """A body -> (the request with its prompt rendered and encoded and fitted to the context —
-    a chat without a max gets what the context leaves, as OpenAI and vLLM have it — or the refusal
-    admission would give it: Admission.prepare, Admission.fit). Raises PromptError for a bad body."""
-    native = (oa.chat_request if chat else oa.completion_request)(body, rid, WHERE, allow_stream=True)
-    req = parse_request(native, WHERE, engine.vocab_size)
-    req, refused = engine.admission.prepare(req)
-    return (req, refused) if refused is not None else engine.admission.fit(req)
+def _bodies(body: dict, chat: bool, most: int) -> list[tuple[dict, str]]:
+    """A body as (the body of each of its prompts, where errors name it): several for a
+    /v1/completions body whose `prompt` is a list of prompts (OpenAI's batch), else itself."""
+    prompts = None if chat else body.get("prompt")
+    if not (isinstance(prompts, list) and len(prompts) > 1 and all(isinstance(p, (str, list)) for p in prompts)):
+        return [(body, WHERE)]  # one prompt (or none: refused as one)
+    if len(prompts) > most:
+        raise OpenAIError(400, f"`prompt` holds {len(prompts)} prompts; this server takes at most {most} in one "
+                               f"request (--max-waiting): split them.", "prompt")
+    # each as a one-prompt list: `[["a"]]` is refused as it would be alone, not read as "a"
+    return [({**body, "prompt": [p]}, f"{WHERE} (prompt {i})") for i, p in enumerate(prompts)]
+
+
+def _translate(bodies: list[tuple[dict, str]], chat: bool, rid: str, engine) -> tuple[list[ParsedRequest],
+                                                                                          Result | None]:
+    """Bodies -> (their requests, each prompt rendered and encoded and fitted to the context —
+    a chat without a max gets what the context leaves, as OpenAI and vLLM have it — or the first
+    refusal admission would give one: Admission.prepare, Admission.fit). Raises PromptError for
+    a bad body. Several bodies (one per prompt) get ids rid-0, rid-1, ..., their shared fields
+    checked first, once, as the body's."""
+    if len(bodies) > 1:
+        parse_request(oa.completion_request({**bodies[0][0], "prompt": [0]}, rid, WHERE, allow_stream=True), WHERE,
+                      engine.vocab_size)
+    reqs = []
+    for i, (body, where) in enumerate(bodies):
+        native = (oa.chat_request if chat else oa.completion_request)(
+            body, rid if len(bodies) == 1 else f"{rid}-{i}", where, allow_stream=True)
+        req = parse_request(native, where, engine.vocab_size)
+        req, refused = engine.admission.prepare(req)
+        if refused is None:
+            req, refused = engine.admission.fit(req)
+        if refused is not None:
+            if len(bodies) > 1:
+                refused.error = f"prompt {i}: {refused.error}"
+            return [], refused
+        reqs.append(req)
+    return reqs, None
 
 
 async def _body(request: Request) -> dict:
@@ -198,16 +234,16 @@ async def _body(request: Request) -> dict:
     return body
 
 
-async def _next(queue: asyncio.Queue, request: Request, thread: EngineThread, rid: str):
-    """The request's next output; aborts it if the client went away meanwhile. The client is
-    looked at every DISCONNECT_POLL_SECONDS also while outputs keep coming (a non-streamed
-    request gets one per step: looking only when none came for that long never looked)."""
+async def _next(queue: asyncio.Queue, request: Request, abort: Callable[[], None]):
+    """The response's next output; aborts its requests if the client went away meanwhile. The
+    client is looked at every DISCONNECT_POLL_SECONDS also while outputs keep coming (a
+    non-streamed request gets one per step: looking only when none came for that long never looked)."""
     state = request.state
     while True:
         if time.monotonic() >= getattr(state, "disconnect_poll_at", 0.0):
             state.disconnect_poll_at = time.monotonic() + DISCONNECT_POLL_SECONDS
             if await request.is_disconnected():
-                thread.abort(rid)
+                abort()
                 raise OpenAIError(499, "the client disconnected.")
         try:
             return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
@@ -215,85 +251,34 @@ async def _next(queue: asyncio.Queue, request: Request, thread: EngineThread, ri
             continue
 
 
-def _raise_if_refused(item, fields: tuple[str, str]) -> None:
+def _refusal(item, fields: tuple[str, str]) -> OpenAIError | None:
+    """The error an output stands for (an abort, a refusal), or None."""
     if isinstance(item, Aborted):
-        raise OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error", code="aborted")
+        return OpenAIError(503, f"request aborted: {item.reason}.", error_type="server_error", code="aborted")
     if isinstance(item, PromptError):
-        raise OpenAIError(400, str(item), body=oa.error_from_exception(item))
+        return OpenAIError(400, str(item), body=oa.error_from_exception(item))
     if isinstance(item, TrtgraphError):
-        raise OpenAIError(500, str(item), error_type="server_error")
+        return OpenAIError(500, str(item), error_type="server_error")
     if item.finished and item.finish_reason == "error":  # no recorded key can serve it: run's message
-        raise OpenAIError(400, item.result.error, body=oa.error_from_result(item.result, False, fields))
+        return OpenAIError(400, item.result.error, body=oa.error_from_result(item.result, False, fields))
+    return None
 
 
-async def _events(first, queue: asyncio.Queue, shapes: oa.Response, include_usage: bool, thread: EngineThread,
-                  rid: str):
-    """Server-Sent Events: a chunk per step's delta of each completion (naming it by `index`;
-    each completion's last carries its finish_reason, and its logprobs when asked), usage if
-    asked, then [DONE]. Leaving early (the client disconnected, the server stopping) aborts
-    the request, every completion of it."""
-    done, items = False, [first]
-    try:
-        while not done:
-            for item in _coalesced(items):
-                if isinstance(item, Aborted):
-                    yield _sse(oa.error_object(f"request aborted: {item.reason}.", error_type="server_error",
-                                               code="aborted"))
-                    done = True
-                    break
-                if not _gathered(item):
-                    yield _sse(shapes.chunk(item.text, item.token_ids, item.finish_reason, item.index, item.logprobs,
-                                            include_usage))
-                if item.finished:
-                    if include_usage:
-                        yield _sse(shapes.usage_chunk(item.result))
-                    done = True
-                    break
-            if not done:
-                items = await _waiting(queue)
-        yield "data: [DONE]\n\n"
-    finally:
-        if not done:
-            thread.abort(rid)
+def _raise_if_refused(item, fields: tuple[str, str]) -> None:
+    error = _refusal(item, fields)
+    if error is not None:
+        raise error
 
 
-async def _waiting(queue: asyncio.Queue) -> list:
-    """The queue's next item and every one already behind it."""
-    items = [await queue.get()]
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    return items
-
-
-def _gathered(item) -> bool:
-    """An n > 1 request's last output: its completions' Result, every token of which came before."""
-    return isinstance(item, RequestOutput) and item.finished and item.result.choices is not None
-
-
-def _coalesced(items: list) -> list:
-    """Outputs that waited together, as fewer: each completion's deltas joined into one, in the
-    order of its first (a reader slower than the engine gets fewer, larger chunks instead of a
-    backlog); anything else (an n > 1 request's end, an abort) after the deltas before it."""
-    out, joined = [], {}
-    for item in items:
-        if isinstance(item, RequestOutput) and not _gathered(item):
-            before = joined.get(item.index)
-            joined[item.index] = item if before is None else _join(before, item)
-            continue
-        out += [*joined.values(), item]
-        joined = {}
-    return out + list(joined.values())
-
-
-def _join(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """Two deltas of one completion, `b` after `a`, as one."""
-    logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
-    return RequestOutput(a.id, a.token_ids + b.token_ids, a.text + b.text, b.finished, b.finish_reason, b.result,
-                         a.index, logprobs)
-
-
-def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+def served_name(source, model: str | None = None) -> str:
+    """The name the model is served as: a Hub checkpoint's repository id (as vLLM serves it; also
+    where `model` says it has moved, the same files by their sha256), a checkpoint directory's
+    name (`model`: where it has moved since capture), or "trtgraph-synthetic"."""
+    if source.hub is not None:
+        return source.hub
+    path = model or source.path
+    name = os.path.basename(os.path.abspath(path)) if path else ""  # (`--model .` is the directory's name)
+    return name or "trtgraph-synthetic"
 
 
 def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str | None,
@@ -307,8 +292,7 @@ def build_server(manifest, host: str, port: int, max_waiting: int, api_key: str 
     if manifest_obj.parallel.get("tensor_parallel_size", 1) != 1:
         raise ConfigError(f"{manifest}: `trtgraph serve` serves single-process manifests; this one was captured "
                           f"with tensor_parallel_size {manifest_obj.parallel['tensor_parallel_size']}.")
-    path = model or manifest_obj.app_config().model.path  # `model`: the checkpoint where it has moved
-    model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "trtgraph-synthetic"
+    model_name = served_name(manifest_obj.app_config().model, model)
 
     def load() -> Engine:
         engine = Engine(manifest_obj, model=model)

@@ -62,15 +62,17 @@ class EngineThread:
         return self._queued
 
     # ---- the HTTP side ---------------------------------------------------------------
-    def submit(self, request: Request) -> asyncio.Queue | None:
-        """Queue a request from the event loop; its outputs arrive in the returned queue.
-        None when more than max_waiting requests are queued already."""
+    def submit(self, *requests: Request) -> asyncio.Queue | None:
+        """Queue requests from the event loop (all or none); their outputs arrive in the returned
+        queue (each names its request). None when that would make more than max_waiting queued."""
         with self._lock:
-            if self._queued >= self.max_waiting:
+            if self._queued + len(requests) > self.max_waiting:
                 return None
-            self._queued += 1
+            self._queued += len(requests)
         q: asyncio.Queue = asyncio.Queue()
-        self._inbox.put(("add", request, _Sink(asyncio.get_running_loop(), q)))
+        loop = asyncio.get_running_loop()
+        for request in requests:
+            self._inbox.put(("add", request, _Sink(loop, q)))
         self._wake.set()
         return q
 
@@ -99,6 +101,7 @@ class EngineThread:
             self.on_failure()
             return
         self.engine.start_run(gpu_timing=True)  # (CUDA only) the GPU's idle time per step, for /metrics
+        self.metrics.sample(self.engine)
         self.ready.set()
         try:
             self._serve()

@@ -11,6 +11,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+OUTCOMES = ("stop", "length", "error", "abort", "rejected")  # requests_total's
 
 
 class Metrics:
@@ -19,6 +20,8 @@ class Metrics:
         p = "trtgraph_"
         self.requests = Counter(p + "requests", "Requests finished, by outcome (stop, length, error, abort, "
                                 "rejected).", ["outcome"], registry=r)
+        for outcome in OUTCOMES:  # each series from 0: one born at 1 hides its first count from rate()
+            self.requests.labels(outcome)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated.", registry=r)
         self.queue_depth = Gauge(p + "queue_depth", "Requests accepted that have produced nothing yet (read "
@@ -50,6 +53,11 @@ class Metrics:
                 self.finished(out.result)
         self.step_seconds.observe(step_seconds)
         self._stats_delta(engine.stats, step_seconds)
+        self.sample(engine)
+
+    def sample(self, engine) -> None:
+        """The gauges read from the scheduler: after each step, and once the engine is loaded
+        (an idle server reports its free KV blocks, not 0 of 0)."""
         sched = engine.scheduler
         self.running.set(len(sched.running))
         self.kv_free.set(sched.allocator.num_free)
