@@ -10,6 +10,7 @@ from openai.types.chat import ChatCompletion
 
 from trtgraph.errors import PromptError
 from trtgraph.formats import openai as oa
+from trtgraph.models.config import GenerationDefaults
 from trtgraph.runtime.serving.requests import Result, parse_request
 
 
@@ -27,8 +28,8 @@ def test_completion_body_becomes_a_native_request():
 
 def test_completion_defaults_follow_openai_and_parse_natively():
     native = oa.completion_request({"model": "m", "prompt": [[5, 6, 7]], "n": 3, "seed": 1}, "x")
-    assert native == {"id": "x", "prompt_token_ids": [5, 6, 7], "temperature": 1.0, "n": 3, "seed": 1}
-    req = parse_request(native, "line 1")
+    assert native == {"id": "x", "prompt_token_ids": [5, 6, 7], "n": 3, "seed": 1}  # temperature: the model's
+    req = oa.model_temperature(parse_request(native, "line 1"), GenerationDefaults())  # none given: OpenAI's 1
     assert (req.prompt_token_ids, req.temperature, req.n, req.seed, req.max_tokens) == ((5, 6, 7), 1.0, 3, 1, 16)
     assert oa.completion_request({"prompt": ["one"]}, "y")["prompt"] == "one"
 

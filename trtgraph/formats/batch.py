@@ -62,6 +62,13 @@ class RequestFile:
     def ids(self) -> list[str]:
         return list(self.entries) if self.is_batch else [r.id for r in self.requests]
 
+    def for_model(self, generation) -> list[Request]:
+        """The requests as the engine of a model with these generation defaults serves them: a
+        batch line's omitted temperature as OpenAI bodies have it (`oa.model_temperature`)."""
+        if not self.is_batch:
+            return self.requests
+        return [oa.model_temperature(r, generation) for r in self.requests]
+
     def cut_by_old_default(self, max_seq_len: int) -> Callable[[dict], str | None]:
         """For --resume: an output line's reason to be run again, or None. trtgraph before the
         nineteenth session gave a chat line without a max the native default of OLD_CHAT_DEFAULT

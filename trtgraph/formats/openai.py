@@ -8,7 +8,8 @@ rendered with the checkpoint's template at admission). Only the shape is checked
 unknown field, a wrong container, an OpenAI-only rule. The values are then checked by the
 native validation (`runtime.serving.requests.parse_request`), which names the same fields.
 `allow_stream=True` (the server) accepts `stream` / `stream_options`; `stream_mode(body)`
-reads them. Omitted `temperature` is OpenAI's 1; the native sampling fields `top_k`, `min_p`,
+reads them. An omitted `temperature` is given later, as vLLM's OpenAI server gives it, by
+`model_temperature` (generation_config's, else OpenAI's 1). The native sampling fields `top_k`, `min_p`,
 `repetition_penalty`, `min_tokens` and `ignore_eos` are accepted as extensions (vLLM's extra
 sampling parameters; the `openai` client sends them in `extra_body`).
 
@@ -34,6 +35,7 @@ import json
 import re
 import time
 import uuid
+from dataclasses import replace
 from typing import Callable
 
 from ..errors import PromptError
@@ -42,8 +44,7 @@ from ..limits import MAX_LOGPROBS
 from ..runtime.serving.requests import CHAT_ROLES
 from ..runtime.serving.sampling_params import MAX_TOKENS_CAP, TO_CONTEXT
 
-# OpenAI's default temperature; a native request without one is greedy.
-DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's, where generation_config gives none (`model_temperature`)
 # Native sampling fields accepted as extensions, passed on unchanged.
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos")
 _SHARED = ("model", "user", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p", "stop", "seed",
@@ -59,8 +60,8 @@ UNUSED_CHAT = {"tools": ([],), "tool_choice": ("none",), "functions": ([],), "fu
                "metadata": (), "service_tier": ("auto", "default"), "modalities": (["text"],), "audio": (),
                "prediction": (), "reasoning_effort": (), "web_search_options": ()}
 # Copied to the native request unchanged when given (and not null).
-_PASSED = ("n", "max_tokens", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
-           *EXTENSIONS)
+_PASSED = ("n", "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
+           "logit_bias", *EXTENSIONS)
 _MESSAGE_FIELDS = ("role", "content")
 # OpenAI's `developer` messages replace `system` ones for its newer models: rendered as `system`.
 ROLE_ALIASES = {"developer": "system"}
@@ -159,14 +160,12 @@ def _check_fields(body, valid: tuple[str, ...], where: str, url: str, allow_stre
 
 
 def _asks_nothing(name: str, value, unused: dict) -> bool:
-    """An unimplemented field given as null or a value that asks for nothing (UNUSED_CHAT); types
-    compared too (`store: 0` is not `false`)."""
+    """An unimplemented field, null or a value asking nothing (UNUSED_CHAT; `store: 0` is not `false`)."""
     return name in unused and (value is None or any(type(value) is type(v) and value == v for v in unused[name]))
 
 
 def _name(key: str) -> str:
-    """A field name as messages and `param` show it: a lone surrogate escaped (JSON cannot be
-    encoded with one) and a long name cut short."""
+    """A field name as messages and `param` show it: a lone surrogate escaped, a long name cut short."""
     return short(key) if len(key) > 60 or text_problem(key) else key
 
 
@@ -176,10 +175,15 @@ def stream_mode(body: dict) -> tuple[bool, bool]:
 
 
 def _sampling(body: dict) -> dict:
-    native = {k: body[k] for k in _PASSED if body.get(k) is not None}
-    temperature = body.get("temperature")
-    native["temperature"] = DEFAULT_TEMPERATURE if temperature is None else temperature
-    return native
+    return {k: body[k] for k in _PASSED if body.get(k) is not None}
+
+
+def model_temperature(req, generation):
+    """A translated Request's omitted temperature as vLLM's OpenAI server sets it: generation_config's
+    (do_sample aside), else OpenAI's 1 (omitted top_p / top_k: generation_config's at admission)."""
+    t = generation.temperature
+    return req if req.sampling.temperature is not None else \
+        req.with_sampling(replace(req.sampling, temperature=DEFAULT_TEMPERATURE if t is None else t))
 
 
 def _prompt(prompt, where: str) -> dict:
@@ -388,11 +392,9 @@ def body_fields(body: dict, chat: bool) -> tuple[str, str]:
 
 
 def error_from_result(result, name_request: bool = True, fields: tuple[str, str] = ("prompt", "max_tokens")) -> dict:
-    """A Result the engine refused at admission (finish_reason "error"); the message is
-    `run`'s, prefixed with the request's id unless `name_request` is false. A refusal by the
-    context (`result.error_code`) gets OpenAI's `context_length_exceeded` and names the body's
-    field (`fields`: its prompt's and its max's names) — the prompt where it alone leaves no
-    room, else the max."""
+    """A Result refused at admission: `run`'s message (prefixed with the request's id unless not
+    `name_request`); a refusal by the context gets OpenAI's `context_length_exceeded` and names the
+    body's field (`fields`: its prompt's and max's names): the prompt where it alone leaves no room."""
     message = f"request {result.id}: {result.error}" if name_request else result.error
     param = {"prompt": fields[0], "max_tokens": fields[1]}.get(result.error_param, result.error_param)
     return error_object(message, param, code=result.error_code)

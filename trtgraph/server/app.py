@@ -201,7 +201,7 @@ def _translate(bodies: list[tuple[dict, str]], chat: bool, rid: str, engine) -> 
     for i, (body, where) in enumerate(bodies):
         native = (oa.chat_request if chat else oa.completion_request)(
             body, rid if len(bodies) == 1 else f"{rid}-{i}", where, allow_stream=True)
-        req = parse_request(native, where, engine.vocab_size)
+        req = oa.model_temperature(parse_request(native, where, engine.vocab_size), engine.generation)
         req, refused = engine.admission.prepare(req)
         if refused is None:
             req, refused = engine.admission.fit(req)

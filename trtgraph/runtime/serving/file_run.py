@@ -3,7 +3,7 @@
 what finished and what did not (exit code 130).
 
 The engine must already be loaded. `requests` is a formats.batch.RequestFile (native lines
-or OpenAI batch lines); this module only needs its `ids`, `requests` and `lines()`.
+or OpenAI batch lines); this module only needs its `ids`, `for_model()` and `lines()`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: b
     ids = requests.ids
     token_text = lambda t: engine.tokenizer.decode([t])  # noqa: E731
     try:
-        for rid, line in requests.lines(_first_token_timed(engine.generate(requests.requests)), token_text,
+        results = engine.generate(requests.for_model(engine.generation))
+        for rid, line in requests.lines(_first_token_timed(results), token_text,
                                         getattr(engine.tokenizer, "token_bytes", None)):
             with _signals_held():  # a line on disk is a line counted: the summary must match the file
                 _write_line(out, json.dumps(line, ensure_ascii=ascii_only), output, len(written), len(ids))
