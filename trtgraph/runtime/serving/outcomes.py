@@ -96,7 +96,7 @@ class Outcomes:
         for seq, n_new in drew:
             req, ids, f = seq.request, seq.all_ids, seq.facts
             num_out = len(ids) - len(seq.prompt_ids)
-            if req.n > 1 and seq.index == 0 and num_out == n_new:
+            if req.n > 1 and seq.index == 0 and seq.forked < req.n - 1:  # (its first token: a cut fork goes on)
                 self.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])  # completion i: seed + i
             reason = None
             if num_out >= f.max_tokens or not f.stop_ids.isdisjoint(new := ids[-n_new:]) \
@@ -105,6 +105,7 @@ class Outcomes:
                 if reason is not None:
                     seq.finish_reason = reason
                     self.finish(seq)
+            seq.checked = len(ids) - len(seq.prompt_ids)  # (a Ctrl-C before this: Scheduler.requeue_all drops them)
             news.append((seq, reason))
         if self._probe is not None:
             self._deferred_probe()

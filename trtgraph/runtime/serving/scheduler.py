@@ -62,6 +62,8 @@ class Sequence:
     stop_checked: int = 0  # output tokens found free of its stop strings (deliveries._stop_string)
     stop_floor: int | None = None  # characters of its first min_tokens - 1 tokens' text, once known (same)
     stop_scan: object = field(default=None, repr=False)  # its streaming.StopScan, made at its first check (same)
+    checked: int = 0  # output tokens whose step's postprocess is done with it (outcomes.py; requeue_all)
+    forked: int = 0  # n > 1, completion 0: completions 1..forked made (fork)
     _facts: RowFacts | None = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -307,7 +309,11 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
     def requeue_all(self) -> None:
         """A step failed between its forming and its read (Ctrl-C, a device error): the steps in
         flight are lost, so every sequence that ran is preempted (recomputed from its prompt and
-        the tokens appended so far), a retired one included, and no step repeats one before."""
+        the tokens appended so far), a retired one included, and no step repeats one before. The
+        tokens a step appended to a sequence whose postprocess it did not finish (not stop-checked:
+        an interrupted `postprocess`) are dropped first: recomputing draws them again, checked."""
+        for seq in {*self.running, *self._retired, *self.waiting}:
+            _unchecked_dropped(seq)
         for seq in sorted(self._retired, key=lambda s: s.arrival):  # (blocks and slot freed already)
             seq.retired, seq.num_computed = False, 0
             pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
@@ -331,13 +337,17 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         itself. They run now where the batch has room; others wait, holding nothing, and
         compute the whole prompt when admitted. Arrival orders them just after the parent."""
         shared = (len(parent.prompt_ids) - 1) // self.block_size  # full blocks before the last prompt token
-        children = []
+        children, req = [], parent.request
+        # Made already by a fork a Ctrl-C cut short (the parent's first token drawn again since): not again.
+        made = {s.index for s in (*self.running, *self.waiting) if s.request is req} | set(range(parent.forked + 1))
         for i, seed in enumerate(seeds, start=1):
-            child = Sequence(request=parent.request, arrival=parent.arrival + i / (len(seeds) + 1),
+            if i in made:
+                continue
+            child = Sequence(request=req, arrival=parent.arrival + i / (len(seeds) + 1),
                              prompt_ids=parent.prompt_ids, seed=seed, index=i)
             # Shared blocks skip the prompt's prefill, and with it the in-graph scan that seeds a
             # slot's penalty counts: a request with logits processors computes its prompt itself.
-            if len(self.running) < self.plan.max_batch_size and shared and not parent.request.sampling.uses_processors:
+            if len(self.running) < self.plan.max_batch_size and shared and not req.sampling.uses_processors:
                 child.block_table = self.allocator.share(parent.block_table[:shared])
                 child.num_computed = shared * self.block_size
                 child.slot = self.free_slots.pop()
@@ -345,6 +355,7 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
             else:
                 pos = next((j for j, w in enumerate(self.waiting) if w.arrival > child.arrival), len(self.waiting))
                 self.waiting.insert(pos, child)
+            parent.forked = i
             children.append(child)
         return children
 
@@ -381,3 +392,13 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
             else:
                 self.waiting.remove(seq)
                 seq.finished = True
+
+
+def _unchecked_dropped(seq: Sequence) -> None:
+    """An unfinished sequence's output tokens past `checked` dropped (their log-probabilities and a
+    stop found among them too): a step appended them, its postprocess stopped before it was done."""
+    if seq.finished or len(seq.all_ids) - len(seq.prompt_ids) <= seq.checked:
+        return
+    del seq.all_ids[len(seq.prompt_ids) + seq.checked:]
+    del seq.logprobs[seq.checked:]
+    seq.finish_reason = None
