@@ -105,7 +105,7 @@ class Outcomes:
                 if reason is not None:
                     seq.finish_reason = reason
                     self.finish(seq)
-            seq.checked = len(ids) - len(seq.prompt_ids)  # (a Ctrl-C before this: Scheduler.requeue_all drops them)
+            seq.checked = num_out  # (a finished one's: unread; a Ctrl-C before this: Scheduler.requeue_all drops them)
             news.append((seq, reason))
         if self._probe is not None:
             self._deferred_probe()
