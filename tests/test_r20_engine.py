@@ -18,8 +18,10 @@ def engine(default_artifacts, one_torch_thread):
 
 
 def _same(got, want) -> bool:
-    """Two Results alike but for their timings."""
-    drop = lambda r: {k: v for k, v in r.to_json().items() if k not in ("ttft_ms", "tpot_ms")}  # noqa: E731
+    """Two Results alike but for their timings (n > 1: their completions')."""
+    def drop(r):
+        return [drop(c) for c in r.choices] if r.choices else \
+            {k: v for k, v in r.to_json().items() if k not in ("ttft_ms", "tpot_ms")}
     return drop(got) == drop(want)
 
 
@@ -90,3 +92,47 @@ def test_a_ctrl_c_before_a_steps_logprobs_are_kept_leaves_each_token_its_own(eng
     want = list(engine.generate([req]))[0]
     got = _served_with_one_interrupt(engine, req, outcomes, "_keep_logprobs", lambda step, drew, logprobs: drew)
     assert got is not None and _same(got, want)
+
+
+@pytest.mark.parametrize("where", ["free", "share"])
+def test_a_ctrl_c_inside_the_scheduler_s_block_accounting_leaks_no_block_or_slot(engine, where):
+    """A Ctrl-C as a finished request's blocks were being freed (or as an n > 1 request's
+    completions took their holds on the prompt's blocks): a KV block and a device slot were lost
+    for good, and the next full batch failed at every step ("pop from empty list"); a row retired
+    that way was in no queue, and its request never finished."""
+    req = {"id": "a", "prompt_token_ids": PROMPT * 2, "max_tokens": 4, "n": 2 if where == "share" else 1}
+    want = list(engine.generate([req]))[0]
+    got = _served_with_one_interrupt(engine, req, engine.scheduler.allocator, where, lambda blocks: blocks)
+    assert got is not None and _same(got, want)
+    s = engine.scheduler
+    assert s.allocator.num_free == s.allocator.num_blocks - 1 and sorted(s.free_slots) == list(range(8))
+    batch = [{"id": f"b{i}", "prompt_token_ids": [3 + i] * 5, "max_tokens": 3} for i in range(8)]
+    assert [len(r.token_ids) for r in engine.generate(batch)] == [3] * 8
+
+
+def test_a_ctrl_c_as_an_abort_frees_its_blocks_leaks_none(engine):
+    """The aborts are applied at the start of a step, before the part of it that recovers from
+    an interrupt: a Ctrl-C as an aborted request's blocks were freed lost them and its slot."""
+    reqs = [{"id": f"a{i}", "prompt_token_ids": PROMPT, "max_tokens": 12} for i in range(2)]
+    want = list(engine.generate(reqs[1:]))[0]
+    engine.submit(reqs)
+    outs = engine.step()
+    engine.abort("a0")
+    free, cuts = engine.scheduler.allocator.free, []
+
+    def cut(blocks):
+        if blocks and not cuts:
+            cuts.append(1)
+            raise KeyboardInterrupt
+        return free(blocks)
+    engine.scheduler.allocator.free = cut
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.step()
+    finally:
+        del engine.scheduler.allocator.free
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [o.result.token_ids for o in outs if o.finished] == [want.token_ids]
+    s = engine.scheduler
+    assert s.allocator.num_free == s.allocator.num_blocks - 1 and sorted(s.free_slots) == list(range(8))

@@ -224,9 +224,9 @@ class Engine(Deliveries, Consumers, Lifecycle):
         Consumers.outputs_of); the others stay for the next step, handed out by the store that
         takes these (a Ctrl-C as step() returns loses none of them)."""
         self.check_open()
-        self._apply_aborts()
         collection.hold(self)  # the collector runs at this step's safe point below (collection.py)
         try:
+            self._apply_aborts()  # (a Ctrl-C as it frees an aborted request's blocks: recovered too)
             self._step()
         except BaseException:
             self._recover()

@@ -217,9 +217,9 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
                     break  # no room to admit; decode frees blocks as requests finish
                 self.preempt(seq)  # nothing newer to take blocks from: step aside for older ones
                 continue
-            if admitting:
-                self.waiting.remove(seq)
+            if admitting:  # (running before it leaves the queue: a Ctrl-C between leaves it in both, see requeue_all)
                 self._insert_running(seq)
+                self.waiting.remove(seq)
                 seq.slot = self.free_slots.pop()
             chosen.append(seq)
             num_new.append(n)
@@ -296,31 +296,40 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         return True
 
     def preempt(self, seq: Sequence) -> None:
-        """Free all of `seq`'s blocks; it waits (in arrival order) to be recomputed."""
+        """Free all of `seq`'s blocks; it waits (in arrival order) to be recomputed. (Queued before
+        it leaves the running rows: a Ctrl-C between leaves it in both, which `requeue_all` mends.)"""
+        pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
+        self.waiting.insert(pos, seq)
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
         self.free_slots.append(seq.slot)
         seq.block_table, seq.num_computed, seq.slot = [], 0, None
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
-        self.waiting.insert(pos, seq)
 
     def requeue_all(self) -> None:
         """A step failed between its forming and its read (Ctrl-C, a device error): the steps in
-        flight are lost, so every sequence that ran is preempted (recomputed from its prompt and
-        the tokens appended so far), a retired one included, and no step repeats one before. The
-        tokens a step appended to a sequence whose postprocess it did not finish (not stop-checked:
-        an interrupted `postprocess`) are dropped first: recomputing draws them again, checked."""
-        for seq in {*self.running, *self._retired, *self.waiting}:
+        flight are lost, so every unfinished sequence that ran is preempted (recomputed from its
+        prompt and the tokens appended so far), a retired one included, and no step repeats one
+        before. The tokens a step appended to a sequence whose postprocess it did not finish (not
+        stop-checked: an interrupted `postprocess`) are dropped first: recomputing draws them
+        again, checked. Rebuilt rather than moved sequence by sequence: a Ctrl-C inside the
+        scheduler's own bookkeeping (a sequence in two queues, blocks or a slot freed or held
+        part-way) leaves every block and slot free and every unfinished sequence waiting once."""
+        ran = [s for s in self.running if not s.finished]
+        seqs = {id(s): s for s in (*self.waiting, *ran, *self._retired) if not s.finished}
+        for seq in seqs.values():
             _unchecked_dropped(seq)
-        for seq in sorted(self._retired, key=lambda s: s.arrival):  # (blocks and slot freed already)
-            seq.retired, seq.num_computed = False, 0
-            pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
-            self.waiting.insert(pos, seq)
-        self._retired.clear()
-        for seq in list(self.running):
-            self.preempt(seq)
+            seq.block_table, seq.num_computed, seq.slot, seq.retired = [], 0, None, False
+        for seq in {id(s): s for s in ran if s not in self.waiting}.values():  # (counted as preempt counts them)
+            seq.num_preemptions += 1
+            self.num_preemptions += 1
+        alloc, peak = self.allocator, self.allocator.peak_used  # (no sequence holds a block now)
+        alloc.__init__(alloc.num_blocks)
+        alloc.peak_used = peak
+        self.free_slots = list(range(self.plan.max_batch_size - 1, -1, -1))
+        self.waiting = deque(sorted(seqs.values(), key=lambda s: s.arrival))
+        self.running, self._retired = [], set()
         self._last, self._after_prefill, self._probe = None, False, None
 
     def _insert_running(self, seq: Sequence) -> None:
