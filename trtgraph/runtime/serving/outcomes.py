@@ -141,3 +141,14 @@ def _keep_logprobs(step: ScheduledStep, drew: list[tuple[Sequence, int]], logpro
         if seq.facts.logprobs:
             r = row_of[id(seq)]
             seq.logprobs += [(values[r + j], ids[r + j]) for j in range(n_new)]
+
+
+def unchecked_dropped(seq: Sequence) -> None:
+    """An unfinished sequence's output tokens past `checked` dropped (their log-probabilities and a
+    stop found among them too): a step appended them, its postprocess stopped before it was done
+    (a Ctrl-C); Scheduler.requeue_all drops them, and recomputing draws them again, checked."""
+    if seq.finished or len(seq.all_ids) - len(seq.prompt_ids) <= seq.checked:
+        return
+    del seq.all_ids[len(seq.prompt_ids) + seq.checked:]
+    del seq.logprobs[seq.checked:]
+    seq.finish_reason = None

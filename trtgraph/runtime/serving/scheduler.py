@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from .ahead import LaunchAhead
 from .drafting import Drafting
-from .outcomes import Outcomes, RowFacts
+from .outcomes import Outcomes, RowFacts, unchecked_dropped
 from .drafter import NgramDrafter, NgramIndex
 from .acceptance import Acceptance
 from .speculation import SpeculationPolicy
@@ -311,15 +311,13 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         """A step failed between its forming and its read (Ctrl-C, a device error): the steps in
         flight are lost, so every unfinished sequence that ran is preempted (recomputed from its
         prompt and the tokens appended so far), a retired one included, and no step repeats one
-        before. The tokens a step appended to a sequence whose postprocess it did not finish (not
-        stop-checked: an interrupted `postprocess`) are dropped first: recomputing draws them
-        again, checked. Rebuilt rather than moved sequence by sequence: a Ctrl-C inside the
-        scheduler's own bookkeeping (a sequence in two queues, blocks or a slot freed or held
-        part-way) leaves every block and slot free and every unfinished sequence waiting once."""
+        before; tokens whose postprocess was cut short dropped (`unchecked_dropped`). Rebuilt, not
+        moved one by one: after a Ctrl-C inside the bookkeeping (a sequence in two queues, blocks
+        or a slot freed or held part-way) every block and slot is free, each sequence waits once."""
         ran = [s for s in self.running if not s.finished]
         seqs = {id(s): s for s in (*self.waiting, *ran, *self._retired) if not s.finished}
         for seq in seqs.values():
-            _unchecked_dropped(seq)
+            unchecked_dropped(seq)
             seq.block_table, seq.num_computed, seq.slot, seq.retired = [], 0, None, False
         for seq in {id(s): s for s in ran if s not in self.waiting}.values():  # (counted as preempt counts them)
             seq.num_preemptions += 1
@@ -402,12 +400,3 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
                 self.waiting.remove(seq)
                 seq.finished = True
 
-
-def _unchecked_dropped(seq: Sequence) -> None:
-    """An unfinished sequence's output tokens past `checked` dropped (their log-probabilities and a
-    stop found among them too): a step appended them, its postprocess stopped before it was done."""
-    if seq.finished or len(seq.all_ids) - len(seq.prompt_ids) <= seq.checked:
-        return
-    del seq.all_ids[len(seq.prompt_ids) + seq.checked:]
-    del seq.logprobs[seq.checked:]
-    seq.finish_reason = None
