@@ -399,4 +399,3 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
             else:
                 self.waiting.remove(seq)
                 seq.finished = True
-
