@@ -200,3 +200,34 @@ def test_a_batch_cut_by_ctrl_c_anywhere_in_a_step_still_gets_exactly_its_tokens(
     assert set(got) == set(mix_alone) and all(_same(got[k], mix_alone[k]) for k in got)
     s = engine.scheduler
     assert s.allocator.num_free == s.allocator.num_blocks - 1 and sorted(s.free_slots) == list(range(8))
+
+
+def test_a_run_stopped_by_an_error_names_what_it_wrote_and_how_to_go_on(default_artifacts, one_torch_thread,
+                                                                        tmp_path, monkeypatch):
+    """A run that a failure stops part-way (a device error; here the 30th step's read) said
+    only "internal error": not that the results before it were written, which did not finish,
+    nor that --resume goes on from there, as an interrupted run says."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtgraph.cli import main
+    from trtgraph.runtime.serving.launcher import StepLauncher
+
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_token_ids": [3 + i] * (5 + i), "max_tokens": 4 + i})
+                               + "\n" for i in range(20)))
+    wait, calls = StepLauncher.wait, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 30:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return wait(self, *args, **kwargs)
+    monkeypatch.setattr(StepLauncher, "wait", failing)
+    result = CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--manifest", str(default_artifacts),
+                                       "--output", str(out)])
+    written = len(out.read_text().splitlines())
+    assert result.exit_code == 1 and 0 < written < 20
+    assert f"{written} of 20 requests finished and written to {out}" in result.output
+    assert f"--resume --output {out}" in result.output and "illegal memory access" in result.output
