@@ -231,3 +231,29 @@ def test_a_run_stopped_by_an_error_names_what_it_wrote_and_how_to_go_on(default_
     assert result.exit_code == 1 and 0 < written < 20
     assert f"{written} of 20 requests finished and written to {out}" in result.output
     assert f"--resume --output {out}" in result.output and "illegal memory access" in result.output
+
+
+def test_a_ctrl_c_as_submit_launches_the_first_step_leaks_no_block(engine):
+    """submit() to an idle engine forms and launches the first step itself; a Ctrl-C there (here
+    as the allocator hands out a row's blocks, before the row holds them) aborted the requests
+    but left the blocks held by nobody, for good."""
+    alloc = engine.scheduler.allocator
+    allocate, cuts = alloc.allocate, []
+
+    def cut(n):
+        blocks = allocate(n)
+        if not cuts:
+            cuts.append(1)
+            raise KeyboardInterrupt
+        return blocks
+    alloc.allocate = cut
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.submit([{"id": "k", "prompt_token_ids": PROMPT, "max_tokens": 3}])
+    finally:
+        del alloc.allocate
+    while engine.has_unfinished():
+        engine.step()
+    s = engine.scheduler
+    assert cuts and s.allocator.num_free == s.allocator.num_blocks - 1 and sorted(s.free_slots) == list(range(8))
+    assert not s.running and not s.waiting

@@ -338,6 +338,8 @@ class Engine(Deliveries, Consumers, Lifecycle):
                 try:
                     self._launch_next()
                 except BaseException:  # its rows are all of these: none may stay live, stepped at every later call
+                    self._reading = []  # (recovered as a failed step is: no block or slot left held part-way)
+                    self._recover()
                     for req in reqs:
                         self.abort(req.id)
                     raise
@@ -375,10 +377,9 @@ class Engine(Deliveries, Consumers, Lifecycle):
             self._aborts = set()
 
     def _recover(self) -> None:
-        """A step raised part-way (Ctrl-C, a device error): the steps in flight are dropped and
-        every sequence is recomputed from its prompt and the tokens it has, as after a
-        preemption, so the requests of other consumers go on with exactly their tokens; one that
-        finished before its Result was made gets it now."""
+        """A step raised part-way (Ctrl-C, a device error): the steps in flight dropped, every sequence
+        recomputed as after a preemption (Scheduler.requeue_all), so the requests of other consumers
+        go on with exactly their tokens; one that finished before its Result was made gets it now."""
         self._flight.clear()
         self.scheduler.requeue_all()
         self._orphans()
