@@ -257,3 +257,31 @@ def test_a_ctrl_c_as_submit_launches_the_first_step_leaks_no_block(engine):
     s = engine.scheduler
     assert cuts and s.allocator.num_free == s.allocator.num_blocks - 1 and sorted(s.free_slots) == list(range(8))
     assert not s.running and not s.waiting
+
+
+def test_a_ctrl_c_as_a_reused_id_settles_its_abort_leaks_no_block(engine):
+    """Submitting an id whose abort is pending applies that abort at once, outside any step; a
+    Ctrl-C as it freed the aborted request's blocks left them, and its slot, held by nobody."""
+    reqs = [{"id": f"u{i}", "prompt_token_ids": PROMPT, "max_tokens": 12} for i in range(2)]
+    want = list(engine.generate(reqs[:1]))[0]
+    engine.submit(reqs)
+    outs = engine.step()
+    engine.abort("u1")
+    free, cuts = engine.scheduler.allocator.free, []
+
+    def cut(blocks):
+        if blocks and not cuts:
+            cuts.append(1)
+            raise KeyboardInterrupt
+        return free(blocks)
+    engine.scheduler.allocator.free = cut
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.submit([reqs[1]])
+    finally:
+        del engine.scheduler.allocator.free
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [o.result.token_ids for o in outs if o.finished] == [want.token_ids]
+    s = engine.scheduler
+    assert s.allocator.num_free == s.allocator.num_blocks - 1 and sorted(s.free_slots) == list(range(8))

@@ -98,6 +98,11 @@ class Consumers:
 
     def _settle_aborts(self, ids: Iterable[str]) -> None:
         """Aborts asked for these ids applied now rather than at the next step, so the ids are
-        free for the requests being submitted."""
+        free for the requests being submitted. (A Ctrl-C there: recovered as in a failed step.)"""
         if self._aborts and not self._aborts.isdisjoint(ids):
-            self._apply_aborts()
+            try:
+                self._apply_aborts()
+            except BaseException:
+                self._reading = []
+                self._recover()
+                raise
