@@ -285,3 +285,25 @@ def test_a_ctrl_c_as_a_reused_id_settles_its_abort_leaks_no_block(engine):
     assert [o.result.token_ids for o in outs if o.finished] == [want.token_ids]
     s = engine.scheduler
     assert s.allocator.num_free == s.allocator.num_blocks - 1 and sorted(s.free_slots) == list(range(8))
+
+
+def test_a_consumer_dropped_in_a_reference_cycle_does_not_keep_the_collector_off_for_good(engine):
+    """A generate() left part-way inside a reference cycle is only closed by the collector, which
+    the engine holds off while it has unfinished work: its request was served for nobody and its
+    outputs left waiting, so the engine never idled and Python's collector stayed off for good
+    (the cycle, and all of the program's, never collected)."""
+    import gc
+
+    assert gc.isenabled()
+    left = engine.generate([{"id": "short", "prompt_token_ids": PROMPT, "max_tokens": 1},
+                            {"id": "long", "prompt_token_ids": PROMPT, "max_tokens": 30}])
+    assert next(left).id == "short"
+    cycle = [left]
+    cycle.append(cycle)
+    del left
+    list(engine.generate([{"id": "later", "prompt_token_ids": PROMPT, "max_tokens": 40}]))  # "long" ends meanwhile
+    del cycle  # garbage now, for the collector alone to find
+    assert gc.isenabled()
+    gc.collect()  # the abandoned generate is closed: its request is aborted, its outputs dropped
+    list(engine.generate([{"id": "last", "prompt_token_ids": PROMPT, "max_tokens": 2}]))
+    assert not engine.has_unfinished() and gc.isenabled()
