@@ -291,7 +291,8 @@ def test_a_consumer_dropped_in_a_reference_cycle_does_not_keep_the_collector_off
     """A generate() left part-way inside a reference cycle is only closed by the collector, which
     the engine holds off while it has unfinished work: its request was served for nobody and its
     outputs left waiting, so the engine never idled and Python's collector stayed off for good
-    (the cycle, and all of the program's, never collected)."""
+    (the cycle, and all of the program's, never collected); once it was closed, the next call
+    found the engine busy with the aborted leftovers, and its stats were not its own."""
     import gc
 
     assert gc.isenabled()
@@ -307,3 +308,4 @@ def test_a_consumer_dropped_in_a_reference_cycle_does_not_keep_the_collector_off
     gc.collect()  # the abandoned generate is closed: its request is aborted, its outputs dropped
     list(engine.generate([{"id": "last", "prompt_token_ids": PROMPT, "max_tokens": 2}]))
     assert not engine.has_unfinished() and gc.isenabled()
+    assert engine.stats.requests == 1  # (a run of its own: the aborted leftovers were no work in progress)
