@@ -172,9 +172,9 @@ class LaunchAhead:
         for seq in step.seqs:
             if not seq.finished and not seq.retired and seq.request.n == 1 \
                     and len(seq.all_ids) - len(seq.prompt_ids) + 1 >= seq.request.max_tokens:
-                self._release(seq)
-                seq.retired = True
+                seq.retired = True  # (retired before it leaves the running rows: see Scheduler.requeue_all)
                 self._retired.add(seq)
+                self._release(seq)
                 retired += 1
         return retired
 
@@ -241,8 +241,8 @@ class LaunchAhead:
         if not self._all_end(step, ahead):  # (none left: nothing to retire, called twice)
             return False
         rows = [seq for seq in step.seqs if not seq.finished and not seq.retired]
-        self._release_all(rows)
-        for seq in rows:
+        for seq in rows:  # (retired before they leave the running rows: see Scheduler.requeue_all)
             seq.retired = True
             self._retired.add(seq)
+        self._release_all(rows)
         return True

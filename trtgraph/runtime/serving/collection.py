@@ -6,7 +6,7 @@ happen. A serving engine allocates in bursts — admitting requests, forming a p
 new rows, retiring a wave's rows — which are exactly the moments when the next step is being
 formed while the device runs the last ones; a collection there (hundreds of µs for the young
 generation, milliseconds for the middle one) delays that launch and the device idles. While an
-engine has unfinished work the automatic collector is off and the engine collects at its safe
+engine has work to run (outputs left waiting for their consumer are none) the automatic collector is off and the engine collects at its safe
 point instead (`collect_due`: after the next step was launched, while at least one more step
 is queued behind the one it waits for; two, or a prefill, for the older generations), the
 generation CPython's thresholds call for. The oldest

@@ -98,6 +98,12 @@ class Consumers:
 
     def _settle_aborts(self, ids: Iterable[str]) -> None:
         """Aborts asked for these ids applied now rather than at the next step, so the ids are
-        free for the requests being submitted."""
-        if self._aborts and not self._aborts.isdisjoint(ids):
-            self._apply_aborts()
+        free for the requests being submitted; all of them where nothing else is left (an idle engine:
+        the submission starts a run of its own). (A Ctrl-C there: recovered as in a failed step.)"""
+        if self._aborts and (not self._aborts.isdisjoint(ids) or (not self._flight and self._only_aborted())):
+            try:
+                self._apply_aborts()
+            except BaseException:
+                self._reading = []
+                self._recover()
+                raise

@@ -126,13 +126,20 @@ class Deliveries:
     def _orphans(self) -> None:
         """After a failed step (Engine._recover): the Result of each request whose sequence (n = 1)
         or one of whose completions (n > 1: those of the step being read) finished in a step read
-        before the failure but whose news was never made."""
+        before the failure but whose news was never made; not one being aborted. The stop-string
+        searches of the others read there start afresh: one cut short as it ended its sequence had
+        searched past the stop."""
+        for seq in self._reading:  # a stop string found as the step failed is searched for again (from the start)
+            if not seq.finished and seq.stop_scan is not None:
+                seq.stop_scan, seq.stop_checked = None, 0
+        aborts = self._aborts  # (finished by an abort a Ctrl-C cut short: dropped, when applied again)
         for live in list(self._live.values()):
-            if live.seq.finished and live.seq.request.n == 1:
+            if live.seq.finished and live.seq.request.n == 1 and live.seq.request.id not in aborts:
                 self._orphan(live.seq, live)
         for seq in self._reading:
             live = self._live.get(seq.request.id)
             if seq.finished and seq.request.n > 1 and live is not None and live.seq.request is seq.request \
+                    and seq.request.id not in aborts \
                     and (self._choices.get(seq.request.id) or [None] * seq.request.n)[seq.index] is None:
                 self._orphan(seq, live)
 

@@ -224,9 +224,9 @@ class Engine(Deliveries, Consumers, Lifecycle):
         Consumers.outputs_of); the others stay for the next step, handed out by the store that
         takes these (a Ctrl-C as step() returns loses none of them)."""
         self.check_open()
-        self._apply_aborts()
         collection.hold(self)  # the collector runs at this step's safe point below (collection.py)
         try:
+            self._apply_aborts()  # (a Ctrl-C as it frees an aborted request's blocks: recovered too)
             self._step()
         except BaseException:
             self._recover()
@@ -238,8 +238,8 @@ class Engine(Deliveries, Consumers, Lifecycle):
         else:
             mine = [take(o) for o in ready]
             outputs, left = [o for o, m in zip(ready, mine) if m], [o for o, m in zip(ready, mine) if not m]
-        if not (self._live or left or self._flight or self._pending):  # (has_unfinished, once handed out)
-            collection.release(self)
+        if not (self._live or self._flight or self._pending):  # nothing to run: outputs left for another consumer
+            collection.release(self)  # hold nothing (one dropped in a reference cycle has only the collector to close it)
         self._undelivered = left
         return outputs
 
@@ -338,6 +338,8 @@ class Engine(Deliveries, Consumers, Lifecycle):
                 try:
                     self._launch_next()
                 except BaseException:  # its rows are all of these: none may stay live, stepped at every later call
+                    self._reading = []  # (recovered as a failed step is: no block or slot left held part-way)
+                    self._recover()
                     for req in reqs:
                         self.abort(req.id)
                     raise
@@ -375,10 +377,9 @@ class Engine(Deliveries, Consumers, Lifecycle):
             self._aborts = set()
 
     def _recover(self) -> None:
-        """A step raised part-way (Ctrl-C, a device error): the steps in flight are dropped and
-        every sequence is recomputed from its prompt and the tokens it has, as after a
-        preemption, so the requests of other consumers go on with exactly their tokens; one that
-        finished before its Result was made gets it now."""
+        """A step raised part-way (Ctrl-C, a device error): the steps in flight dropped, every sequence
+        recomputed as after a preemption (Scheduler.requeue_all), so the requests of other consumers
+        go on with exactly their tokens; one that finished before its Result was made gets it now."""
         self._flight.clear()
         self.scheduler.requeue_all()
         self._orphans()

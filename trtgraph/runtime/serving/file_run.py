@@ -47,6 +47,11 @@ def serve_file(engine, requests, output: str | None, resume: bool, ascii_only: b
         finally:
             restore()
         return None
+    except (OutputPathError, BrokenPipeError):  # (the first says what is safe; the second ends quietly)
+        raise
+    except Exception:  # (a device error, memory): what is on disk, and how to go on, before the error's own message
+        log(interrupted_summary(ids, written, output, "stopped by the error below"))
+        raise
     finally:
         if output:
             try:
@@ -68,10 +73,10 @@ def _first_token_timed(results):
         startup.CLOCK.first_token(first / 1e3)
 
 
-def interrupted_summary(ids: list[str], written: set[str], output: str | None) -> str:
+def interrupted_summary(ids: list[str], written: set[str], output: str | None, why: str = "interrupted") -> str:
     missing = [i for i in ids if i not in written]
     shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
-    return (f"\ninterrupted: {len(written)} of {len(ids)} requests finished and written"
+    return (f"\n{why}: {len(written)} of {len(ids)} requests finished and written"
             f"{' to ' + output if output else ''}; {len(missing)} did not finish: {shown}."
             + (f" Continue with --resume --output {output}." if output else ""))
 

@@ -96,7 +96,7 @@ class Outcomes:
         for seq, n_new in drew:
             req, ids, f = seq.request, seq.all_ids, seq.facts
             num_out = len(ids) - len(seq.prompt_ids)
-            if req.n > 1 and seq.index == 0 and num_out == n_new:
+            if req.n > 1 and seq.index == 0 and seq.forked < req.n - 1:  # (its first token: a cut fork goes on)
                 self.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])  # completion i: seed + i
             reason = None
             if num_out >= f.max_tokens or not f.stop_ids.isdisjoint(new := ids[-n_new:]) \
@@ -105,6 +105,7 @@ class Outcomes:
                 if reason is not None:
                     seq.finish_reason = reason
                     self.finish(seq)
+            seq.checked = num_out  # (a finished one's: unread; a Ctrl-C before this: Scheduler.requeue_all drops them)
             news.append((seq, reason))
         if self._probe is not None:
             self._deferred_probe()
@@ -140,3 +141,14 @@ def _keep_logprobs(step: ScheduledStep, drew: list[tuple[Sequence, int]], logpro
         if seq.facts.logprobs:
             r = row_of[id(seq)]
             seq.logprobs += [(values[r + j], ids[r + j]) for j in range(n_new)]
+
+
+def unchecked_dropped(seq: Sequence) -> None:
+    """An unfinished sequence's output tokens past `checked` dropped (their log-probabilities and a
+    stop found among them too): a step appended them, its postprocess stopped before it was done
+    (a Ctrl-C); Scheduler.requeue_all drops them, and recomputing draws them again, checked."""
+    if seq.finished or len(seq.all_ids) - len(seq.prompt_ids) <= seq.checked:
+        return
+    del seq.all_ids[len(seq.prompt_ids) + seq.checked:]
+    del seq.logprobs[seq.checked:]
+    seq.finish_reason = None

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ...buckets import GREEDY, SAMPLED, BatchShape, BucketPlan, GraphKey, select
 from .ahead import LaunchAhead
 from .drafting import Drafting
-from .outcomes import Outcomes, RowFacts
+from .outcomes import Outcomes, RowFacts, unchecked_dropped
 from .drafter import NgramDrafter, NgramIndex
 from .acceptance import Acceptance
 from .speculation import SpeculationPolicy
@@ -62,6 +62,8 @@ class Sequence:
     stop_checked: int = 0  # output tokens found free of its stop strings (deliveries._stop_string)
     stop_floor: int | None = None  # characters of its first min_tokens - 1 tokens' text, once known (same)
     stop_scan: object = field(default=None, repr=False)  # its streaming.StopScan, made at its first check (same)
+    checked: int = 0  # output tokens whose step's postprocess is done with it (outcomes.py; requeue_all)
+    forked: int = 0  # n > 1, completion 0: completions 1..forked made (fork)
     _facts: RowFacts | None = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -215,9 +217,9 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
                     break  # no room to admit; decode frees blocks as requests finish
                 self.preempt(seq)  # nothing newer to take blocks from: step aside for older ones
                 continue
-            if admitting:
-                self.waiting.remove(seq)
+            if admitting:  # (running before it leaves the queue: a Ctrl-C between leaves it in both, see requeue_all)
                 self._insert_running(seq)
+                self.waiting.remove(seq)
                 seq.slot = self.free_slots.pop()
             chosen.append(seq)
             num_new.append(n)
@@ -294,27 +296,38 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         return True
 
     def preempt(self, seq: Sequence) -> None:
-        """Free all of `seq`'s blocks; it waits (in arrival order) to be recomputed."""
+        """Free all of `seq`'s blocks; it waits (in arrival order) to be recomputed. (Queued before
+        it leaves the running rows: a Ctrl-C between leaves it in both, which `requeue_all` mends.)"""
+        pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
+        self.waiting.insert(pos, seq)
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
         self.free_slots.append(seq.slot)
         seq.block_table, seq.num_computed, seq.slot = [], 0, None
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
-        self.waiting.insert(pos, seq)
 
     def requeue_all(self) -> None:
         """A step failed between its forming and its read (Ctrl-C, a device error): the steps in
-        flight are lost, so every sequence that ran is preempted (recomputed from its prompt and
-        the tokens appended so far), a retired one included, and no step repeats one before."""
-        for seq in sorted(self._retired, key=lambda s: s.arrival):  # (blocks and slot freed already)
-            seq.retired, seq.num_computed = False, 0
-            pos = next((i for i, w in enumerate(self.waiting) if w.arrival > seq.arrival), len(self.waiting))
-            self.waiting.insert(pos, seq)
-        self._retired.clear()
-        for seq in list(self.running):
-            self.preempt(seq)
+        flight are lost, so every unfinished sequence that ran is preempted (recomputed from its
+        prompt and the tokens appended so far), a retired one included, and no step repeats one
+        before; tokens whose postprocess was cut short dropped (`unchecked_dropped`). Rebuilt, not
+        moved one by one: after a Ctrl-C inside the bookkeeping (a sequence in two queues, blocks
+        or a slot freed or held part-way) every block and slot is free, each sequence waits once."""
+        ran = [s for s in self.running if not s.finished]
+        seqs = {id(s): s for s in (*self.waiting, *ran, *self._retired) if not s.finished}
+        for seq in seqs.values():
+            unchecked_dropped(seq)
+            seq.block_table, seq.num_computed, seq.slot, seq.retired = [], 0, None, False
+        for seq in {id(s): s for s in ran if s not in self.waiting}.values():  # (counted as preempt counts them)
+            seq.num_preemptions += 1
+            self.num_preemptions += 1
+        alloc, peak = self.allocator, self.allocator.peak_used  # (no sequence holds a block now)
+        alloc.__init__(alloc.num_blocks)
+        alloc.peak_used = peak
+        self.free_slots = list(range(self.plan.max_batch_size - 1, -1, -1))
+        self.waiting = deque(sorted(seqs.values(), key=lambda s: s.arrival))
+        self.running, self._retired = [], set()
         self._last, self._after_prefill, self._probe = None, False, None
 
     def _insert_running(self, seq: Sequence) -> None:
@@ -331,13 +344,17 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         itself. They run now where the batch has room; others wait, holding nothing, and
         compute the whole prompt when admitted. Arrival orders them just after the parent."""
         shared = (len(parent.prompt_ids) - 1) // self.block_size  # full blocks before the last prompt token
-        children = []
+        children, req = [], parent.request
+        # Made already by a fork a Ctrl-C cut short (the parent's first token drawn again since): not again.
+        made = {s.index for s in (*self.running, *self.waiting) if s.request is req} | set(range(parent.forked + 1))
         for i, seed in enumerate(seeds, start=1):
-            child = Sequence(request=parent.request, arrival=parent.arrival + i / (len(seeds) + 1),
+            if i in made:
+                continue
+            child = Sequence(request=req, arrival=parent.arrival + i / (len(seeds) + 1),
                              prompt_ids=parent.prompt_ids, seed=seed, index=i)
             # Shared blocks skip the prompt's prefill, and with it the in-graph scan that seeds a
             # slot's penalty counts: a request with logits processors computes its prompt itself.
-            if len(self.running) < self.plan.max_batch_size and shared and not parent.request.sampling.uses_processors:
+            if len(self.running) < self.plan.max_batch_size and shared and not req.sampling.uses_processors:
                 child.block_table = self.allocator.share(parent.block_table[:shared])
                 child.num_computed = shared * self.block_size
                 child.slot = self.free_slots.pop()
@@ -345,6 +362,7 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
             else:
                 pos = next((j for j, w in enumerate(self.waiting) if w.arrival > child.arrival), len(self.waiting))
                 self.waiting.insert(pos, child)
+            parent.forked = i
             children.append(child)
         return children
 
