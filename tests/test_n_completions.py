@@ -1,5 +1,5 @@
 """n > 1: n completions of one prompt share its KV blocks (reference-counted), each draws
-with its own derived seed (seed + i), and the output carries all n; preemption and finishing
+with its own derived seed (completion_seed(seed, i)), and the output carries all n; preemption and finishing
 never free a block another completion still holds."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import pytest
 
 from conftest import generate_with_scheduler
 from trtgraph.errors import PromptError
+from trtgraph.runtime.serving.requests import completion_seed
 from trtgraph.runtime.serving.engine import Engine
 from trtgraph.runtime.step.kv_cache import BlockAllocator
 from trtgraph.runtime.serving.requests import MAX_N, Result, parse_request
@@ -66,8 +67,8 @@ def request(rid, seed, **kw):
 
 
 def separate(engine, seed, n, **kw):
-    """n separate requests with the derived seeds seed + i: (tokens by index, peak blocks)."""
-    results, sched = generate_with_scheduler(engine, [request(f"s{i}", seed + i, **kw) for i in range(n)])
+    """n separate requests with the derived seeds completion_seed(seed, i): (tokens by index, peak blocks)."""
+    results, sched = generate_with_scheduler(engine, [request(f"s{i}", completion_seed(seed, i), **kw) for i in range(n)])
     assert sched.allocator.num_free == sched.allocator.num_blocks - 1, "KV blocks leaked"
     return [results[f"s{i}"].token_ids for i in range(n)], sched.allocator.peak_used
 

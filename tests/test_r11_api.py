@@ -11,6 +11,7 @@ import re
 import pytest
 
 from conftest import tiny_config
+from trtgraph.runtime.serving.requests import completion_seed
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +89,14 @@ def test_a_logit_bias_key_int_cannot_read_is_refused_naming_the_field(key):
 def test_a_completion_of_n_choices_holds_them(llm):
     """n > 1 through the API: the Completion had empty text and token ids, usage.completion_tokens
     0 and no way to reach the choices but to_json(). It now carries them as Completions; each
-    equals the request run alone with seed + i (README)."""
+    equals the request run alone with completion_seed(seed, i) (README)."""
     [c] = llm.generate({"prompt": "abc abc", "n": 3, "max_tokens": 5, "temperature": 0.9, "seed": 11})
     assert c.choices is not None and len(c.choices) == 3
     assert c.usage.completion_tokens == sum(len(x.token_ids) for x in c.choices) == 15
     assert c.usage.completion_tokens == c.to_json()["usage"]["completion_tokens"]
     for i, choice in enumerate(c.choices):
-        [alone] = llm.generate({"prompt": "abc abc", "max_tokens": 5, "temperature": 0.9, "seed": 11 + i})
+        [alone] = llm.generate({"prompt": "abc abc", "max_tokens": 5, "temperature": 0.9,
+                                "seed": completion_seed(11, i)})
         assert (choice.token_ids, choice.text, choice.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
         assert c.to_json()["choices"][i]["token_ids"] == choice.token_ids
     assert llm.generate("abc", {"max_tokens": 2})[0].choices is None

@@ -88,3 +88,23 @@ def test_the_shipped_checkpoint_gives_the_temperature_these_tests_expect():
     root = Path(__file__).resolve().parents[1]
     gen = json.loads((root / "trtgraph" / "assets" / "stdlib-llama" / "generation_config.json").read_text())
     assert gen["temperature"] == 0.7 and gen["do_sample"] is True
+
+
+# ---- n > 1 completions of nearby seeds ------------------------------------------------------
+
+def test_the_completions_of_nearby_seeds_are_not_shared(artifacts):  # noqa: F811
+    """Completion i drew with seed + i, so seed s's completion 1 was seed s + 1's completion 0:
+    four requests of n = 4 at seeds 0-3 gave 16 samples of which only 7 differed (found by the
+    twentieth session's API pass). Completion 0 still draws with the seed itself."""
+    from trtgraph import LLM
+    from trtgraph.runtime.serving.requests import completion_seed
+
+    with LLM(artifacts) as llm:
+        params = {"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "ignore_eos": True}
+        samples = [tuple(c.token_ids) for s in SEEDS
+                   for c in llm.generate("def f(x):", {**params, "seed": s, "n": 4})[0].choices]
+        assert len(set(samples)) == len(samples) == 16
+        [first] = llm.generate("def f(x):", {**params, "seed": 2})
+        assert tuple(first.token_ids) == samples[8]  # seed 2's completion 0
+    assert len({completion_seed(s, i) for s in range(64) for i in range(16)}) == 64 * 16
+    assert all(0 <= completion_seed(s, i) < 1 << 63 for s in (0, 1, (1 << 63) - 1) for i in range(16))

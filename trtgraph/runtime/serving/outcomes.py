@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .requests import completion_seed
+
 if TYPE_CHECKING:
     from .requests import Request
     from .scheduler import ScheduledStep, Sequence
@@ -97,7 +99,7 @@ class Outcomes:
             req, ids, f = seq.request, seq.all_ids, seq.facts
             num_out = len(ids) - len(seq.prompt_ids)
             if req.n > 1 and seq.index == 0 and seq.forked < req.n - 1:  # (its first token: a cut fork goes on)
-                self.fork(seq, [(seq.seed + i) % (1 << 63) for i in range(1, req.n)])  # completion i: seed + i
+                self.fork(seq, [completion_seed(seq.seed, i) for i in range(1, req.n)])
             reason = None
             if num_out >= f.max_tokens or not f.stop_ids.isdisjoint(new := ids[-n_new:]) \
                     or not (f.ignore_eos or eos.isdisjoint(new)):  # else no token of the row's can stop it

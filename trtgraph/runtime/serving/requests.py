@@ -29,13 +29,28 @@ FIELDS = ("id", "prompt", "prompt_token_ids", "messages", "n") + SAMPLING_FIELDS
 CHAT_ROLES = ("system", "user", "assistant")
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def completion_seed(seed: int, index: int) -> int:
+    """The seed completion `index` of an n > 1 request draws with: the request's own for completion 0
+    (so n = 1 and the first of n draw alike), else splitmix64 of (seed, index) in 63 bits, so that
+    nearby seeds share no completion (seed + index did: seed s's completion 1 was seed s + 1's first)."""
+    if index == 0:
+        return seed
+    z = (seed + index * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
 @dataclass(frozen=True, init=False)
 class Request:
     id: str
     prompt: str | None
     prompt_token_ids: tuple[int, ...] | None
     sampling: SamplingParams
-    n: int  # completions of this prompt; completion i draws with seed + i
+    n: int  # completions of this prompt; completion i draws with completion_seed(seed, i)
     messages: tuple[tuple[str, str], ...] | None  # chat: (role, content) pairs
 
     def __init__(self, id: str, prompt: str | None = None, prompt_token_ids=None,
