@@ -2,7 +2,8 @@
 checkpoint's generation_config temperature, as vLLM's OpenAI server does, and at OpenAI's 1
 where the checkpoint gives none. Before, it was always 1 while the omitted top_p / top_k came
 from the generation config: stdlib-llama (temperature 0.7, top-p 0.95, top-k 40) sampled at
-temperature 1 with top-p 0.95 and top-k 40, a mix neither OpenAI nor vLLM serves."""
+temperature 1 with top-p 0.95 and top-k 40, a mix neither OpenAI nor vLLM serves. Also: the
+seeds of an n > 1 request's completions (no longer seed + i)."""
 
 from __future__ import annotations
 
