@@ -132,8 +132,8 @@ def test_an_interruption_right_after_a_line_is_written_counts_that_line(tmp_path
 
     ids = [f"r{i}" for i in range(6)]
     engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=str), generate=lambda reqs: iter(
-        SimpleNamespace(ttft_ms=1.0, rid=r) for r in reqs), stats=SimpleNamespace(to_json=dict))
-    requests = SimpleNamespace(ids=ids, requests=ids,
+        SimpleNamespace(ttft_ms=1.0, rid=r) for r in reqs), stats=SimpleNamespace(to_json=dict), generation=None)
+    requests = SimpleNamespace(ids=ids, for_model=lambda generation: ids,
                                lines=lambda results, text, raw=None: ((r.rid, {"id": r.rid}) for r in results))
     real_write = file_run._write_line
 

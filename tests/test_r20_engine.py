@@ -4,6 +4,8 @@ Each test failed on the code before its fix."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from trtgraph.runtime.serving import outcomes
@@ -114,14 +116,9 @@ def test_a_ctrl_c_inside_the_scheduler_s_block_accounting_leaks_no_block_or_slot
     assert [len(r.token_ids) for r in engine.generate(batch)] == [3] * 8
 
 
-def test_a_ctrl_c_as_an_abort_frees_its_blocks_leaks_none(engine):
-    """The aborts are applied at the start of a step, before the part of it that recovers from
-    an interrupt: a Ctrl-C as an aborted request's blocks were freed lost them and its slot."""
-    reqs = [{"id": f"a{i}", "prompt_token_ids": PROMPT, "max_tokens": 12} for i in range(2)]
-    want = list(engine.generate(reqs[1:]))[0]
-    engine.submit(reqs)
-    outs = engine.step()
-    engine.abort("a0")
+@contextlib.contextmanager
+def first_free_interrupted(engine):
+    """The body must raise KeyboardInterrupt, thrown as the allocator first frees some blocks."""
     free, cuts = engine.scheduler.allocator.free, []
 
     def cut(blocks):
@@ -132,9 +129,21 @@ def test_a_ctrl_c_as_an_abort_frees_its_blocks_leaks_none(engine):
     engine.scheduler.allocator.free = cut
     try:
         with pytest.raises(KeyboardInterrupt):
-            engine.step()
+            yield
     finally:
         del engine.scheduler.allocator.free
+
+
+def test_a_ctrl_c_as_an_abort_frees_its_blocks_leaks_none(engine):
+    """The aborts are applied at the start of a step, before the part of it that recovers from
+    an interrupt: a Ctrl-C as an aborted request's blocks were freed lost them and its slot."""
+    reqs = [{"id": f"a{i}", "prompt_token_ids": PROMPT, "max_tokens": 12} for i in range(2)]
+    want = list(engine.generate(reqs[1:]))[0]
+    engine.submit(reqs)
+    outs = engine.step()
+    engine.abort("a0")
+    with first_free_interrupted(engine):
+        engine.step()
     while engine.has_unfinished():
         outs += engine.step()
     assert [o.result.token_ids for o in outs if o.finished] == [want.token_ids]
@@ -267,19 +276,8 @@ def test_a_ctrl_c_as_a_reused_id_settles_its_abort_leaks_no_block(engine):
     engine.submit(reqs)
     outs = engine.step()
     engine.abort("u1")
-    free, cuts = engine.scheduler.allocator.free, []
-
-    def cut(blocks):
-        if blocks and not cuts:
-            cuts.append(1)
-            raise KeyboardInterrupt
-        return free(blocks)
-    engine.scheduler.allocator.free = cut
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            engine.submit([reqs[1]])
-    finally:
-        del engine.scheduler.allocator.free
+    with first_free_interrupted(engine):
+        engine.submit([reqs[1]])
     while engine.has_unfinished():
         outs += engine.step()
     assert [o.result.token_ids for o in outs if o.finished] == [want.token_ids]

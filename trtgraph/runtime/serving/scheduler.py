@@ -322,9 +322,7 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         for seq in {id(s): s for s in ran if s not in self.waiting}.values():  # (counted as preempt counts them)
             seq.num_preemptions += 1
             self.num_preemptions += 1
-        alloc, peak = self.allocator, self.allocator.peak_used  # (no sequence holds a block now)
-        alloc.__init__(alloc.num_blocks)
-        alloc.peak_used = peak
+        self.allocator.reset()  # (no sequence holds a block now)
         self.free_slots = list(range(self.plan.max_batch_size - 1, -1, -1))
         self.waiting = deque(sorted(seqs.values(), key=lambda s: s.arrival))
         self.running, self._retired = [], set()

@@ -55,9 +55,14 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, NULL_BLOCK, -1))  # pop() gives the lowest id
-        self._refs = [0] * num_blocks
         self.peak_used = 0  # the most blocks held at once
+        self.reset()
+
+    def reset(self) -> None:
+        """Every block free, none held (Scheduler.requeue_all, once no sequence holds one); the
+        peak kept."""
+        self._free = list(range(self.num_blocks - 1, NULL_BLOCK, -1))  # pop() gives the lowest id
+        self._refs = [0] * self.num_blocks
 
     @property
     def num_free(self) -> int:
