@@ -10,6 +10,7 @@ import pytest
 
 import trtgraph
 from trtgraph.errors import PromptError
+from trtgraph.runtime.serving.requests import completion_seed
 
 REQS = [{"id": f"q{i}", "prompt_token_ids": [(7 * i + 3 * j) % 300 for j in range(5 + 9 * i)], "max_tokens": 9 + i,
          **({"temperature": 0.9, "seed": 40 + i} if i % 2 else {})} for i in range(6)]
@@ -307,7 +308,8 @@ def test_sampling_params_take_n_as_the_readme_says(llm):
     got = llm.generate([REQS[0]["prompt_token_ids"], {"prompt": "own n", "n": 1}], sp)
     assert [len(c.choices or []) for c in got] == [3, 0]
     assert [c.token_ids for c in got[0].choices] == [
-        llm.generate(REQS[0]["prompt_token_ids"], {"seed": 8 + i, "temperature": 1.0, "max_tokens": 4})[0].token_ids
+        llm.generate(REQS[0]["prompt_token_ids"], {"seed": completion_seed(8, i), "temperature": 1.0,
+                                                   "max_tokens": 4})[0].token_ids
         for i in range(3)]
     with pytest.raises(PromptError, match="`n` = 17"):
         SamplingParams(n=17)

@@ -111,11 +111,12 @@ def test_completions_stream_n_choices_by_index_each_with_its_finish_and_the_summ
 
 
 def test_chat_stream_n_choices_each_say_their_role_first(llama):
-    body = dict(model=LLAMA, messages=HELLO, max_tokens=9, n=2, temperature=1.0, seed=4)
+    body = dict(model=LLAMA, messages=HELLO, max_tokens=9, n=2, temperature=1.0, seed=5)
     chunks, whole = stream_and_whole(llama.client(), True, **body)
     assert all(isinstance(ch, ChatCompletionChunk) for ch in chunks)
     assert isinstance(whole, ChatCompletion)
     check_against_whole(joined(chunks, chat=True), whole, chat=True)
+    # two completions, not one twice (the shipped model is peaky: some seeds give both the same 9 tokens)
     assert whole.choices[0].message.content != whole.choices[1].message.content
 
 
