@@ -112,7 +112,7 @@ def test_close_while_streams_and_generates_run_on_other_threads(default_artifact
 
     def counted(*args, **kwargs):
         steps.append(1)
-        if len(steps) == 3:
+        if len(steps) >= 3 and got:  # (the stream has its first delta: on a loaded machine 3 steps may not give it one)
             started.set()
         return step(*args, **kwargs)
     monkeypatch.setattr(engine, "step", counted)
