@@ -72,9 +72,9 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
                continue_final_message: bool = False, **kwargs) -> str:
         """The prompt text; tokenize it without adding special tokens (the template has them).
-        As transformers' apply_chat_template: the template sees a copy of the messages, `tools` and
-        `kwargs` (plain JSON data: a template cannot change the caller's), `kwargs` over the special
-        tokens; `continue_final_message` ends the text where the last message's content ends (no
+        As transformers' apply_chat_template: the template sees a copy of the messages (less their keys
+        whose value is None), `tools` and `kwargs` (plain JSON data: a template cannot change the
+        caller's), `kwargs` over the special tokens; `continue_final_message` ends the text where the last message's content ends (no
         end-of-turn after it), for the model to continue that message."""
         import jinja2
 
@@ -83,7 +83,7 @@ class ChatTemplate:
         reserved = sorted(RESERVED_NAMES & set(kwargs))
         if reserved:
             raise PromptError(f"chat template variables {', '.join(reserved)} are set by the chat itself; rename them.")
-        messages = [_reasoning_aliased(m) for m in plain_data(messages)]
+        messages = [_reasoning_aliased(_without_nones(m)) for m in plain_data(messages)]
         tools, kwargs = plain_data(tools), plain_data(kwargs)
         final = _tag_final_message(messages) if continue_final_message else None
         try:
@@ -253,6 +253,13 @@ def plain_data(value, depth: int = 0):
 
 RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt"})  # (`documents` may be given)
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _without_nones(message):
+    """A message without its keys whose value is None, as transformers' apply_chat_template drops
+    them before rendering (the OpenAI SDK's messages carry `tool_calls: None`, `name: None`; a
+    template tests `is defined` or `in message`)."""
+    return {k: v for k, v in message.items() if v is not None} if isinstance(message, dict) else message
 
 
 def _reasoning_aliased(message):

@@ -6,13 +6,13 @@ happen. A serving engine allocates in bursts — admitting requests, forming a p
 new rows, retiring a wave's rows — which are exactly the moments when the next step is being
 formed while the device runs the last ones; a collection there (hundreds of µs for the young
 generation, milliseconds for the middle one) delays that launch and the device idles. While an
-engine has work to run (outputs left waiting for their consumer are none) the automatic collector is off and the engine collects at its safe
-point instead (`collect_due`: after the next step was launched, while at least one more step
-is queued behind the one it waits for; two, or a prefill, for the older generations), the
-generation CPython's thresholds call for. The oldest
-generation is left to the automatic collector once no engine is serving (its own heuristic
-skips most of them), or collected here only when its count runs far past its threshold, so a
-server that never idles still frees old cycles.
+engine has work to run (outputs only waiting for their consumer are not work: `Engine.step`
+lets go then) the automatic collector is off and the engine collects at its safe point instead
+(`collect_due`: after the next step was launched, while at least one more step is queued
+behind the one it waits for; two, or a prefill, for the older generations), the generation
+CPython's thresholds call for. The oldest generation is left to the automatic collector once
+no engine is serving (its own heuristic skips most of them), or collected here only when its
+count runs far past its threshold, so a server that never idles still frees old cycles.
 
 Nothing changes where the process had switched the collector off itself: it is left alone.
 An engine whose every request is being aborted lets go at once (`Engine.abort`): its consumer

@@ -239,7 +239,7 @@ class Engine(Deliveries, Consumers, Lifecycle):
             mine = [take(o) for o in ready]
             outputs, left = [o for o, m in zip(ready, mine) if m], [o for o, m in zip(ready, mine) if not m]
         if not (self._live or self._flight or self._pending):  # nothing to run: outputs left for another consumer
-            collection.release(self)  # hold nothing (one dropped in a reference cycle has only the collector to close it)
+            collection.release(self)  # (a consumer dropped in a reference cycle has only the collector to close it)
         self._undelivered = left
         return outputs
 

@@ -202,8 +202,12 @@ class LLM:
         return {"prompt_token_ids": ids} if ids else "the chat template rendered these messages as no text"
 
     def _refusal(self, error: str) -> Completion:
-        rid = next(rid for n in self._next_id if not self.engine._is_live(rid := f"trtgraph-{n}"))
-        return Completion.of(Result(id=rid, finish_reason="error", error=error))
+        return Completion.of(Result(id=self._new_id(), finish_reason="error", error=error))
+
+    def _new_id(self, given: set[str] = frozenset()) -> str:
+        """A made request id: never one given in the same call (`given`) or one still live."""
+        return next(rid for n in self._next_id if (rid := f"trtgraph-{n}") not in given
+                    and not self.engine._is_live(rid))
 
     @property
     def stats(self) -> dict:
@@ -254,8 +258,7 @@ class LLM:
                 reqs.append(copy.copy(item))
                 continue
             if raw.get("id") is None:  # a made id is never one given in this call or one still live
-                raw["id"] = next(rid for n in self._next_id if (rid := f"trtgraph-{n}") not in given
-                                 and not self.engine._is_live(rid))
+                raw["id"] = self._new_id(given)
             reqs.append(parse_request(raw, f"prompts[{i}]", vocab))
         return reqs
 
