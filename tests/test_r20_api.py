@@ -238,7 +238,8 @@ def test_bad_chat_options_are_refused_naming_them(llm, options, match):
 def test_messages_beyond_role_and_content_reach_the_template(llm):
     """tool messages, tool_calls, name, content parts: the template sees them (the plain path
     refused them); a message without a role is refused naming it."""
-    source = "{% for m in messages %}{{ m.role }}:{{ m.name }}:{{ m.content | tojson }};{% endfor %}"
+    source = ("{% for m in messages %}{{ m.role }}:{{ m.name }}:{% for p in m.content %}{{ p | tojson }}{% endfor %};"
+              "{% endfor %}")  # (a template that loops over content takes the parts as given: test_r20_parts)
     conv = [{"role": "user", "name": "ann", "content": [{"type": "text", "text": "hé"}]},
             {"role": "tool", "tool_call_id": "c1", "content": "21"}]
     [c] = llm.chat(conv, GREEDY, chat_template=source)

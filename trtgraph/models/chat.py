@@ -66,6 +66,9 @@ class ChatTemplate:
         env.globals["namespace"] = _TemplateNamespace
         try:
             self._template = env.from_string(source)
+            # vLLM's content format: a template that loops over a message's content takes OpenAI's list of
+            # parts; any other is written for text, and gets a list of text parts joined (as `serve` joins them)
+            self.takes_parts = _loops_over_content(env.parse(source))
         except jinja2.TemplateError as exc:
             raise WeightLoadError(f"{where}: the chat template does not compile ({exc}).") from None
 
@@ -73,9 +76,10 @@ class ChatTemplate:
                continue_final_message: bool = False, **kwargs) -> str:
         """The prompt text; tokenize it without adding special tokens (the template has them).
         As transformers' apply_chat_template: the template sees a copy of the messages (less their keys
-        whose value is None), `tools` and `kwargs` (plain JSON data: a template cannot change the
-        caller's), `kwargs` over the special tokens; `continue_final_message` ends the text where the last message's content ends (no
-        end-of-turn after it), for the model to continue that message."""
+        whose value is None; content parts all text joined where the template does not loop over
+        content, as vLLM detects it), `tools` and `kwargs` (plain JSON data: a template cannot change
+        the caller's), `kwargs` over the special tokens; `continue_final_message` ends the text where
+        the last message's content ends (no end-of-turn after it), for the model to continue it."""
         import jinja2
 
         from .chat_bounds import RenderLimit, render_bounded
@@ -84,6 +88,8 @@ class ChatTemplate:
         if reserved:
             raise PromptError(f"chat template variables {', '.join(reserved)} are set by the chat itself; rename them.")
         messages = [_reasoning_aliased(_without_nones(m)) for m in plain_data(messages)]
+        if not self.takes_parts:
+            messages = [_text_joined(m) for m in messages]
         tools, kwargs = plain_data(tools), plain_data(kwargs)
         final = _tag_final_message(messages) if continue_final_message else None
         try:
@@ -118,7 +124,8 @@ def load_chat_template(ckpt: Path | None) -> ChatTemplate | None:
     if raw is None:
         return None
     if isinstance(raw, list):  # [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
-        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict) and isinstance(t.get("name"), str)}
+        named = {t.get("name"): t.get("template") for t in raw
+                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
         if "default" not in named:
             raise WeightLoadError(f"{where}: chat_template lists templates {sorted(map(str, named))} but none named "
                                   f"'default'; trtgraph renders the default one.")
@@ -153,6 +160,29 @@ def named_templates(ckpt: Path | None) -> dict[str, tuple[str, str]]:
         return {"default": (raw, where)}
     return {t["name"]: (t["template"], f"{where} (template {t['name']!r})") for t in raw or ()
             if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+
+
+def _loops_over_content(ast) -> bool:
+    """Whether a parsed template has a `for` over some `x['content']` / `x.content` (filters aside)."""
+    import jinja2.nodes as nodes
+
+    for loop in ast.find_all(nodes.For):
+        it = loop.iter
+        while isinstance(it, (nodes.Filter, nodes.Test)) and it.node is not None:
+            it = it.node
+        if (isinstance(it, nodes.Getattr) and it.attr == "content") or (
+                isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const) and it.arg.value == "content"):
+            return True
+    return False
+
+
+def _text_joined(message):
+    """A message whose content is a list of text parts only, with that text as its content."""
+    parts = message.get("content") if isinstance(message, dict) else None
+    if not (isinstance(parts, list) and parts and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts)):
+        return message
+    return {**message, "content": "".join(p["text"] for p in parts)}
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
