@@ -91,6 +91,34 @@ def test_a_ctrl_c_as_an_n_request_forks_its_completions_still_finishes_it(engine
     assert got is not None and [c.token_ids for c in got.choices] == [c.token_ids for c in want.choices]
 
 
+def test_a_fork_cut_after_its_last_completion_is_not_called_again_at_every_step(engine, monkeypatch):
+    """A Ctrl-C after a fork had made its last completion but before it counted it: the fork
+    called again found every completion made, counted none, and was called again at every later
+    step of the request (each a scan of the running and waiting rows)."""
+    req = {"id": "nf", "prompt_token_ids": PROMPT, "max_tokens": 8, "n": 3, "temperature": 0.8, "seed": 6}
+    want = list(engine.generate([req]))[0]
+    s, calls, cuts = engine.scheduler, [], []
+    fork, insert = s.fork, s._insert_running
+
+    def inserted(seq):
+        insert(seq)
+        if seq.index == req["n"] - 1 and not cuts:
+            cuts.append(1)
+            raise KeyboardInterrupt
+    monkeypatch.setattr(s, "_insert_running", inserted)
+    monkeypatch.setattr(s, "fork", lambda *a: calls.append(1) or fork(*a))
+    engine.submit([req])
+    outs = []
+    while engine.has_unfinished():
+        try:
+            outs += engine.step()
+        except KeyboardInterrupt:
+            pass
+    assert cuts and len(calls) == 2, (cuts, len(calls))
+    [got] = [o.result for o in outs if o.finished]
+    assert [c.token_ids for c in got.choices] == [c.token_ids for c in want.choices]
+
+
 def test_a_ctrl_c_before_a_steps_logprobs_are_kept_leaves_each_token_its_own(engine, monkeypatch):
     """The log-probabilities of a step's tokens not kept (a Ctrl-C) but its tokens appended:
     every later entry was one token off (a token's entry held the next one's log-probability)."""

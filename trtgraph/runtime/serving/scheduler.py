@@ -346,7 +346,8 @@ class Scheduler(LaunchAhead, Drafting, Outcomes):
         # Made already by a fork a Ctrl-C cut short (the parent's first token drawn again since): not again.
         made = {s.index for s in (*self.running, *self.waiting) if s.request is req} | set(range(parent.forked + 1))
         for i, seed in enumerate(seeds, start=1):
-            if i in made:
+            if i in made:  # (counted as made: else a cut fork that had made the last one was called every step)
+                parent.forked = i
                 continue
             child = Sequence(request=req, arrival=parent.arrival + i / (len(seeds) + 1),
                              prompt_ids=parent.prompt_ids, seed=seed, index=i)
