@@ -253,13 +253,12 @@ def pipeline_class(declared, model_type: str | None, byte_level: bool) -> str | 
 
 
 def _model_type(ckpt: Path) -> str | None:
-    """config.json's model_type beside the tokenizer (None without one)."""
-    import json
+    """config.json's model_type beside the tokenizer (None without one; read as every checkpoint
+    JSON file is: a bad file is a WeightLoadError naming it)."""
+    from .jsonfiles import read_json
 
-    try:
-        model_type = json.loads((ckpt / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
+    config = read_json(ckpt / "config.json") if (ckpt / "config.json").is_file() else None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
     return model_type if isinstance(model_type, str) else None
 
 
